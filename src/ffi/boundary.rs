@@ -1,0 +1,204 @@
+//! The panic boundary, the thread-local last-error message, and the pointer/string
+//! conversions every entry point needs. Keeping them here means each entry point is a few
+//! lines of argument checks and one call into the crate.
+
+use super::status::rdmx_status;
+use crate::error::{Error, ErrorKind, Result};
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+pub(super) fn last_error_ptr() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+fn set_last_error(msg: &str) {
+    // Interior NULs cannot be represented in a C string; replace rather than lose the text.
+    let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic payload".to_string()
+    }
+}
+
+/// Runs `f` for the C entry point `name`: clears the last error, catches panics, and turns
+/// an `Err` into its status with "name: message" as the last error.
+pub(super) fn call(name: &str, f: impl FnOnce() -> Result<()>) -> rdmx_status {
+    crate::logging::init();
+    set_last_error("");
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => rdmx_status::RDMX_OK,
+        Ok(Err(e)) => {
+            log::debug!(target: "rdmx::ffi", "{name} failed: {}", e.message());
+            set_last_error(&format!("{name}: {}", e.message()));
+            e.kind().into()
+        }
+        Err(payload) => {
+            set_last_error(&format!(
+                "{name}: internal panic: {}",
+                panic_message(&*payload)
+            ));
+            rdmx_status::RDMX_PANIC
+        }
+    }
+}
+
+/// Runs an infallible entry point that returns a plain value, with `on_panic` returned if
+/// rdmx panics (the value says so in the API docs, e.g. UINT64_MAX).
+pub(super) fn call_value<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(payload) => {
+            set_last_error(&format!(
+                "{name}: internal panic: {}",
+                panic_message(&*payload)
+            ));
+            on_panic
+        }
+    }
+}
+
+fn null(what: &str) -> Error {
+    Error::new(ErrorKind::InvalidArgument, format!("{what} is NULL"))
+}
+
+/// A shared reference to the object behind a handle, or an error naming the NULL argument.
+///
+/// # Safety
+/// `p` must be NULL or a handle rdmx handed out and that has not been freed.
+pub(super) unsafe fn handle<'a, T>(p: *const T, what: &str) -> Result<&'a T> {
+    // SAFETY: per this function's contract, a non-NULL `p` points to a live T.
+    unsafe { p.as_ref() }.ok_or_else(|| null(what))
+}
+
+/// A mutable reference to the object behind a handle.
+///
+/// # Safety
+/// As `handle`, and no other reference to the object may be live (C callers must not use
+/// one handle from two threads at once, as documented in the header).
+pub(super) unsafe fn handle_mut<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
+    // SAFETY: per this function's contract, a non-NULL `p` points to a live, unaliased T.
+    unsafe { p.as_mut() }.ok_or_else(|| null(what))
+}
+
+/// A borrowed UTF-8 string from a C string argument.
+///
+/// # Safety
+/// `p` must be NULL or point to a NUL-terminated string valid for the call's duration.
+pub(super) unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
+    if p.is_null() {
+        return Err(null(what));
+    }
+    // SAFETY: non-NULL and NUL-terminated per this function's contract.
+    let c = unsafe { CStr::from_ptr(p) };
+    c.to_str().map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!("{what} is not valid UTF-8"),
+        )
+    })
+}
+
+/// Copies `s` and a NUL into the caller's buffer, snprintf-style. `*out_len` (if not NULL)
+/// gets `s.len()` (without the NUL) in every case. A NULL `buf` with `len == 0` is a size
+/// query and succeeds; a buffer shorter than `s.len() + 1` fails with BUFFER_TOO_SMALL and
+/// holds "" (if it has room for the NUL).
+///
+/// # Safety
+/// `buf` must be NULL or valid for `len` bytes of writes; `out_len` NULL or writable.
+pub(super) unsafe fn write_str(
+    s: &str,
+    buf: *mut c_char,
+    len: usize,
+    out_len: *mut usize,
+) -> Result<()> {
+    if !out_len.is_null() {
+        // SAFETY: non-NULL and writable per this function's contract.
+        unsafe { out_len.write(s.len()) };
+    }
+    if buf.is_null() {
+        return if len == 0 {
+            Ok(())
+        } else {
+            Err(null("buf (with len > 0)"))
+        };
+    }
+    if len < s.len() + 1 {
+        if len > 0 {
+            // SAFETY: `buf` is valid for at least one byte.
+            unsafe { buf.write(0) };
+        }
+        return Err(Error::new(
+            ErrorKind::BufferTooSmall,
+            format!("buffer of {len} bytes is too small: {} needed", s.len() + 1),
+        ));
+    }
+    // SAFETY: `buf` is valid for `len >= s.len() + 1` bytes and does not overlap `s` (a Rust
+    // string owned by rdmx).
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), buf.cast::<u8>(), s.len());
+        buf.add(s.len()).write(0);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last() -> String {
+        // SAFETY: last_error_ptr returns a live NUL-terminated thread-local string.
+        unsafe { CStr::from_ptr(last_error_ptr()) }
+            .to_str()
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn panic_becomes_status_and_message() {
+        let st = call("rdmx_test", || panic!("boom {}", 7));
+        assert_eq!(st, rdmx_status::RDMX_PANIC);
+        assert_eq!(last(), "rdmx_test: internal panic: boom 7");
+        let v = call_value("rdmx_test_value", u64::MAX, || panic!("static"));
+        assert_eq!(v, u64::MAX);
+        assert_eq!(last(), "rdmx_test_value: internal panic: static");
+    }
+
+    #[test]
+    fn error_sets_message_and_success_clears_it() {
+        let st = call("rdmx_x", || Err(Error::new(ErrorKind::Conflict, "bad mix")));
+        assert_eq!(st, rdmx_status::RDMX_CONFLICT);
+        assert_eq!(last(), "rdmx_x: bad mix");
+        assert_eq!(call("rdmx_x", || Ok(())), rdmx_status::RDMX_OK);
+        assert_eq!(last(), "");
+    }
+
+    #[test]
+    fn write_str_is_snprintf_like() {
+        let mut n = 0usize;
+        // SAFETY: NULL buffer with len 0 is the size query; `n` is writable.
+        assert!(unsafe { write_str("abc", std::ptr::null_mut(), 0, &mut n) }.is_ok());
+        assert_eq!(n, 3);
+        let mut small = [b'x' as c_char; 3];
+        // SAFETY: `small` is valid for 3 bytes.
+        let e = unsafe { write_str("abc", small.as_mut_ptr(), 3, &mut n) }.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BufferTooSmall);
+        assert_eq!(small[0], 0);
+        let mut big = [b'x' as c_char; 4];
+        // SAFETY: `big` is valid for 4 bytes.
+        unsafe { write_str("abc", big.as_mut_ptr(), 4, std::ptr::null_mut()) }.unwrap();
+        // SAFETY: write_str NUL-terminated it.
+        assert_eq!(unsafe { CStr::from_ptr(big.as_ptr()) }.to_str().unwrap(), "abc");
+    }
+}
