@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod ffi;
 pub mod logging;
+pub mod wire;
 #[cfg(feature = "verbs")]
 pub mod verbs_probe;
 

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds librdmx.a, checks rdmx.pc against rustc's native-static-libs, then builds the C and
+# C++ consumers through `pkg-config --cflags --libs rdmx` with -Wall -Wextra -Werror
+# -pedantic and runs them under ASan+UBSan and under valgrind (zero errors, zero leaks).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+out="$here/build"
+mkdir -p "$out"
+cd "$root"
+
+echo "== ffi-tests: building librdmx.a"
+libs_line=$(cargo rustc --lib --quiet -- --print native-static-libs 2>&1 | grep 'native-static-libs:' | tail -n1)
+rustc_libs=${libs_line#*native-static-libs: }
+export PKG_CONFIG_PATH="$root/target/debug/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+
+echo "== ffi-tests: rdmx.pc vs rustc --print native-static-libs"
+pc_private=$(pkg-config --libs-only-l --static rdmx | tr ' ' '\n' | grep -v '^-lrdmx$' | grep . | sort -u)
+want=$(echo "$rustc_libs" | tr ' ' '\n' | grep . | sort -u)
+if [ "$pc_private" != "$want" ]; then
+  echo "rdmx.pc libraries differ from rustc's native-static-libs:"
+  diff <(echo "$want") <(echo "$pc_private") || true
+  exit 1
+fi
+for l in $rustc_libs; do
+  pkg-config --libs rdmx | tr ' ' '\n' | grep -qx -- "$l" || { echo "Libs lacks $l"; exit 1; }
+done
+echo "ok: $rustc_libs"
+
+version=$(pkg-config --modversion rdmx)
+cflags="$(pkg-config --cflags rdmx) -DRDMX_EXPECTED_VERSION=\"$version\" -g -Wall -Wextra -Werror -pedantic"
+ldlibs=$(pkg-config --libs rdmx)
+san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+
+build() { # build NAME LANG EXTRA_FLAGS...
+  local name=$1 lang=$2; shift 2
+  if [ "$lang" = c ]; then
+    # shellcheck disable=SC2086
+    cc -std=c11 $cflags "$@" -o "$out/$name" "$here/test_config.c" $ldlibs
+  else
+    # shellcheck disable=SC2086
+    c++ -std=c++17 $cflags "$@" -o "$out/$name" "$here/test_config.cpp" $ldlibs
+  fi
+}
+
+echo "== ffi-tests: ASan+UBSan"
+build test_config_c_san c $san
+build test_config_cpp_san cpp $san
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 "$out/test_config_c_san"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 "$out/test_config_cpp_san"
+
+echo "== ffi-tests: valgrind"
+build test_config_c c -O1
+build test_config_cpp cpp -O1
+vg=(valgrind -q --error-exitcode=99 --leak-check=full
+    --show-leak-kinds=definite,indirect,possible
+    --errors-for-leak-kinds=definite,indirect,possible)
+"${vg[@]}" "$out/test_config_c"
+"${vg[@]}" "$out/test_config_cpp"
+echo "== ffi-tests: all passed"

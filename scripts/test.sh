@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is needed, then runs every check CI runs.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+"$root/scripts/install-deps.sh"
+
+step() { echo; echo "==== $*"; }
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets --quiet -- -D warnings
+
+step "cargo test"
+cargo test --quiet
+
+step "include/rdmx.h is fresh (build, then git diff --exit-code include/)"
+cargo build --quiet --lib
+if ! git diff --exit-code -- include/ || [ -n "$(git status --porcelain -- include/)" ]; then
+  echo "include/ is stale or has untracked files: commit the regenerated header"
+  git status --short -- include/
+  exit 1
+fi
+
+step "ffi-tests (C and C++ under ASan+UBSan and valgrind)"
+"$root/ffi-tests/run.sh"
+
+echo
+echo "==== all tests passed"

@@ -1,0 +1,297 @@
+//! THE key table: every knob rdmx has, with its allowed values, default and meaning.
+//! Looking for a knob? Search this file for a word of what it does.
+
+use std::fmt::Write as _;
+
+/// The form a key's value takes and the values it allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A decimal integer in `min..=max`; `note` explains special values ("7 = infinite").
+    Uint {
+        min: u64,
+        max: u64,
+        note: &'static str,
+    },
+    /// A power of two in `min..=max`.
+    PowerOfTwo { min: u64, max: u64 },
+    /// One number of a fixed list.
+    Numbers(&'static [u64]),
+    /// One word of a fixed list (case-insensitive).
+    Words(&'static [&'static str]),
+    /// true/false, also 1/0, yes/no, on/off.
+    Bool,
+    /// An RDMA device name as in /sys/class/infiniband; empty = the first device.
+    DeviceName,
+    /// A profile name (see `profiles.rs`) or "none".
+    Profile,
+}
+
+/// One configuration key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySpec {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// The default, written as a user would write it.
+    pub default: &'static str,
+    /// What the knob does, in one line.
+    pub help: &'static str,
+}
+
+const fn uint(min: u64, max: u64) -> Kind {
+    Kind::Uint { min, max, note: "" }
+}
+
+const fn uint_note(min: u64, max: u64, note: &'static str) -> Kind {
+    Kind::Uint { min, max, note }
+}
+
+const fn key(name: &'static str, kind: Kind, default: &'static str, help: &'static str) -> KeySpec {
+    KeySpec {
+        name,
+        kind,
+        default,
+        help,
+    }
+}
+
+/// Queue depths: 32768 is the common verbs device limit (max_qp_wr) on current NICs.
+const MAX_WR: u64 = 32768;
+/// CQ entries: 4M is the largest max_cqe current NICs report.
+const MAX_CQE: u64 = 4_194_304;
+const AUTO_CQ: &str = "0 = auto: 2 x the WRs sharing the CQ";
+
+/// Every key, in the order `dump()` prints them. Defaults follow the seed article where it
+/// measured something (QP depth 256, batch 32, Ceph "after" timers) and Ceph otherwise.
+pub static KEYS: &[KeySpec] = &[
+    // --- device ---
+    key(
+        "provider",
+        Kind::Words(&["auto", "soft", "verbs"]),
+        "auto",
+        "device API: verbs = real NIC or kernel soft-RoCE, soft = RoCEv2 over UDP in-process; auto = verbs if a device exists, else soft",
+    ),
+    key(
+        "device",
+        Kind::DeviceName,
+        "",
+        "RDMA device name (e.g. mlx5_0, rxe0); empty = the first device",
+    ),
+    key(
+        "port",
+        uint(1, 255),
+        "1",
+        "device port number (ports count from 1)",
+    ),
+    key(
+        "gid_index",
+        uint(0, 255),
+        "0",
+        "GID table index: selects the RoCEv2 source address",
+    ),
+    // --- queue pair and completion queues ---
+    key(
+        "max_send_wr",
+        uint(1, MAX_WR),
+        "256",
+        "send queue depth (WRs in flight per QP); seed: 256 beats 128 by 23%, flat past 384",
+    ),
+    key(
+        "max_recv_wr",
+        uint(1, MAX_WR),
+        "256",
+        "receive queue depth (receives posted per QP); matches max_send_wr",
+    ),
+    key(
+        "max_send_sge",
+        uint(1, 32),
+        "2",
+        "scatter/gather entries per send WR (header + payload)",
+    ),
+    key(
+        "max_recv_sge",
+        uint(1, 32),
+        "1",
+        "scatter/gather entries per receive WR (one pooled chunk)",
+    ),
+    key(
+        "max_inline_data",
+        uint(0, 1024),
+        "64",
+        "largest payload (bytes) copied into the WR instead of DMA-read; 64 covers message headers",
+    ),
+    key(
+        "send_cq_size",
+        uint_note(0, MAX_CQE, AUTO_CQ),
+        "0",
+        "send completion queue entries (the shared CQ when separate_cqs = false); seed: 1.5-2x the WRs",
+    ),
+    key(
+        "recv_cq_size",
+        uint_note(0, MAX_CQE, AUTO_CQ),
+        "0",
+        "receive completion queue entries; must be 0 when separate_cqs = false",
+    ),
+    key(
+        "separate_cqs",
+        Kind::Bool,
+        "true",
+        "one CQ for sends and one for receives (true) or one shared CQ (false); seed: separate CQs cut p99.9",
+    ),
+    key(
+        "signal_interval",
+        uint(1, MAX_WR),
+        "16",
+        "request a completion for every Nth send WR only (fewer CQEs to poll)",
+    ),
+    key(
+        "post_batch",
+        uint(1, MAX_WR),
+        "32",
+        "WRs chained into one post call; seed: 32 beats 16 by 37% for small messages",
+    ),
+    // --- RC transport timers and limits ---
+    key(
+        "timeout",
+        uint_note(0, 31, "0 = no ACK timer"),
+        "10",
+        "local ACK timeout code, 4.096 us x 2^t; 10 = 4.19 ms (seed: 14 -> 10 detects dead paths faster)",
+    ),
+    key(
+        "retry_cnt",
+        uint_note(0, 7, "7 = seven retries"),
+        "7",
+        "retransmissions after an ACK timeout or sequence NAK before RETRY_EXC_ERR",
+    ),
+    key(
+        "rnr_retry",
+        uint_note(0, 7, "7 = infinite"),
+        "2",
+        "retries after an RNR NAK before RNR_RETRY_EXC_ERR; seed: 7 -> 2 gives up instead of hanging",
+    ),
+    key(
+        "min_rnr_timer",
+        uint_note(0, 31, "timer code; 0 = 655.36 ms, the longest"),
+        "12",
+        "RNR timer code this side puts in its RNR NAKs; 12 = 0.64 ms (seed: 0 -> 12)",
+    ),
+    key(
+        "path_mtu",
+        Kind::Numbers(&[256, 512, 1024, 2048, 4096]),
+        "1024",
+        "path MTU in bytes (payload per packet); 1024 fits standard 1500-byte Ethernet frames",
+    ),
+    key(
+        "max_rd_atomic",
+        uint(0, 255),
+        "16",
+        "RDMA READ/atomic requests this side may have outstanding (the 4K read path needs depth)",
+    ),
+    key(
+        "max_dest_rd_atomic",
+        uint(0, 255),
+        "16",
+        "incoming RDMA READ/atomic requests this side serves at once",
+    ),
+    key("sl", uint(0, 15), "0", "service level (fabric priority)"),
+    key(
+        "traffic_class",
+        uint(0, 255),
+        "0",
+        "GRH traffic class byte (DSCP << 2 | ECN)",
+    ),
+    // --- memory ---
+    key(
+        "chunk_size",
+        Kind::PowerOfTwo {
+            min: 512,
+            max: 2_097_152,
+        },
+        "4096",
+        "bytes per pooled registered buffer; 4096 holds one 4K block",
+    ),
+    key(
+        "pool_chunks",
+        uint(1, 16_777_216),
+        "1024",
+        "chunks per buffer pool; 1024 x 4K = 4 MiB pinned (Ceph pins ~1 GiB at start)",
+    ),
+    key(
+        "hugepages",
+        Kind::Words(&["auto", "on", "off"]),
+        "auto",
+        "2 MiB pages for pools: auto = hugetlb, else THP, else plain; on = require; off = plain pages",
+    ),
+    key(
+        "rcache_entries",
+        uint_note(0, 1_048_576, "0 = cache off"),
+        "1024",
+        "memory registration cache entries (reuse registrations instead of one per IO)",
+    ),
+    // --- completion polling and flow control ---
+    key(
+        "poll_mode",
+        Kind::Words(&["busy", "event", "adaptive"]),
+        "adaptive",
+        "completions: busy = always poll, event = sleep on the event fd, adaptive = poll polling_us, then sleep",
+    ),
+    key(
+        "polling_us",
+        uint(0, 1_000_000),
+        "100",
+        "adaptive mode: microseconds of empty polls before sleeping (Ceph: 1000)",
+    ),
+    key(
+        "poll_batch",
+        uint(1, 1024),
+        "32",
+        "completions taken per poll call (Ceph polls 32)",
+    ),
+    key(
+        "credits",
+        uint_note(0, MAX_WR, "0 = auto = max_recv_wr"),
+        "0",
+        "messages a peer may send before it must wait for credit; never more than posted receives",
+    ),
+    // --- soft provider ---
+    key(
+        "soft_port",
+        uint_note(0, 65535, "0 = any free port"),
+        "4791",
+        "UDP port of the soft provider; 4791 is RoCEv2's, so tshark decodes the traffic",
+    ),
+    // --- profiles ---
+    key(
+        "profile",
+        Kind::Profile,
+        "none",
+        "named set of values applied beneath file, env and set values (ceph-before, ceph-after, trading, throughput)",
+    ),
+];
+
+/// The index of `name` (already normalized) in [`KEYS`].
+pub(crate) fn index_of(name: &str) -> Option<usize> {
+    KEYS.iter().position(|k| k.name == name)
+}
+
+/// Normalizes a key as users may write it: trimmed, case-insensitive, runs of spaces and
+/// dashes become one underscore ("RNR retry" and "rnr-retry" are "rnr_retry").
+pub fn normalize_key(raw: &str) -> String {
+    let lower = raw.trim().to_ascii_lowercase().replace('-', " ");
+    lower.split_whitespace().collect::<Vec<_>>().join("_")
+}
+
+/// One line per key: name, default, allowed values and meaning (for `--help` texts).
+pub fn keys_text() -> String {
+    let mut out = String::new();
+    for spec in KEYS {
+        let _ = writeln!(
+            out,
+            "{} [default {:?}] allowed {}: {}",
+            spec.name,
+            spec.default,
+            super::value::allowed(spec.kind),
+            spec.help
+        );
+    }
+    out
+}

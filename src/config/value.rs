@@ -1,0 +1,141 @@
+//! Parsing one value for one key, and the "invalid value" message every rejection uses:
+//! `KEY: invalid value 'VALUE': allowed WHAT`.
+
+use super::keys::{KeySpec, Kind};
+use super::profiles;
+use super::suggest::did_you_mean;
+use crate::error::{Error, ErrorKind, Result};
+use std::fmt;
+
+/// A validated value in its canonical form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Value {
+    Uint(u64),
+    Bool(bool),
+    /// A word from the key's list (or a profile name).
+    Word(&'static str),
+    /// Free text (device names).
+    Text(String),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Uint(n) => write!(f, "{n}"),
+            Value::Bool(b) => write!(f, "{b}"),
+            Value::Word(w) => f.write_str(w),
+            Value::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+/// Longest device name: IBV_SYSFS_NAME_MAX (64) including the terminating NUL.
+const MAX_DEVICE_NAME: usize = 63;
+
+/// Parses `raw` for `spec`. `shown` is the name the user wrote the key as (the key itself, or
+/// "ms_async_rdma_x (rdmx key 'y')" for a Ceph alias).
+pub(crate) fn parse(spec: &KeySpec, raw: &str, shown: &str) -> Result<Value> {
+    let text = raw.trim();
+    let parsed = match spec.kind {
+        Kind::Uint { min, max, .. } => parse_uint(text)
+            .filter(|n| (min..=max).contains(n))
+            .map(Value::Uint),
+        Kind::PowerOfTwo { min, max } => parse_uint(text)
+            .filter(|n| (min..=max).contains(n) && n.is_power_of_two())
+            .map(Value::Uint),
+        Kind::Numbers(list) => parse_uint(text)
+            .filter(|n| list.contains(n))
+            .map(Value::Uint),
+        Kind::Words(list) => find_word(list, text).map(Value::Word),
+        Kind::Bool => parse_bool(text).map(Value::Bool),
+        Kind::DeviceName => is_device_name(text).then(|| Value::Text(text.to_string())),
+        Kind::Profile => find_word(&profiles::names(), &normalize_profile(text)).map(Value::Word),
+    };
+    parsed.ok_or_else(|| invalid(spec, raw, shown))
+}
+
+fn invalid(spec: &KeySpec, raw: &str, shown: &str) -> Error {
+    let mut message = format!(
+        "{shown}: invalid value '{}': allowed {}",
+        quote(raw),
+        allowed(spec.kind)
+    );
+    if spec.kind == Kind::Profile {
+        let names = profiles::names();
+        if let Some(best) = did_you_mean(&normalize_profile(raw), names.iter().copied()) {
+            message.push_str(&format!(" (did you mean '{best}'?)"));
+        }
+    }
+    Error::new(ErrorKind::InvalidValue, message)
+}
+
+/// What a kind allows, as the tail of "allowed ...".
+pub fn allowed(kind: Kind) -> String {
+    match kind {
+        Kind::Uint { min, max, note } if note.is_empty() => format!("{min}..{max}"),
+        Kind::Uint { min, max, note } => format!("{min}..{max} ({note})"),
+        Kind::PowerOfTwo { min, max } => format!("a power of two in {min}..{max}"),
+        Kind::Numbers(list) => {
+            let items: Vec<String> = list.iter().map(u64::to_string).collect();
+            format!("one of {}", items.join(", "))
+        }
+        Kind::Words(list) => format!("one of {}", list.join(", ")),
+        Kind::Bool => "true or false (also 1/0, yes/no, on/off)".to_string(),
+        Kind::DeviceName => format!(
+            "a device name of letters, digits, '_', '-', '.' (at most {MAX_DEVICE_NAME}; empty = first device)"
+        ),
+        Kind::Profile => format!("one of {}", profiles::names().join(", ")),
+    }
+}
+
+/// A decimal number: digits only (no sign, no spaces, no 0x), no overflow.
+pub(crate) fn parse_uint(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.bytes().try_fold(0u64, |acc, digit| {
+        acc.checked_mul(10)?.checked_add(u64::from(digit - b'0'))
+    })
+}
+
+pub(crate) fn parse_bool(text: &str) -> Option<bool> {
+    match text.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Some(true),
+        "false" | "0" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn find_word(list: &[&'static str], text: &str) -> Option<&'static str> {
+    list.iter().copied().find(|w| w.eq_ignore_ascii_case(text))
+}
+
+fn is_device_name(text: &str) -> bool {
+    text.len() <= MAX_DEVICE_NAME
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// Profile names are written with dashes; accept "Ceph_After" too.
+fn normalize_profile(text: &str) -> String {
+    text.trim().to_ascii_lowercase().replace('_', "-")
+}
+
+/// A user value fit for an error message: control characters escaped, long values cut.
+pub(crate) fn quote(raw: &str) -> String {
+    const MAX_SHOWN: usize = 64;
+    let mut out = String::new();
+    for (i, c) in raw.chars().enumerate() {
+        if i == MAX_SHOWN {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
