@@ -13,7 +13,15 @@ fn native_libs() -> Vec<&'static str> {
     if env::var_os("CARGO_FEATURE_VERBS").is_some() {
         libs.extend(["-libverbs", "-lrdmacm"]);
     }
-    libs.extend(["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"]);
+    libs.extend([
+        "-lgcc_s",
+        "-lutil",
+        "-lrt",
+        "-lpthread",
+        "-lm",
+        "-ldl",
+        "-lc",
+    ]);
     libs
 }
 
@@ -31,8 +39,10 @@ fn main() {
 
     let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
         .expect("cbindgen.toml must parse");
+    // Only src/ffi/ is the C ABI: parsing from its root keeps every other `#[repr]` type of
+    // the crate (wire opcodes, verbs enums) out of the header.
     let header = cbindgen::Builder::new()
-        .with_crate(&crate_dir)
+        .with_src(crate_dir.join("src/ffi/mod.rs"))
         .with_config(config)
         .generate()
         .expect("cbindgen could not generate include/rdmx.h");

@@ -84,7 +84,7 @@ int main() {
   for (const Bad &b : bad) {
     CHECK_STATUS(rdmx_config_set(cfg.get(), b.key, b.value), b.want);
     CHECK_ERR_HAS(b.fragment);
-    CHECK_ERR_HAS(b.value);
+    if (b.want == RDMX_INVALID_VALUE) CHECK_ERR_HAS(b.value);
   }
   CHECK(!log_lines.empty());
 

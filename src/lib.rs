@@ -8,9 +8,10 @@ pub mod config;
 pub mod error;
 pub mod ffi;
 pub mod logging;
-pub mod wire;
+pub mod rc;
 #[cfg(feature = "verbs")]
 pub mod verbs_probe;
+pub mod wire;
 
 pub use config::Config;
 pub use error::{Error, ErrorKind};

@@ -39,12 +39,20 @@ impl Log for RdmxLogger {
     fn flush(&self) {}
 }
 
-/// Installs rdmx's logger (once) with the default level, warnings and errors. Called by
-/// every C entry point; harmless to call again.
+/// The level named by `RDMX_LOG` (off, error, warn, info, debug, trace), else warn.
+fn level_from_env() -> LevelFilter {
+    std::env::var("RDMX_LOG")
+        .ok()
+        .and_then(|v| v.trim().parse::<LevelFilter>().ok())
+        .unwrap_or(LevelFilter::Warn)
+}
+
+/// Installs rdmx's logger (once) with the level from `RDMX_LOG`, by default warnings and
+/// errors. Called by every C entry point; harmless to call again.
 pub fn init() {
     INIT.call_once(|| {
         if log::set_logger(&LOGGER).is_ok() {
-            log::set_max_level(LevelFilter::Warn);
+            log::set_max_level(level_from_env());
         }
     });
 }

@@ -115,10 +115,7 @@ pub static ALIASES: &[Alias] = &[
         "rdmx speaks RoCEv2 RC only (no InfiniBand or iWARP)",
     ),
     rejected("ms_async_rdma_roce_ver", "rdmx speaks RoCEv2 only"),
-    rejected(
-        "ms_async_rdma_local_gid",
-        "rdmx picks the GID by gid_index",
-    ),
+    rejected("ms_async_rdma_local_gid", "rdmx picks the GID by gid_index"),
 ];
 
 /// The alias called `name` (normalized).

@@ -26,6 +26,13 @@ pub enum Kind {
     Profile,
 }
 
+impl Kind {
+    /// What this kind allows, as in messages: "0..7 (7 = infinite)", "one of busy, event".
+    pub fn allowed(self) -> String {
+        super::value::allowed(self)
+    }
+}
+
 /// One configuration key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeySpec {
@@ -289,7 +296,7 @@ pub fn keys_text() -> String {
             "{} [default {:?}] allowed {}: {}",
             spec.name,
             spec.default,
-            super::value::allowed(spec.kind),
+            spec.kind.allowed(),
             spec.help
         );
     }

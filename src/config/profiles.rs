@@ -19,7 +19,11 @@ pub static PROFILES: &[Profile] = &[
     Profile {
         name: "ceph-before",
         help: "the Ceph cluster's timers before tuning: infinite RNR retry, 655 ms RNR wait, 67 ms ACK timeout",
-        values: &[("rnr_retry", "7"), ("min_rnr_timer", "0"), ("timeout", "14")],
+        values: &[
+            ("rnr_retry", "7"),
+            ("min_rnr_timer", "0"),
+            ("timeout", "14"),
+        ],
     },
     Profile {
         name: "ceph-after",

@@ -68,7 +68,8 @@ impl Reader<'_> {
             retry_cnt: self.uint("retry_cnt")?,
             rnr_retry: self.uint("rnr_retry")?,
             min_rnr_timer: self.uint("min_rnr_timer")?,
-            path_mtu: Mtu::from_bytes(self.uint("path_mtu")?).ok_or_else(|| internal("path_mtu"))?,
+            path_mtu: Mtu::from_bytes(self.uint("path_mtu")?)
+                .ok_or_else(|| internal("path_mtu"))?,
             max_rd_atomic: self.uint("max_rd_atomic")?,
             max_dest_rd_atomic: self.uint("max_dest_rd_atomic")?,
             sl: self.uint("sl")?,

@@ -70,9 +70,9 @@ fn invalid(spec: &KeySpec, raw: &str, shown: &str) -> Error {
 }
 
 /// What a kind allows, as the tail of "allowed ...".
-pub fn allowed(kind: Kind) -> String {
+pub(crate) fn allowed(kind: Kind) -> String {
     match kind {
-        Kind::Uint { min, max, note } if note.is_empty() => format!("{min}..{max}"),
+        Kind::Uint { min, max, note: "" } => format!("{min}..{max}"),
         Kind::Uint { min, max, note } => format!("{min}..{max} ({note})"),
         Kind::PowerOfTwo { min, max } => format!("a power of two in {min}..{max}"),
         Kind::Numbers(list) => {

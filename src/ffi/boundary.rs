@@ -199,6 +199,9 @@ mod tests {
         // SAFETY: `big` is valid for 4 bytes.
         unsafe { write_str("abc", big.as_mut_ptr(), 4, std::ptr::null_mut()) }.unwrap();
         // SAFETY: write_str NUL-terminated it.
-        assert_eq!(unsafe { CStr::from_ptr(big.as_ptr()) }.to_str().unwrap(), "abc");
+        assert_eq!(
+            unsafe { CStr::from_ptr(big.as_ptr()) }.to_str().unwrap(),
+            "abc"
+        );
     }
 }

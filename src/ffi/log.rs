@@ -22,8 +22,9 @@ pub enum rdmx_log_level {
 /// Receives one log line: `message` is NUL-terminated, borrowed for the duration of the
 /// call only. May be called from any rdmx thread. Must not call `rdmx_log_set_callback`.
 #[allow(non_camel_case_types)]
-pub type rdmx_log_callback =
-    Option<unsafe extern "C" fn(user_data: *mut c_void, level: rdmx_log_level, message: *const c_char)>;
+pub type rdmx_log_callback = Option<
+    unsafe extern "C" fn(user_data: *mut c_void, level: rdmx_log_level, message: *const c_char),
+>;
 
 /// The user's pointer, handed back to the callback untouched.
 struct UserData(*mut c_void);

@@ -1,0 +1,435 @@
+//! Every key's default and range edges; value forms; key normalization; unknown keys.
+
+use super::failure;
+use crate::config::{Config, KEYS, Source, lookup_key};
+use crate::error::ErrorKind;
+
+/// (key, default, min, max, note shown after the range).
+const UINT_KEYS: &[(&str, &str, u64, u64, &str)] = &[
+    ("port", "1", 1, 255, ""),
+    ("gid_index", "0", 0, 255, ""),
+    ("max_send_wr", "256", 1, 32768, ""),
+    ("max_recv_wr", "256", 1, 32768, ""),
+    ("max_send_sge", "2", 1, 32, ""),
+    ("max_recv_sge", "1", 1, 32, ""),
+    ("max_inline_data", "64", 0, 1024, ""),
+    (
+        "send_cq_size",
+        "0",
+        0,
+        4194304,
+        "0 = auto: 2 x the WRs sharing the CQ",
+    ),
+    (
+        "recv_cq_size",
+        "0",
+        0,
+        4194304,
+        "0 = auto: 2 x the WRs sharing the CQ",
+    ),
+    ("signal_interval", "16", 1, 32768, ""),
+    ("post_batch", "32", 1, 32768, ""),
+    ("timeout", "10", 0, 31, "0 = no ACK timer"),
+    ("retry_cnt", "7", 0, 7, "7 = seven retries"),
+    ("rnr_retry", "2", 0, 7, "7 = infinite"),
+    (
+        "min_rnr_timer",
+        "12",
+        0,
+        31,
+        "timer code; 0 = 655.36 ms, the longest",
+    ),
+    ("max_rd_atomic", "16", 0, 255, ""),
+    ("max_dest_rd_atomic", "16", 0, 255, ""),
+    ("sl", "0", 0, 15, ""),
+    ("traffic_class", "0", 0, 255, ""),
+    ("pool_chunks", "1024", 1, 16777216, ""),
+    ("rcache_entries", "1024", 0, 1048576, "0 = cache off"),
+    ("polling_us", "100", 0, 1000000, ""),
+    ("poll_batch", "32", 1, 1024, ""),
+    ("credits", "0", 0, 32768, "0 = auto = max_recv_wr"),
+    ("soft_port", "4791", 0, 65535, "0 = any free port"),
+];
+
+/// Keys with other kinds, and their defaults.
+const OTHER_KEYS: &[(&str, &str)] = &[
+    ("provider", "auto"),
+    ("device", ""),
+    ("separate_cqs", "true"),
+    ("path_mtu", "1024"),
+    ("chunk_size", "4096"),
+    ("hugepages", "auto"),
+    ("poll_mode", "adaptive"),
+    ("profile", "none"),
+];
+
+fn range_message(key: &str, value: &str, min: u64, max: u64, note: &str) -> String {
+    let note = if note.is_empty() {
+        String::new()
+    } else {
+        format!(" ({note})")
+    };
+    format!("{key}: invalid value '{value}': allowed {min}..{max}{note}")
+}
+
+#[test]
+fn every_key_is_covered_by_these_tests() {
+    let mut tested: Vec<&str> = UINT_KEYS.iter().map(|k| k.0).collect();
+    tested.extend(OTHER_KEYS.iter().map(|k| k.0));
+    tested.sort_unstable();
+    let mut table: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+    table.sort_unstable();
+    assert_eq!(tested, table);
+}
+
+#[test]
+fn every_key_has_help_and_a_default_that_parses() {
+    for spec in KEYS {
+        assert!(!spec.help.is_empty(), "{} has no help", spec.name);
+        let mut config = Config::new();
+        config.set(spec.name, spec.default).unwrap();
+        assert_eq!(config.get(spec.name).unwrap(), spec.default);
+    }
+}
+
+#[test]
+fn defaults() {
+    let config = Config::new();
+    for (key, default, ..) in UINT_KEYS {
+        assert_eq!(config.get(key).unwrap(), *default, "{key}");
+        assert_eq!(config.source(key).unwrap(), Source::Default, "{key}");
+    }
+    for (key, default) in OTHER_KEYS {
+        assert_eq!(config.get(key).unwrap(), *default, "{key}");
+        assert_eq!(config.source(key).unwrap(), Source::Default, "{key}");
+    }
+}
+
+#[test]
+fn numeric_range_edges() {
+    for &(key, _, min, max, note) in UINT_KEYS {
+        let mut config = Config::new();
+        for ok in [min, max] {
+            config.set(key, &ok.to_string()).unwrap();
+            assert_eq!(config.get(key).unwrap(), ok.to_string(), "{key}");
+            assert_eq!(config.source(key).unwrap(), Source::Explicit, "{key}");
+        }
+        let mut beyond = vec![max + 1];
+        if min > 0 {
+            beyond.push(min - 1);
+        }
+        for bad in beyond {
+            let text = bad.to_string();
+            assert_eq!(
+                failure(config.set(key, &text)),
+                (
+                    ErrorKind::InvalidValue,
+                    range_message(key, &text, min, max, note)
+                )
+            );
+        }
+        // A rejected set leaves the last good value.
+        assert_eq!(config.get(key).unwrap(), max.to_string(), "{key}");
+    }
+}
+
+#[test]
+fn messages_from_the_issue() {
+    let mut config = Config::new();
+    assert_eq!(
+        failure(config.set("rnr_retry", "8")).1,
+        "rnr_retry: invalid value '8': allowed 0..7 (7 = infinite)"
+    );
+    assert_eq!(
+        failure(config.set("path_mtu", "1000")).1,
+        "path_mtu: invalid value '1000': allowed one of 256, 512, 1024, 2048, 4096"
+    );
+    assert_eq!(
+        failure(config.set("timeout", "32")).1,
+        "timeout: invalid value '32': allowed 0..31 (0 = no ACK timer)"
+    );
+}
+
+#[test]
+fn numbers_are_plain_decimal() {
+    let mut config = Config::new();
+    for bad in [
+        "",
+        " ",
+        "-1",
+        "+1",
+        "1x",
+        "x1",
+        "0x10",
+        "1 2",
+        "1.0",
+        "1_0",
+        "18446744073709551616",
+        "99999999999999999999999999",
+    ] {
+        assert_eq!(
+            failure(config.set("rnr_retry", bad)),
+            (
+                ErrorKind::InvalidValue,
+                format!("rnr_retry: invalid value '{bad}': allowed 0..7 (7 = infinite)")
+            )
+        );
+    }
+    config.set("rnr_retry", " 3 ").unwrap();
+    assert_eq!(config.get("rnr_retry").unwrap(), "3");
+    config.set("max_send_wr", "0512").unwrap();
+    assert_eq!(config.get("max_send_wr").unwrap(), "512");
+}
+
+#[test]
+fn path_mtu_values() {
+    let mut config = Config::new();
+    for ok in ["256", "512", "1024", "2048", "4096"] {
+        config.set("path_mtu", ok).unwrap();
+        assert_eq!(config.get("path_mtu").unwrap(), ok);
+    }
+    for bad in ["128", "255", "257", "4097", "8192", "0"] {
+        assert_eq!(
+            failure(config.set("path_mtu", bad)),
+            (
+                ErrorKind::InvalidValue,
+                format!(
+                    "path_mtu: invalid value '{bad}': allowed one of 256, 512, 1024, 2048, 4096"
+                )
+            )
+        );
+    }
+}
+
+#[test]
+fn chunk_size_is_a_power_of_two_in_range() {
+    let mut config = Config::new();
+    for ok in ["512", "1024", "4096", "131072", "2097152"] {
+        config.set("chunk_size", ok).unwrap();
+        assert_eq!(config.get("chunk_size").unwrap(), ok);
+    }
+    for bad in ["256", "511", "513", "1000", "2097153", "4194304", "0"] {
+        assert_eq!(
+            failure(config.set("chunk_size", bad)),
+            (
+                ErrorKind::InvalidValue,
+                format!(
+                    "chunk_size: invalid value '{bad}': allowed a power of two in 512..2097152"
+                )
+            )
+        );
+    }
+}
+
+#[test]
+fn booleans() {
+    let mut config = Config::new();
+    for (given, canonical) in [
+        ("true", "true"),
+        ("false", "false"),
+        ("1", "true"),
+        ("0", "false"),
+        ("yes", "true"),
+        ("no", "false"),
+        ("on", "true"),
+        ("off", "false"),
+        ("TRUE", "true"),
+        (" Off ", "false"),
+    ] {
+        config.set("separate_cqs", given).unwrap();
+        assert_eq!(config.get("separate_cqs").unwrap(), canonical, "{given}");
+        assert_eq!(
+            config.get_bool("separate_cqs").unwrap(),
+            canonical == "true"
+        );
+    }
+    for bad in ["", "2", "y", "maybe", "truee"] {
+        assert_eq!(
+            failure(config.set("separate_cqs", bad)),
+            (
+                ErrorKind::InvalidValue,
+                format!(
+                    "separate_cqs: invalid value '{bad}': allowed true or false (also 1/0, yes/no, on/off)"
+                )
+            )
+        );
+    }
+}
+
+#[test]
+fn word_keys() {
+    let cases: &[(&str, &[&str], &str)] = &[
+        ("provider", &["auto", "soft", "verbs"], "auto, soft, verbs"),
+        ("hugepages", &["auto", "on", "off"], "auto, on, off"),
+        (
+            "poll_mode",
+            &["busy", "event", "adaptive"],
+            "busy, event, adaptive",
+        ),
+    ];
+    for &(key, words, allowed) in cases {
+        let mut config = Config::new();
+        for word in words {
+            config.set(key, &word.to_uppercase()).unwrap();
+            assert_eq!(config.get(key).unwrap(), *word);
+        }
+        for bad in ["", "rxe", "true", "1"] {
+            assert_eq!(
+                failure(config.set(key, bad)),
+                (
+                    ErrorKind::InvalidValue,
+                    format!("{key}: invalid value '{bad}': allowed one of {allowed}")
+                )
+            );
+        }
+    }
+}
+
+#[test]
+fn device_names() {
+    let mut config = Config::new();
+    let longest = "d".repeat(63);
+    for ok in [
+        "mlx5_0",
+        "rxe0",
+        "rocep1s0f0",
+        "a.b-c_d",
+        "",
+        longest.as_str(),
+    ] {
+        config.set("device", ok).unwrap();
+        assert_eq!(config.get("device").unwrap(), ok);
+    }
+    let too_long = "d".repeat(64);
+    for bad in ["mlx5 0", "a/b", "../x", "dév", too_long.as_str()] {
+        assert_eq!(
+            failure(config.set("device", bad)),
+            (
+                ErrorKind::InvalidValue,
+                format!(
+                    "device: invalid value '{bad}': allowed a device name of letters, digits, '_', '-', '.' (at most 63; empty = first device)"
+                )
+            )
+        );
+    }
+}
+
+#[test]
+fn messages_quote_control_characters_and_cut_long_values() {
+    let mut config = Config::new();
+    assert_eq!(
+        failure(config.set("sl", "1\n2")).1,
+        "sl: invalid value '1\\n2': allowed 0..15"
+    );
+    let long = "9".repeat(100);
+    assert_eq!(
+        failure(config.set("sl", &long)).1,
+        format!("sl: invalid value '{}...': allowed 0..15", "9".repeat(64))
+    );
+}
+
+#[test]
+fn keys_are_normalized() {
+    let mut config = Config::new();
+    for (written, value) in [
+        ("RNR_RETRY", "1"),
+        ("rnr-retry", "3"),
+        ("  rnr retry  ", "4"),
+        ("Rnr  Retry", "5"),
+    ] {
+        config.set(written, value).unwrap();
+        assert_eq!(config.get("rnr_retry").unwrap(), value);
+        assert_eq!(config.get(written).unwrap(), value);
+    }
+    assert_eq!(lookup_key("Max-Send-WR").unwrap().name, "max_send_wr");
+}
+
+#[test]
+fn unknown_keys_suggest_the_closest() {
+    let mut config = Config::new();
+    let cases = [
+        (
+            "rnr_retyr",
+            "unknown key 'rnr_retyr' (did you mean 'rnr_retry'?)",
+        ),
+        (
+            "RNR-RETYR",
+            "unknown key 'RNR-RETYR' (did you mean 'rnr_retry'?)",
+        ),
+        (
+            "max_sendwr",
+            "unknown key 'max_sendwr' (did you mean 'max_send_wr'?)",
+        ),
+        ("timout", "unknown key 'timout' (did you mean 'timeout'?)"),
+        ("mtu", "unknown key 'mtu'"),
+        ("", "unknown key ''"),
+        ("frobnicate", "unknown key 'frobnicate'"),
+        (
+            "ms_async_rdma_bufer_size",
+            "unknown key 'ms_async_rdma_bufer_size' (did you mean 'ms_async_rdma_buffer_size'?)",
+        ),
+        (
+            "ms_async_rdma_zzz_option_xyz",
+            "unknown key 'ms_async_rdma_zzz_option_xyz': this Ceph option has no rdmx equivalent",
+        ),
+    ];
+    for (key, message) in cases {
+        assert_eq!(
+            failure(config.set(key, "1")),
+            (ErrorKind::UnknownKey, message.to_string())
+        );
+        assert_eq!(
+            failure(config.get(key)),
+            (ErrorKind::UnknownKey, message.to_string())
+        );
+        assert_eq!(failure(config.source(key)).0, ErrorKind::UnknownKey);
+    }
+}
+
+#[test]
+fn typed_getters() {
+    let config = Config::new();
+    assert_eq!(config.get_u64("max_send_wr").unwrap(), 256);
+    assert!(config.get_bool("separate_cqs").unwrap());
+    assert_eq!(
+        failure(config.get_u64("provider")),
+        (
+            ErrorKind::InvalidArgument,
+            "provider: not a number (use get)".to_string()
+        )
+    );
+    assert_eq!(
+        failure(config.get_bool("port")),
+        (
+            ErrorKind::InvalidArgument,
+            "port: not a boolean (use get)".to_string()
+        )
+    );
+}
+
+#[test]
+fn set_from_rejects_the_derived_sources() {
+    let mut config = Config::new();
+    assert_eq!(
+        failure(config.set_from("rnr_retry", "3", Source::Default)).0,
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        failure(config.set_from("rnr_retry", "3", Source::Profile)).0,
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(config.get("rnr_retry").unwrap(), "2");
+}
+
+#[test]
+fn keys_text_has_one_line_per_key() {
+    let text = crate::config::keys_text();
+    assert_eq!(text.lines().count(), KEYS.len());
+    assert!(text.contains(
+        "rnr_retry [default \"2\"] allowed 0..7 (7 = infinite): retries after an RNR NAK"
+    ));
+    assert_eq!(
+        lookup_key("ms_async_rdma_sl").unwrap().kind.allowed(),
+        "0..15"
+    );
+}

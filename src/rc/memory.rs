@@ -1,0 +1,106 @@
+//! How the engine reaches memory: through keys with access rights, so it owns no data
+//! buffers. The soft provider implements this over registered regions; the simulator over
+//! plain vectors.
+
+/// Which key namespace a lookup uses: the local key of an SGE or a peer's remote key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    Local(u32),
+    Remote(u32),
+}
+
+/// Why a memory access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemError {
+    /// No region with this key.
+    BadKey,
+    /// The region lacks the required access right.
+    Access,
+    /// The range is not entirely inside the region.
+    Range,
+}
+
+/// Registered memory as the engine sees it. `access` is the right required, as
+/// `ibv_access_flags` bits (0 for a local read, which every region allows).
+pub trait Memory {
+    /// Copies `out.len()` bytes at `addr` of region `key` into `out`.
+    fn read(&self, key: Key, addr: u64, out: &mut [u8], access: u32) -> Result<(), MemError>;
+    /// Copies `data` to `addr` of region `key`.
+    fn write(&mut self, key: Key, addr: u64, data: &[u8], access: u32) -> Result<(), MemError>;
+    /// Checks that `[addr, addr + len)` lies in region `key` with `access`, without copying.
+    fn check(&self, key: Key, addr: u64, len: u64, access: u32) -> Result<(), MemError>;
+}
+
+/// A scatter/gather element: `length` bytes at `addr` of the region with local key `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// Total bytes an SGE list covers.
+pub fn sge_total(sges: &[Sge]) -> u64 {
+    sges.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// Walks `sges` over the byte range `[offset, offset + len)` of the list, calling `f` with
+/// each piece (sge, address, length, position within the range).
+fn for_each_piece(
+    sges: &[Sge],
+    mut offset: u64,
+    len: usize,
+    mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), MemError>,
+) -> Result<(), MemError> {
+    let mut done = 0usize;
+    for sge in sges {
+        if done == len {
+            break;
+        }
+        let sl = u64::from(sge.length);
+        if offset >= sl {
+            offset -= sl;
+            continue;
+        }
+        let n = ((sl - offset) as usize).min(len - done);
+        f(sge, sge.addr + offset, n, done)?;
+        done += n;
+        offset = 0;
+    }
+    if done == len {
+        Ok(())
+    } else {
+        Err(MemError::Range)
+    }
+}
+
+/// Gathers `out.len()` bytes starting `offset` bytes into the SGE list.
+pub fn gather(mem: &dyn Memory, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
+    let len = out.len();
+    for_each_piece(sges, offset, len, |sge, addr, n, pos| {
+        mem.read(Key::Local(sge.lkey), addr, &mut out[pos..pos + n], 0)
+    })
+}
+
+/// Scatters `data` starting `offset` bytes into the SGE list (needs LOCAL_WRITE).
+pub fn scatter(
+    mem: &mut dyn Memory,
+    sges: &[Sge],
+    offset: u64,
+    data: &[u8],
+) -> Result<(), MemError> {
+    for_each_piece(sges, offset, data.len(), |sge, addr, n, pos| {
+        mem.write(
+            Key::Local(sge.lkey),
+            addr,
+            &data[pos..pos + n],
+            super::verbs::access::LOCAL_WRITE,
+        )
+    })
+}
+
+/// Checks every SGE of a list against its region (`access` as for `Memory::check`).
+pub fn check_sges(mem: &dyn Memory, sges: &[Sge], access: u32) -> Result<(), MemError> {
+    sges.iter()
+        .try_for_each(|s| mem.check(Key::Local(s.lkey), s.addr, u64::from(s.length), access))
+}

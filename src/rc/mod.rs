@@ -1,0 +1,27 @@
+//! The Reliable Connected transport as a sans-IO state machine (rc-transport.md §2-§6).
+//!
+//! Where things are: `qp.rs` (the QP, its inputs and outputs), `requester.rs` (segmentation,
+//! PSNs, credits), `completer.rs` (ACK/NAK handling, timers, retries), `responder.rs`
+//! (ePSN, RNR, access checks, READ replay), `attr.rs` (modify and its masks), `verbs.rs`
+//! (enum values), `memory.rs` (how the engine reaches registered memory).
+
+pub mod attr;
+mod completer;
+pub mod counters;
+pub mod memory;
+pub mod packet;
+pub mod psn;
+pub mod qp;
+mod requester;
+mod responder;
+pub mod vec_memory;
+pub mod verbs;
+pub mod wr;
+
+pub use attr::QpAttr;
+pub use counters::Counters;
+pub use memory::{Key, MemError, Memory, Sge};
+pub use qp::{Qp, QpCaps, max_packet_len};
+pub use vec_memory::VecMemory;
+pub use verbs::{QpState, WcOpcode, WcStatus, WrOpcode};
+pub use wr::{Completion, RecvWr, SendWr};

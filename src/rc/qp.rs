@@ -1,0 +1,370 @@
+//! The RC queue pair as a sans-IO state machine. Inputs: `post_send`, `post_recv`,
+//! `modify`, `handle_packet` (with the time it arrived), `handle_timeout` (with the time).
+//! Outputs: `poll_transmit` (packets), `poll_completion`, `next_deadline`. No sockets and no
+//! clock inside: time is nanoseconds on whatever clock the caller runs (a simulator's or the
+//! OS's).
+//!
+//! Packets handed in and out are RoCEv2 UDP payloads (BTH .. payload, pad, ICRC). The
+//! ICRC covers the IP/UDP headers, so it belongs to whoever knows them: the engine leaves
+//! the field zero on output and does not check it on input (`crate::wire::icrc` does).
+
+use std::collections::VecDeque;
+
+use super::attr::{QpAttr, check_modify};
+use super::counters::Counters;
+use super::memory::Memory;
+use super::packet::{self, Hdr, op};
+use super::requester::Requester;
+use super::responder::Responder;
+use super::verbs::{QpState, WcOpcode, WcStatus, attr_mask};
+use super::wr::{Completion, RecvWr, SendWr};
+use crate::error::{Error, ErrorKind, Result};
+use crate::wire::ICRC_LEN;
+
+/// Sizes fixed at QP creation (`ibv_qp_init_attr.cap` and friends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    /// Signal every send WR regardless of IBV_SEND_SIGNALED (`sq_sig_all`).
+    pub sq_sig_all: bool,
+    /// Most request PSNs in flight without an ACK (rxe uses 128).
+    pub max_unacked_psns: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            sq_sig_all: false,
+            max_unacked_psns: 128,
+        }
+    }
+}
+
+/// Largest packet `poll_transmit` writes for a path MTU: headers (at most 32 bytes for RC
+/// without atomics) + payload + pad + ICRC.
+pub fn max_packet_len(path_mtu: u32) -> usize {
+    path_mtu as usize + 32 + 3 + ICRC_LEN
+}
+
+/// One RC queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    pub(super) qpn: u32,
+    pub(super) caps: QpCaps,
+    pub(super) state: QpState,
+    pub(super) attr: QpAttr,
+    pub(super) req: Requester,
+    pub(super) resp: Responder,
+    pub(super) completions: VecDeque<Completion>,
+    pub(super) counters: Counters,
+}
+
+impl Qp {
+    /// A QP in RESET.
+    pub fn new(qpn: u32, caps: QpCaps) -> Qp {
+        Qp {
+            qpn: qpn & 0x00FF_FFFF,
+            caps,
+            state: QpState::Reset,
+            attr: QpAttr::default(),
+            req: Requester::default(),
+            resp: Responder::default(),
+            completions: VecDeque::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    pub fn attr(&self) -> &QpAttr {
+        &self.attr
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Counts a packet for this QP whose ICRC did not match (the caller checks ICRCs).
+    pub fn record_icrc_error(&mut self) {
+        self.counters.icrc_errors += 1;
+    }
+
+    /// `ibv_modify_qp`: applies the attributes named by `mask` (verbs `attr_mask` bits) if
+    /// the transition and every attribute are valid; otherwise changes nothing and names
+    /// the offending field.
+    pub fn modify(&mut self, attr: &QpAttr, mask: u32) -> Result<()> {
+        let target = check_modify(self.state, attr, mask)?;
+        let m = |b: u32| mask & b != 0;
+        let a = &mut self.attr;
+        if m(attr_mask::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if m(attr_mask::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if m(attr_mask::PORT) {
+            a.port_num = attr.port_num;
+        }
+        if m(attr_mask::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if m(attr_mask::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        if m(attr_mask::RQ_PSN) {
+            a.rq_psn = attr.rq_psn;
+            self.resp.reset_psn(attr.rq_psn);
+        }
+        if m(attr_mask::SQ_PSN) {
+            a.sq_psn = attr.sq_psn;
+            self.req.reset_psn(attr.sq_psn);
+        }
+        if m(attr_mask::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if m(attr_mask::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if m(attr_mask::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if m(attr_mask::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if m(attr_mask::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+            self.req.retry_left = attr.retry_cnt;
+        }
+        if m(attr_mask::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+            self.req.rnr_left = attr.rnr_retry;
+        }
+        let from = self.state;
+        self.state = target;
+        a.qp_state = target;
+        match target {
+            QpState::Err if from != QpState::Err => self.flush_all(),
+            QpState::Reset => {
+                // A reset QP forgets its queues (verbs: WRs are discarded, no completions).
+                self.req = Requester::default();
+                self.resp = Responder::default();
+                self.completions.clear();
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send` for one WR (post a chain by calling this per WR; a failure stops
+    /// the chain there, as `bad_wr` does). In ERR the WR completes at once with
+    /// WR_FLUSH_ERR.
+    pub fn post_send(&mut self, wr: SendWr) -> Result<()> {
+        match self.state {
+            QpState::Rts => {}
+            QpState::Err => {
+                self.push_completion(wr.wr_id, WcStatus::WrFlushErr, wr.opcode.wc_opcode(), false);
+                return Ok(());
+            }
+            s => {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("post_send: QP {:#x} is in {s:?}, needs RTS", self.qpn),
+                ));
+            }
+        }
+        if self.req.sq.len() >= self.caps.max_send_wr as usize {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "post_send: send queue full ({} WRs outstanding = max_send_wr)",
+                    self.caps.max_send_wr
+                ),
+            ));
+        }
+        if wr.sges.len() > self.caps.max_send_sge as usize {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "post_send: {} SGEs exceed max_send_sge {}",
+                    wr.sges.len(),
+                    self.caps.max_send_sge
+                ),
+            ));
+        }
+        self.req.push(wr, self.attr.path_mtu)
+    }
+
+    /// `ibv_post_recv` for one WR. In ERR the WR completes at once with WR_FLUSH_ERR.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<()> {
+        match self.state {
+            QpState::Init | QpState::Rtr | QpState::Rts => {}
+            QpState::Err => {
+                self.push_completion(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, true);
+                return Ok(());
+            }
+            QpState::Reset => {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("post_recv: QP {:#x} is in Reset", self.qpn),
+                ));
+            }
+        }
+        if self.resp.rq.len() >= self.caps.max_recv_wr as usize {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "post_recv: receive queue full ({} WRs = max_recv_wr)",
+                    self.caps.max_recv_wr
+                ),
+            ));
+        }
+        if wr.sges.len() > self.caps.max_recv_sge as usize {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "post_recv: {} SGEs exceed max_recv_sge {}",
+                    wr.sges.len(),
+                    self.caps.max_recv_sge
+                ),
+            ));
+        }
+        self.resp.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Feeds one received packet (BTH .. ICRC; the caller has checked the ICRC).
+    pub fn handle_packet(&mut self, now: u64, bytes: &[u8], mem: &mut dyn Memory) {
+        let Ok((hdr, payload)) = packet::parse(bytes) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        if hdr.dest_qp != self.qpn {
+            self.counters.malformed += 1;
+            return;
+        }
+        self.counters.rx_packets += 1;
+        self.counters.rx_bytes += bytes.len() as u64;
+        let is_response = (op::READ_RESP_FIRST..=op::ATOMIC_ACKNOWLEDGE).contains(&hdr.opcode);
+        match (is_response, self.state) {
+            (true, QpState::Rts) => self.on_response(now, &hdr, payload, mem),
+            (false, QpState::Rtr | QpState::Rts) => self.on_request(&hdr, payload, mem),
+            _ => {} // dropped: not a state that takes this packet (§5.1)
+        }
+    }
+
+    /// Runs timers that are due at `now` (call at or after `next_deadline`).
+    pub fn handle_timeout(&mut self, now: u64) {
+        self.on_timers(now);
+    }
+
+    /// The next time `handle_timeout` must be called, if any timer is armed.
+    pub fn next_deadline(&self) -> Option<u64> {
+        match (self.req.ack_deadline, self.req.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Writes the next packet to send into `buf` (at least `max_packet_len(path_mtu)`
+    /// bytes) and returns its length, or None if nothing is ready. Responses (ACKs, NAKs,
+    /// READ responses) go before new requests.
+    pub fn poll_transmit(&mut self, now: u64, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
+        let n = match self.next_response(mem, buf) {
+            Some(n) => Some(n),
+            None => self.next_request(now, mem, buf),
+        }?;
+        self.counters.tx_packets += 1;
+        self.counters.tx_bytes += n as u64;
+        Some(n)
+    }
+
+    /// The next completion, in the order the work requests finished (send completions in
+    /// send-WR order, receive completions in receive-WR order).
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    /// Whether anything is waiting to be sent (so a driver knows to call `poll_transmit`).
+    pub fn wants_transmit(&self) -> bool {
+        !self.resp.out.is_empty() || self.req.has_sendable()
+    }
+
+    pub(super) fn push_completion(
+        &mut self,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        is_recv: bool,
+    ) {
+        self.completions.push_back(Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm: None,
+            qp_num: self.qpn,
+            is_recv,
+        });
+    }
+
+    /// Moves to ERR and flushes every outstanding send and receive WR (§4.8).
+    pub(super) fn enter_error(&mut self) {
+        if self.state != QpState::Err {
+            self.state = QpState::Err;
+            self.attr.qp_state = QpState::Err;
+            self.flush_all();
+        }
+    }
+
+    fn flush_all(&mut self) {
+        self.req.ack_deadline = None;
+        self.req.rnr_until = None;
+        let sq: Vec<_> = self.req.sq.drain(..).collect();
+        for w in sq {
+            let status = w.error.unwrap_or(WcStatus::WrFlushErr);
+            self.push_completion(w.wr.wr_id, status, w.wr.opcode.wc_opcode(), false);
+        }
+        self.req.send_idx = 0;
+        self.req.send_off = 0;
+        let mut rq: Vec<RecvWr> = self.resp.take_current_recv().into_iter().collect();
+        rq.extend(self.resp.rq.drain(..));
+        for w in rq {
+            self.push_completion(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, true);
+        }
+        // Queued NAKs still go out (the peer must learn why); READ responses do not.
+        self.resp.out.retain(|i| i.is_ack());
+    }
+
+    /// Writes header, payload (via `fill`), zero pad and a zero ICRC field; returns the
+    /// packet length.
+    pub(super) fn emit(
+        &self,
+        hdr: &Hdr,
+        payload_len: usize,
+        buf: &mut [u8],
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> Option<usize> {
+        let pad = (4 - payload_len % 4) % 4;
+        let hlen = packet::emit_header(hdr, pad as u8, buf)?;
+        let end = hlen + payload_len;
+        let total = end + pad + ICRC_LEN;
+        if buf.len() < total || !fill(&mut buf[hlen..end]) {
+            return None;
+        }
+        buf[end..total].fill(0);
+        Some(total)
+    }
+}

@@ -1,0 +1,42 @@
+//! Work requests in and completions out, shaped like `ibv_send_wr`, `ibv_recv_wr` and
+//! `ibv_wc`.
+
+use super::memory::Sge;
+use super::verbs::{WcOpcode, WcStatus, WrOpcode};
+
+/// A send-queue work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub opcode: WrOpcode,
+    /// `send_flags` bits (`verbs::send_flags`).
+    pub flags: u32,
+    /// Local buffers: gathered for SEND/WRITE, scattered into for READ.
+    pub sges: Vec<Sge>,
+    /// Remote address and key for RDMA READ/WRITE.
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// Immediate data (SEND_WITH_IMM, RDMA_WRITE_WITH_IMM), in network order as on the wire.
+    pub imm: u32,
+}
+
+/// A receive-queue work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    pub wr_id: u64,
+    pub sges: Vec<Sge>,
+}
+
+/// A work completion (`ibv_wc`). For statuses other than Success only `wr_id`, `status`
+/// and `qp_num` are meaningful, as in verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+    pub qp_num: u32,
+    /// True for receive-queue completions (they go to the receive CQ).
+    pub is_recv: bool,
+}
