@@ -75,11 +75,12 @@ impl Responder {
         }
     }
 
-    /// Queues an ACK/NAK; a newer one replaces a queued one (coalescing: an ACK or NAK for
-    /// PSN p acknowledges everything before p).
+    /// Queues an ACK/NAK. A queued plain ACK is replaced by the newer one (coalescing: an
+    /// ACK or NAK for PSN p acknowledges everything before p); a queued NAK is never
+    /// replaced, since the requester must see it (an RNR NAK's wait, an error's cause).
     fn push_ack(&mut self, syn: u8, psn: u32) {
         if let Some(RespItem::Ack { syn: s, .. }) = self.out.back()
-            && (*s == syndrome::ACK || syn != syndrome::ACK)
+            && *s == syndrome::ACK
         {
             self.out.pop_back();
         }
