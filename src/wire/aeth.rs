@@ -226,7 +226,7 @@ impl AethRepr {
         HEADER_LEN
     }
 
-    /// Writes the AETH (MSN truncated to 24 bits); the view must hold [`HEADER_LEN`] bytes.
+    /// Writes the AETH (MSN truncated to 24 bits); the view must hold [`AETH_LEN`](super::AETH_LEN) bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Aeth<T>) {
         h.set_syndrome_raw(self.syndrome.to_u8());
         h.set_msn(self.msn & MASK_24);

@@ -78,7 +78,7 @@ impl AtomicAckEthRepr {
         HEADER_LEN
     }
 
-    /// Writes the AtomicAckETH; the view must hold [`HEADER_LEN`] bytes.
+    /// Writes the AtomicAckETH; the view must hold [`ATOMIC_ACK_ETH_LEN`](super::ATOMIC_ACK_ETH_LEN) bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut AtomicAckEth<T>) {
         h.set_orig(self.orig);
     }

@@ -114,7 +114,7 @@ impl AtomicEthRepr {
         HEADER_LEN
     }
 
-    /// Writes the AtomicETH; the view must hold [`HEADER_LEN`] bytes.
+    /// Writes the AtomicETH; the view must hold [`ATOMIC_ETH_LEN`](super::ATOMIC_ETH_LEN) bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut AtomicEth<T>) {
         h.set_va(self.va);
         h.set_rkey(self.rkey);

@@ -44,7 +44,7 @@ pub struct Bth<T: AsRef<[u8]>> {
 
 impl<T: AsRef<[u8]>> Bth<T> {
     /// Wraps a buffer without checking its length; getters panic if it is shorter than
-    /// [`HEADER_LEN`].
+    /// [`BTH_LEN`](super::BTH_LEN).
     pub const fn new_unchecked(buffer: T) -> Bth<T> {
         Bth { buffer }
     }
@@ -248,7 +248,7 @@ impl BthRepr {
 
     /// Writes every BTH byte (reserved bits 0). Fields wider than their wire width are
     /// truncated (`dest_qp`/`psn` to 24 bits, `pad_count` to 2, `tver` to 4). The view must
-    /// hold [`HEADER_LEN`] bytes.
+    /// hold [`BTH_LEN`](super::BTH_LEN) bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, bth: &mut Bth<T>) {
         bth.set_opcode_raw(self.opcode.as_u8());
         bth.buffer.as_mut()[field::FLAGS] = 0;

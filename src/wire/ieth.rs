@@ -78,7 +78,7 @@ impl IethRepr {
         HEADER_LEN
     }
 
-    /// Writes the IETH; the view must hold [`HEADER_LEN`] bytes.
+    /// Writes the IETH; the view must hold [`IETH_LEN`](super::IETH_LEN) bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Ieth<T>) {
         h.set_rkey(self.rkey);
     }

@@ -80,7 +80,7 @@ impl ImmDtRepr {
         HEADER_LEN
     }
 
-    /// Writes the ImmDt; the view must hold [`HEADER_LEN`] bytes.
+    /// Writes the ImmDt; the view must hold [`IMMDT_LEN`](super::IMMDT_LEN) bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut ImmDt<T>) {
         h.set_imm(self.imm);
     }

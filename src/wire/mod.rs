@@ -28,17 +28,17 @@ mod reth;
 #[cfg(test)]
 mod tests;
 
-pub use aeth::{Aeth, AethRepr, NakCode, Syndrome};
-pub use atomic_ack_eth::{AtomicAckEth, AtomicAckEthRepr};
-pub use atomic_eth::{AtomicEth, AtomicEthRepr};
-pub use bth::{Bth, BthRepr};
+pub use aeth::{Aeth, AethRepr, HEADER_LEN as AETH_LEN, NakCode, Syndrome};
+pub use atomic_ack_eth::{AtomicAckEth, AtomicAckEthRepr, HEADER_LEN as ATOMIC_ACK_ETH_LEN};
+pub use atomic_eth::{AtomicEth, AtomicEthRepr, HEADER_LEN as ATOMIC_ETH_LEN};
+pub use bth::{Bth, BthRepr, HEADER_LEN as BTH_LEN};
 pub use error::{Result, WireError};
 pub use icrc::ICRC_LEN;
-pub use ieth::{Ieth, IethRepr};
-pub use immdt::{ImmDt, ImmDtRepr};
+pub use ieth::{HEADER_LEN as IETH_LEN, Ieth, IethRepr};
+pub use immdt::{HEADER_LEN as IMMDT_LEN, ImmDt, ImmDtRepr};
 pub use opcode::Opcode;
 pub use packet::{PacketRepr, pad_len};
-pub use reth::{Reth, RethRepr};
+pub use reth::{HEADER_LEN as RETH_LEN, Reth, RethRepr};
 
 /// UDP destination port of RoCEv2 (`ROCE_V2_UDP_DPORT`, §1.1).
 pub const ROCE_V2_UDP_PORT: u16 = 4791;

@@ -103,7 +103,7 @@ impl RethRepr {
         HEADER_LEN
     }
 
-    /// Writes the RETH; the view must hold [`HEADER_LEN`] bytes.
+    /// Writes the RETH; the view must hold [`RETH_LEN`](super::RETH_LEN) bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, reth: &mut Reth<T>) {
         reth.set_va(self.va);
         reth.set_rkey(self.rkey);
