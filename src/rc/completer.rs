@@ -176,8 +176,7 @@ impl Qp {
             return;
         }
         let off = w.read_received;
-        let sges = w.wr.sges.clone();
-        if memory::scatter(mem, &sges, off, payload).is_err() {
+        if memory::scatter(mem, &w.wr.sges, off, payload).is_err() {
             self.fail_head(WcStatus::LocProtErr);
             return;
         }

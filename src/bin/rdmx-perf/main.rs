@@ -1,9 +1,16 @@
 //! rdmx-perf: perftest-like benchmark tool for rdmx.
 //!
-//! Today it has one subcommand, `config`, which prints the effective configuration (with
-//! where each value came from), the IB encoding tables and what the verbs probe found.
-//! The benchmarks (read_bw, write_bw, send_bw, read_lat, send_lat, reg_bench) arrive with
-//! the soft provider.
+//! Subcommands:
+//! - `config` prints the effective configuration (with where each value came from), the IB
+//!   encoding tables and what the verbs probe found.
+//! - `engine_bench` runs two RC engines in one process exchanging RDMA READs through an
+//!   in-memory link, next to a bare copy loop, and prints both rates and their ratio
+//!   (see `engine_bench.rs`).
+//!
+//! The NIC benchmarks (read_bw, write_bw, send_bw, read_lat, send_lat, reg_bench) arrive
+//! with the soft provider.
+
+mod engine_bench;
 
 use rdmx::Config;
 use rdmx::config::encoding::{ack_timeout_ns, rnr_timer_ns};
@@ -32,10 +39,13 @@ fn tables() -> String {
 
 fn run(args: &[String]) -> Result<(), String> {
     let Some((cmd, rest)) = args.split_first() else {
-        return Err(USAGE.to_string());
+        return Err(format!("{USAGE}\n{}", engine_bench::USAGE));
     };
     if cmd != "config" {
-        return Err(format!("unknown subcommand '{cmd}'\n{USAGE}"));
+        return Err(format!(
+            "unknown subcommand '{cmd}'\n{USAGE}\n{}",
+            engine_bench::USAGE
+        ));
     }
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
     let mut it = rest.iter();
@@ -72,6 +82,9 @@ fn run(args: &[String]) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("engine_bench") {
+        return engine_bench::main(&args[1..]);
+    }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
