@@ -256,3 +256,38 @@ fn send_with_imm_and_write_with_imm_deliver_the_immediate() {
         ]
     );
 }
+
+#[test]
+fn posting_beyond_the_queue_or_sge_limits_is_refused() {
+    let caps = QpCaps {
+        max_send_wr: 2,
+        max_send_sge: 1,
+        max_recv_wr: 1,
+        ..QpCaps::default()
+    };
+    let p = Params::default();
+    let mut s = Sim::pair(4, Faults::NONE, p, p, caps, 0, 0);
+    let a = &mut s.nodes[0].qp;
+    let mut two_sges = wr(WrOpcode::Send, A_BUF, 0, 0, 8);
+    two_sges.sges.push(two_sges.sges[0]);
+    let e = a.post_send(two_sges).unwrap_err();
+    assert_eq!(e.message(), "post_send: 2 SGEs exceed max_send_sge 1");
+    a.post_send(wr(WrOpcode::Send, A_BUF, 0, 0, 8)).unwrap();
+    a.post_send(wr(WrOpcode::Send, A_BUF, 0, 0, 8)).unwrap();
+    let e = a.post_send(wr(WrOpcode::Send, A_BUF, 0, 0, 8)).unwrap_err();
+    assert_eq!(
+        e.message(),
+        "post_send: send queue full (2 WRs outstanding = max_send_wr)"
+    );
+    let b = &mut s.nodes[1].qp;
+    let rwr = RecvWr {
+        wr_id: 1,
+        sges: vec![],
+    };
+    b.post_recv(rwr.clone()).unwrap();
+    let e = b.post_recv(rwr).unwrap_err();
+    assert_eq!(
+        e.message(),
+        "post_recv: receive queue full (1 WRs outstanding = max_recv_wr)"
+    );
+}

@@ -53,6 +53,21 @@ pub fn max_packet_len(path_mtu: u32) -> usize {
     path_mtu as usize + 32 + 3 + ICRC_LEN
 }
 
+/// Refuses a post when the queue is full or the WR has more SGEs than the QP allows.
+/// `queue` = (name, length, limit, limit's name); `sges` = (count, limit, limit's name).
+fn check_room(verb: &str, queue: (&str, usize, u32, &str), sges: (usize, u32, &str)) -> Result<()> {
+    let (qname, len, max_wr, wr_key) = queue;
+    let (n, max_sge, sge_key) = sges;
+    let msg = if len >= max_wr as usize {
+        format!("{verb}: {qname} full ({len} WRs outstanding = {wr_key})")
+    } else if n > max_sge as usize {
+        format!("{verb}: {n} SGEs exceed {sge_key} {max_sge}")
+    } else {
+        return Ok(());
+    };
+    Err(Error::new(ErrorKind::InvalidArgument, msg))
+}
+
 /// One RC queue pair.
 #[derive(Debug)]
 pub struct Qp {
@@ -185,25 +200,16 @@ impl Qp {
                 ));
             }
         }
-        if self.req.sq.len() >= self.caps.max_send_wr as usize {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "post_send: send queue full ({} WRs outstanding = max_send_wr)",
-                    self.caps.max_send_wr
-                ),
-            ));
-        }
-        if wr.sges.len() > self.caps.max_send_sge as usize {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "post_send: {} SGEs exceed max_send_sge {}",
-                    wr.sges.len(),
-                    self.caps.max_send_sge
-                ),
-            ));
-        }
+        check_room(
+            "post_send",
+            (
+                "send queue",
+                self.req.sq.len(),
+                self.caps.max_send_wr,
+                "max_send_wr",
+            ),
+            (wr.sges.len(), self.caps.max_send_sge, "max_send_sge"),
+        )?;
         self.req.push(wr, self.attr.path_mtu)
     }
 
@@ -222,25 +228,16 @@ impl Qp {
                 ));
             }
         }
-        if self.resp.rq.len() >= self.caps.max_recv_wr as usize {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "post_recv: receive queue full ({} WRs = max_recv_wr)",
-                    self.caps.max_recv_wr
-                ),
-            ));
-        }
-        if wr.sges.len() > self.caps.max_recv_sge as usize {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "post_recv: {} SGEs exceed max_recv_sge {}",
-                    wr.sges.len(),
-                    self.caps.max_recv_sge
-                ),
-            ));
-        }
+        check_room(
+            "post_recv",
+            (
+                "receive queue",
+                self.resp.rq.len(),
+                self.caps.max_recv_wr,
+                "max_recv_wr",
+            ),
+            (wr.sges.len(), self.caps.max_recv_sge, "max_recv_sge"),
+        )?;
         self.resp.rq.push_back(wr);
         Ok(())
     }
