@@ -29,6 +29,19 @@ pub trait Memory {
     fn write(&mut self, key: Key, addr: u64, data: &[u8], access: u32) -> Result<(), MemError>;
     /// Checks that `[addr, addr + len)` lies in region `key` with `access`, without copying.
     fn check(&self, key: Key, addr: u64, len: u64, access: u32) -> Result<(), MemError>;
+    /// Lends `[addr, addr + len)` of region `key` (checked like `check`) for zero-copy
+    /// transmit. None when the access is refused or this memory cannot lend: the engine
+    /// then copies with `read`, which reports the precise error.
+    fn slice(&self, key: Key, addr: u64, len: usize, access: u32) -> Option<&[u8]> {
+        let _ = (key, addr, len, access);
+        None
+    }
+    /// A hint that `[addr, addr + len)` of region `key` will be read soon (the responder
+    /// gives it when a READ request arrives, so the memory fetch overlaps protocol work, as
+    /// a NIC pipelines its DMA reads). Never fails; may do nothing.
+    fn prefetch(&self, key: Key, addr: u64, len: u64) {
+        let _ = (key, addr, len);
+    }
 }
 
 /// A scatter/gather element: `length` bytes at `addr` of the region with local key `lkey`.
@@ -72,6 +85,19 @@ fn for_each_piece(
     } else {
         Err(MemError::Range)
     }
+}
+
+/// The (lkey, address) of `[offset, offset + len)` of an SGE list when it lies inside a
+/// single SGE, i.e. is contiguous in one region.
+pub fn contiguous(sges: &[Sge], mut offset: u64, len: u64) -> Option<(u32, u64)> {
+    for s in sges {
+        let sl = u64::from(s.length);
+        if offset < sl {
+            return (offset + len <= sl).then_some((s.lkey, s.addr + offset));
+        }
+        offset -= sl;
+    }
+    None
 }
 
 /// Gathers `out.len()` bytes starting `offset` bytes into the SGE list.

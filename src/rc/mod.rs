@@ -8,6 +8,7 @@
 pub mod attr;
 mod completer;
 pub mod counters;
+mod emit;
 pub mod memory;
 pub mod packet;
 pub mod psn;
@@ -20,6 +21,7 @@ pub mod wr;
 
 pub use attr::QpAttr;
 pub use counters::Counters;
+pub use emit::TxParts;
 pub use memory::{Key, MemError, Memory, Sge};
 pub use qp::{Qp, QpCaps, max_packet_len};
 pub use vec_memory::VecMemory;

@@ -2,8 +2,8 @@
 //! Bytes on the wire are produced and parsed by `crate::wire`; this module is the seam.
 
 use crate::wire::{
-    Aeth, AethRepr, Bth, BthRepr, ImmDt, ImmDtRepr, Opcode, PacketRepr, Reth as WireReth, RethRepr,
-    Syndrome, WireError,
+    AETH_LEN, Aeth, BTH_LEN, Bth, IMMDT_LEN, ImmDt, Opcode, PacketRepr, RETH_LEN, Reth as WireReth,
+    WireError,
 };
 
 /// RC opcodes as bytes (values from `crate::wire::Opcode`, rc-transport.md §2.1).
@@ -81,7 +81,16 @@ impl Hdr {
 /// header view and the payload (pad removed).
 pub fn parse(bytes: &[u8]) -> Result<(Hdr, &[u8]), WireError> {
     let p = PacketRepr::parse(bytes)?;
-    let hdr = Hdr {
+    Ok((hdr_of(&p), p.payload))
+}
+
+/// Parses the header part of a packet received in parts (see `PacketRepr::parse_parts`).
+pub fn parse_head(head: &[u8], payload: &[u8]) -> Result<Hdr, WireError> {
+    PacketRepr::parse_parts(head, payload).map(|p| hdr_of(&p))
+}
+
+fn hdr_of(p: &PacketRepr<'_>) -> Hdr {
+    Hdr {
         opcode: p.bth.opcode.as_u8(),
         dest_qp: p.bth.dest_qp,
         psn: p.bth.psn,
@@ -94,58 +103,64 @@ pub fn parse(bytes: &[u8]) -> Result<(Hdr, &[u8]), WireError> {
         }),
         aeth: p.aeth.map(|a| (a.syndrome.to_u8(), a.msn)),
         imm: p.immdt.map(|i| i.imm),
-    };
-    Ok((hdr, p.payload))
+    }
 }
 
 /// Writes BTH and the extension headers of `hdr` (PadCnt = `pad`) at the front of `buf`
 /// and returns their length; the caller writes payload, pad and the 4-byte ICRC field.
-/// None if `buf` is too small or the header does not fit the opcode.
+/// None if `buf` is too small or the headers do not match the opcode. Writes through the
+/// wire views' setters (not the Reprs): this runs for every packet.
 pub fn emit_header(hdr: &Hdr, pad: u8, buf: &mut [u8]) -> Option<usize> {
     let opcode = Opcode::from_u8(hdr.opcode).ok()?;
-    let bth = BthRepr {
-        opcode,
-        solicited: hdr.solicited,
-        mig_req: false,
-        pad_count: pad,
-        tver: 0,
-        pkey: 0xFFFF,
-        fecn: false,
-        becn: false,
-        dest_qp: hdr.dest_qp,
-        ack_req: hdr.ack_req,
-        psn: hdr.psn,
-    };
-    let mut at = bth.buffer_len();
-    bth.emit(&mut Bth::new_checked(buf.get_mut(..at)?).ok()?);
+    // Exactly the headers the opcode carries; the engine never sends atomics or IETH.
+    let matches = opcode.has_reth() == hdr.reth.is_some()
+        && opcode.has_aeth() == hdr.aeth.is_some()
+        && opcode.has_immdt() == hdr.imm.is_some()
+        && !opcode.has_atomic_eth()
+        && !opcode.has_atomic_ack_eth()
+        && !opcode.has_ieth();
+    if !matches {
+        return None;
+    }
+    let len = opcode.header_len();
+    let head = buf.get_mut(..len)?;
+    // Each header is built in a zeroed local array (reserved bits, TVer, FECN/BECN, MigReq
+    // stay zero) and stored whole: the views' bit setters then work on registers, not on
+    // the packet buffer.
+    let mut b = [0u8; BTH_LEN];
+    let mut bth = Bth::new_unchecked(&mut b[..]);
+    bth.set_opcode_raw(hdr.opcode);
+    bth.set_solicited(hdr.solicited);
+    bth.set_pad_count(pad);
+    bth.set_pkey(0xFFFF);
+    bth.set_dest_qp(hdr.dest_qp);
+    bth.set_ack_req(hdr.ack_req);
+    bth.set_psn(hdr.psn);
+    head[..BTH_LEN].copy_from_slice(&b);
+    let mut at = BTH_LEN;
     if let Some(r) = hdr.reth {
-        let repr = RethRepr {
-            va: r.va,
-            rkey: r.rkey,
-            dma_len: r.len,
-        };
-        let end = at + repr.buffer_len();
-        repr.emit(&mut WireReth::new_checked(buf.get_mut(at..end)?).ok()?);
-        at = end;
+        let mut b = [0u8; RETH_LEN];
+        let mut v = WireReth::new_unchecked(&mut b[..]);
+        v.set_va(r.va);
+        v.set_rkey(r.rkey);
+        v.set_dma_len(r.len);
+        head[at..at + RETH_LEN].copy_from_slice(&b);
+        at += RETH_LEN;
     }
     if let Some((syn, msn)) = hdr.aeth {
-        let repr = AethRepr {
-            syndrome: Syndrome::from_u8(syn).ok()?,
-            msn,
-        };
-        let end = at + repr.buffer_len();
-        repr.emit(&mut Aeth::new_checked(buf.get_mut(at..end)?).ok()?);
-        at = end;
+        let mut b = [0u8; AETH_LEN];
+        let mut v = Aeth::new_unchecked(&mut b[..]);
+        v.set_syndrome_raw(syn);
+        v.set_msn(msn);
+        head[at..at + AETH_LEN].copy_from_slice(&b);
+        at += AETH_LEN;
     }
     if let Some(imm) = hdr.imm {
-        let repr = ImmDtRepr { imm };
-        let end = at + repr.buffer_len();
-        repr.emit(&mut ImmDt::new_checked(buf.get_mut(at..end)?).ok()?);
-        at = end;
+        let mut b = [0u8; IMMDT_LEN];
+        ImmDt::new_unchecked(&mut b[..]).set_imm(imm);
+        head[at..at + IMMDT_LEN].copy_from_slice(&b);
+        at += IMMDT_LEN;
     }
-    // Headers must be exactly what the opcode carries (wire checks the same on parse).
-    let ok = opcode.has_reth() == hdr.reth.is_some()
-        && opcode.has_aeth() == hdr.aeth.is_some()
-        && opcode.has_immdt() == hdr.imm.is_some();
-    ok.then_some(at)
+    debug_assert_eq!(at, len);
+    Some(len)
 }

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 
 use super::attr::{QpAttr, check_modify};
 use super::counters::Counters;
+use super::emit::TxParts;
 use super::memory::Memory;
 use super::packet::{self, Hdr, op};
 use super::requester::Requester;
@@ -244,20 +245,50 @@ impl Qp {
 
     /// Feeds one received packet (BTH .. ICRC; the caller has checked the ICRC).
     pub fn handle_packet(&mut self, now: u64, bytes: &[u8], mem: &mut dyn Memory) {
-        let Ok((hdr, payload)) = packet::parse(bytes) else {
-            self.counters.malformed += 1;
-            return;
-        };
+        match packet::parse(bytes) {
+            Ok((hdr, payload)) => self.handle_hdr(now, &hdr, payload, bytes.len(), mem),
+            Err(_) => self.counters.malformed += 1,
+        }
+    }
+
+    /// Feeds one received packet given in the parts `poll_transmit_vectored` produced:
+    /// `head` = BTH and extension headers, `payload` without pad (pad and ICRC, already
+    /// checked by the caller, are not passed).
+    pub fn handle_packet_vectored(
+        &mut self,
+        now: u64,
+        head: &[u8],
+        payload: &[u8],
+        mem: &mut dyn Memory,
+    ) {
+        match packet::parse_head(head, payload) {
+            Ok(hdr) => {
+                let len =
+                    head.len() + payload.len() + crate::wire::pad_len(payload.len()) + ICRC_LEN;
+                self.handle_hdr(now, &hdr, payload, len, mem)
+            }
+            Err(_) => self.counters.malformed += 1,
+        }
+    }
+
+    fn handle_hdr(
+        &mut self,
+        now: u64,
+        hdr: &Hdr,
+        payload: &[u8],
+        len: usize,
+        mem: &mut dyn Memory,
+    ) {
         if hdr.dest_qp != self.qpn {
             self.counters.malformed += 1;
             return;
         }
         self.counters.rx_packets += 1;
-        self.counters.rx_bytes += bytes.len() as u64;
+        self.counters.rx_bytes += len as u64;
         let is_response = (op::READ_RESP_FIRST..=op::ATOMIC_ACKNOWLEDGE).contains(&hdr.opcode);
         match (is_response, self.state) {
-            (true, QpState::Rts) => self.on_response(now, &hdr, payload, mem),
-            (false, QpState::Rtr | QpState::Rts) => self.on_request(&hdr, payload, mem),
+            (true, QpState::Rts) => self.on_response(now, hdr, payload, mem),
+            (false, QpState::Rtr | QpState::Rts) => self.on_request(hdr, payload, mem),
             _ => {} // dropped: not a state that takes this packet (§5.1)
         }
     }
@@ -279,13 +310,36 @@ impl Qp {
     /// bytes) and returns its length, or None if nothing is ready. Responses (ACKs, NAKs,
     /// READ responses) go before new requests.
     pub fn poll_transmit(&mut self, now: u64, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
-        let n = match self.next_response(mem, buf) {
-            Some(n) => Some(n),
-            None => self.next_request(now, mem, buf),
-        }?;
+        self.transmit(now, mem, buf, false).map(|t| t.head_len)
+    }
+
+    /// As `poll_transmit`, but a payload that lies contiguously in memory that can lend it
+    /// (`Memory::slice`) is borrowed instead of copied: the packet is `buf[..head_len]`,
+    /// `payload`, then `tail_len` zero bytes. A driver sends the three parts as one datagram
+    /// (an iovec), so the payload is copied once, by the link, not twice.
+    pub fn poll_transmit_vectored<'m>(
+        &mut self,
+        now: u64,
+        mem: &'m dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<TxParts<'m>> {
+        self.transmit(now, mem, buf, true)
+    }
+
+    fn transmit<'m>(
+        &mut self,
+        now: u64,
+        mem: &'m dyn Memory,
+        buf: &mut [u8],
+        vectored: bool,
+    ) -> Option<TxParts<'m>> {
+        let t = match self.next_response(mem, buf, vectored) {
+            Some(t) => t,
+            None => self.next_request(now, mem, buf, vectored)?,
+        };
         self.counters.tx_packets += 1;
-        self.counters.tx_bytes += n as u64;
-        Some(n)
+        self.counters.tx_bytes += t.len() as u64;
+        Some(t)
     }
 
     /// The next completion, in the order the work requests finished (send completions in
@@ -343,25 +397,5 @@ impl Qp {
         }
         // Queued NAKs still go out (the peer must learn why); READ responses do not.
         self.resp.out.retain(|i| i.is_ack());
-    }
-
-    /// Writes header, payload (via `fill`), zero pad and a zero ICRC field; returns the
-    /// packet length.
-    pub(super) fn emit(
-        &self,
-        hdr: &Hdr,
-        payload_len: usize,
-        buf: &mut [u8],
-        fill: impl FnOnce(&mut [u8]) -> bool,
-    ) -> Option<usize> {
-        let pad = (4 - payload_len % 4) % 4;
-        let hlen = packet::emit_header(hdr, pad as u8, buf)?;
-        let end = hlen + payload_len;
-        let total = end + pad + ICRC_LEN;
-        if buf.len() < total || !fill(&mut buf[hlen..end]) {
-            return None;
-        }
-        buf[end..total].fill(0);
-        Some(total)
     }
 }

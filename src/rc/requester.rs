@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 
+use super::emit::{PayloadSrc, TxParts};
 use super::memory::{self, Memory, sge_total};
 use super::packet::{Hdr, Reth, op};
 use super::psn;
@@ -143,12 +144,13 @@ fn send_opcode(wr: WrOpcode, first: bool, last: bool) -> u8 {
 
 impl Qp {
     /// Builds the next request packet, if the send queue, credits and window allow.
-    pub(super) fn next_request(
+    pub(super) fn next_request<'m>(
         &mut self,
         now: u64,
-        mem: &dyn Memory,
+        mem: &'m dyn Memory,
         buf: &mut [u8],
-    ) -> Option<usize> {
+        vectored: bool,
+    ) -> Option<TxParts<'m>> {
         if self.state != QpState::Rts || !self.req.has_sendable() {
             return None;
         }
@@ -200,7 +202,10 @@ impl Qp {
                 len: remaining as u32,
             });
             let pkts = remaining.div_ceil(u64::from(mtu)).max(1) as u32;
-            (self.emit(&h, 0, buf, |_| true)?, pkts, true)
+            let t = self
+                .emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored)
+                .ok()?;
+            (t, pkts, true)
         } else {
             let off = self.req.send_off;
             let take = (w.len - off).min(u64::from(mtu));
@@ -229,11 +234,14 @@ impl Qp {
             {
                 h.imm = Some(w.wr.imm);
             }
-            let sges = &w.wr.sges;
+            let src = PayloadSrc::Local {
+                sges: &w.wr.sges,
+                off,
+            };
             let ack_req = h.ack_req;
-            let n = self.emit(&h, take as usize, buf, |dst| {
-                memory::gather(mem, sges, off, dst).is_ok()
-            })?;
+            let n = self
+                .emit_from(&h, take as usize, src, mem, buf, vectored)
+                .ok()?;
             self.req.pkts_since_ackreq = if ack_req {
                 0
             } else {

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 
+use super::emit::{EmitError, PayloadSrc, TxParts};
 use super::memory::{self, Key, Memory, sge_total};
 use super::packet::{Hdr, op, syndrome};
 use super::psn;
@@ -367,8 +368,26 @@ impl Qp {
         Ok(())
     }
 
+    /// Hints the memory of the next READ response's payload, so its fetch overlaps the
+    /// sending of this one (a NIC pipelines its DMA reads the same way).
+    fn prefetch_next_response(&self, mem: &dyn Memory) {
+        if let Some(RespItem::Read { res, psn: p }) = self.resp.out.front() {
+            let mtu = u64::from(self.attr.path_mtu);
+            let off = psn::diff(*p, res.first_psn).max(0) as u64 * mtu;
+            let n = res.len.saturating_sub(off).min(mtu);
+            if n > 0 {
+                mem.prefetch(Key::Remote(res.rkey), res.va + off, n);
+            }
+        }
+    }
+
     /// Builds the next response packet (ACK/NAK or READ response), if any.
-    pub(super) fn next_response(&mut self, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
+    pub(super) fn next_response<'m>(
+        &mut self,
+        mem: &'m dyn Memory,
+        buf: &mut [u8],
+        vectored: bool,
+    ) -> Option<TxParts<'m>> {
         let item = *self.resp.out.front()?;
         let dest_qp = self.attr.dest_qp_num;
         let msn = self.resp.msn;
@@ -377,7 +396,8 @@ impl Qp {
                 self.resp.out.pop_front();
                 let mut h = Hdr::new(op::ACKNOWLEDGE, dest_qp, p);
                 h.aeth = Some((syn, msn));
-                self.emit(&h, 0, buf, |_| true)
+                self.emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored)
+                    .ok()
             }
             RespItem::Read { res, psn: p } => {
                 let mtu = u64::from(self.attr.path_mtu);
@@ -396,31 +416,28 @@ impl Qp {
                 if opcode != op::READ_RESP_MIDDLE {
                     h.aeth = Some((syndrome::ACK, msn));
                 }
-                let mut ok = true;
-                let r = self.emit(&h, n, buf, |dst| {
-                    ok = dst.is_empty()
-                        || mem
-                            .read(
-                                Key::Remote(res.rkey),
-                                res.va + off,
-                                dst,
-                                access::REMOTE_READ,
-                            )
-                            .is_ok();
-                    ok
-                });
-                if !ok {
-                    self.resp.out.pop_front();
-                    self.resp.push_ack(syndrome::NAK_REM_ACCESS, p);
-                    self.enter_error();
-                    return self.next_response(mem, buf);
-                }
+                let src = PayloadSrc::Remote {
+                    rkey: res.rkey,
+                    va: res.va + off,
+                };
+                let t = match self.emit_from(&h, n, src, mem, buf, vectored) {
+                    Ok(t) => t,
+                    Err(EmitError::Buffer) => return None,
+                    Err(EmitError::Memory(_)) => {
+                        // The region went away or lost its rights since the request.
+                        self.resp.out.pop_front();
+                        self.resp.push_ack(syndrome::NAK_REM_ACCESS, p);
+                        self.enter_error();
+                        return self.next_response(mem, buf, vectored);
+                    }
+                };
                 if last {
                     self.resp.out.pop_front();
                 } else if let Some(RespItem::Read { psn, .. }) = self.resp.out.front_mut() {
                     *psn = psn::add(p, 1);
                 }
-                r
+                self.prefetch_next_response(mem);
+                Some(t)
             }
         }
     }

@@ -90,4 +90,31 @@ impl Memory for VecMemory {
     fn check(&self, key: Key, addr: u64, len: u64, need: u32) -> Result<(), MemError> {
         self.find(key, addr, len, need).map(|_| ())
     }
+
+    fn prefetch(&self, key: Key, addr: u64, len: u64) {
+        if let Ok((i, at)) = self.find(key, addr, len, 0) {
+            prefetch_bytes(&self.regions[i].data[at..at + len as usize]);
+        }
+    }
+
+    fn slice(&self, key: Key, addr: u64, len: usize, need: u32) -> Option<&[u8]> {
+        let (i, at) = self.find(key, addr, len as u64, need).ok()?;
+        Some(&self.regions[i].data[at..at + len])
+    }
+}
+
+/// Asks the CPU to start loading `bytes` into cache (one hint per 64-byte line).
+pub fn prefetch_bytes(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: SSE is part of the x86_64 baseline, and a prefetch only hints the cache: it
+        // cannot fault or change memory, and `line` is a valid borrowed slice anyway.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }

@@ -50,24 +50,56 @@ impl<'a> PacketRepr<'a> {
     /// never produce either, and rejecting them here keeps the RC engine from seeing them.
     /// Pad byte values are not checked (rxe does not either); they are zero on emit.
     pub fn parse(buffer: &'a [u8]) -> Result<PacketRepr<'a>> {
-        let bth_view = Bth::new_checked(buffer)?;
         if buffer.len() < bth::HEADER_LEN + ICRC_LEN {
             return Err(WireError::Truncated);
         }
-        let bth = BthRepr::parse(&bth_view)?;
-        if bth.tver != 0 {
-            return Err(WireError::BadVersion(bth.tver));
-        }
+        let bth = checked_bth(buffer)?;
         let op = bth.opcode;
-        if !op.is_supported() {
-            return Err(WireError::Unsupported(op));
-        }
         let header_len = op.header_len();
         let body_end = buffer.len() - ICRC_LEN;
         if body_end < header_len {
             return Err(WireError::Truncated);
         }
+        let mut repr = Self::parse_ext_headers(bth, &buffer[..header_len])?;
 
+        let body = buffer.get(header_len..body_end).unwrap_or(&[]);
+        let pad = usize::from(bth.pad_count);
+        if body.len() % 4 != 0 || pad > body.len() {
+            return Err(WireError::BadPadding);
+        }
+        if !op.has_payload() && !body.is_empty() {
+            return Err(WireError::BadLength);
+        }
+        repr.payload = body.get(..body.len() - pad).unwrap_or(&[]);
+        Ok(repr)
+    }
+
+    /// Parses a packet that arrives in parts, as a zero-copy sender produced it: `head` is
+    /// exactly BTH + the opcode's extension headers, `payload` the payload without pad (pad
+    /// and ICRC are not seen; the caller checked the ICRC over all parts). The same checks
+    /// as [`PacketRepr::parse`], plus: `head` must be exactly the opcode's header length and
+    /// PadCnt must match the payload length (`BadPadding`).
+    pub fn parse_parts(head: &'a [u8], payload: &'a [u8]) -> Result<PacketRepr<'a>> {
+        let bth = checked_bth(head)?;
+        let op = bth.opcode;
+        if head.len() != op.header_len() {
+            return Err(WireError::BadLength);
+        }
+        if usize::from(bth.pad_count) != pad_len(payload.len()) {
+            return Err(WireError::BadPadding);
+        }
+        if !op.has_payload() && !payload.is_empty() {
+            return Err(WireError::BadLength);
+        }
+        let mut repr = Self::parse_ext_headers(bth, head)?;
+        repr.payload = payload;
+        Ok(repr)
+    }
+
+    /// The extension headers after the BTH in `headers` (= BTH + ETHs of `bth.opcode`),
+    /// payload left empty.
+    fn parse_ext_headers(bth: BthRepr, headers: &[u8]) -> Result<PacketRepr<'a>> {
+        let op = bth.opcode;
         let mut repr = PacketRepr {
             bth,
             reth: None,
@@ -81,7 +113,6 @@ impl<'a> PacketRepr<'a> {
         // Header order is RETH|AtomicETH|AETH, then AtomicAckETH|ImmDt|IETH (rxe_opcode.c
         // offsets); no opcode carries two from the same group.
         let mut at = bth::HEADER_LEN;
-        let headers = &buffer[..header_len];
         if op.has_reth() {
             repr.reth = Some(RethRepr::parse(&Reth::new_checked(rest(headers, at))?)?);
             at += super::reth::HEADER_LEN;
@@ -108,17 +139,7 @@ impl<'a> PacketRepr<'a> {
             repr.ieth = Some(IethRepr::parse(&Ieth::new_checked(rest(headers, at))?)?);
             at += super::ieth::HEADER_LEN;
         }
-        debug_assert_eq!(at, header_len);
-
-        let body = buffer.get(header_len..body_end).unwrap_or(&[]);
-        let pad = usize::from(bth.pad_count);
-        if body.len() % 4 != 0 || pad > body.len() {
-            return Err(WireError::BadPadding);
-        }
-        if !op.has_payload() && !body.is_empty() {
-            return Err(WireError::BadLength);
-        }
-        repr.payload = body.get(..body.len() - pad).unwrap_or(&[]);
+        debug_assert_eq!(at, op.header_len());
         Ok(repr)
     }
 
@@ -213,6 +234,19 @@ impl<'a> PacketRepr<'a> {
         out[end..].fill(0);
         Ok(len)
     }
+}
+
+/// The BTH at the front of `buffer`, with the checks every parse makes: TVer 0 (as rxe)
+/// and an opcode the layer supports.
+fn checked_bth(buffer: &[u8]) -> Result<BthRepr> {
+    let bth = BthRepr::parse(&Bth::new_checked(buffer)?)?;
+    if bth.tver != 0 {
+        return Err(WireError::BadVersion(bth.tver));
+    }
+    if !bth.opcode.is_supported() {
+        return Err(WireError::Unsupported(bth.opcode));
+    }
+    Ok(bth)
 }
 
 /// The bytes from `at` on, or an empty slice (so the header's `new_checked` reports

@@ -1142,6 +1142,15 @@ proptest! {
         prop_assert_eq!(n, repr.buffer_len());
         prop_assert_eq!(n % 4, 0);
         prop_assert_eq!(PacketRepr::parse(&buf[..n]), Ok(repr));
+        // The same packet split as a zero-copy sender hands it over parses the same.
+        let h = repr.header_len();
+        let payload = &buf[h..h + repr.payload.len()];
+        prop_assert_eq!(PacketRepr::parse_parts(&buf[..h], payload), Ok(repr));
+    }
+
+    #[test]
+    fn parse_parts_is_total(head in arb_packet_bytes(), payload in proptest::collection::vec(any::<u8>(), 0..40)) {
+        let _ = PacketRepr::parse_parts(&head, &payload);
     }
 
     #[test]
@@ -1175,4 +1184,25 @@ proptest! {
         aeth.emit(&mut Aeth::new_unchecked(&mut buf));
         prop_assert_eq!(AethRepr::parse(&Aeth::new_unchecked(&buf)), Ok(aeth));
     }
+}
+
+#[test]
+fn parse_parts_checks_head_length_and_pad() {
+    let repr = bare(vec_bth(), b"hello");
+    let mut buf = [0u8; 64];
+    let n = repr.emit(&mut buf).unwrap();
+    let h = repr.header_len();
+    assert_eq!(
+        PacketRepr::parse_parts(&buf[..h], b"hello"),
+        PacketRepr::parse(&buf[..n])
+    );
+    assert_eq!(
+        PacketRepr::parse_parts(&buf[..h + 1], b"hello"),
+        Err(WireError::BadLength)
+    );
+    // PadCnt 3 was emitted for 5 bytes; 4 bytes of payload would need pad 0.
+    assert_eq!(
+        PacketRepr::parse_parts(&buf[..h], b"hell"),
+        Err(WireError::BadPadding)
+    );
 }

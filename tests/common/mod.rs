@@ -66,6 +66,8 @@ struct InFlight {
     seq: u64,
     to: usize,
     bytes: Vec<u8>,
+    /// (head length, payload length) when the sender handed the packet over in parts.
+    split: Option<(usize, usize)>,
 }
 
 pub struct Sim {
@@ -191,25 +193,42 @@ impl Sim {
         SocketAddrV4::new(*self.nodes[to].addr.ip(), 4791)
     }
 
-    /// Lets every node transmit what it has, through the faulty network.
+    /// Lets every node transmit what it has, through the faulty network. Each packet is
+    /// taken at random through the copying or the zero-copy (vectored) path, and delivered
+    /// as a whole or in parts, so both paths of the engine are exercised.
     fn transmit_all(&mut self) {
         for from in 0..self.nodes.len() {
             let to = 1 - from;
             let dst = self.dst_addr(to);
             loop {
+                let vectored = self.rng.chance(0.5);
                 let node = &mut self.nodes[from];
-                let Some(n) = node.qp.poll_transmit(self.now, &node.mem, &mut self.buf) else {
-                    break;
+                let (mut pkt, split) = if vectored {
+                    let Some(t) =
+                        node.qp
+                            .poll_transmit_vectored(self.now, &node.mem, &mut self.buf)
+                    else {
+                        break;
+                    };
+                    let mut pkt = self.buf[..t.head_len].to_vec();
+                    pkt.extend_from_slice(t.payload);
+                    pkt.resize(t.len(), 0);
+                    let split = (!t.is_contiguous()).then_some((t.head_len, t.payload.len()));
+                    (pkt, split)
+                } else {
+                    let Some(n) = node.qp.poll_transmit(self.now, &node.mem, &mut self.buf) else {
+                        break;
+                    };
+                    (self.buf[..n].to_vec(), None)
                 };
-                let mut pkt = self.buf[..n].to_vec();
                 let c = icrc::compute_ipv4_addrs(node.addr, dst, 0, &pkt).expect("icrc");
                 icrc::store(&mut pkt, c).expect("store");
-                self.send(to, pkt);
+                self.send(to, pkt, split);
             }
         }
     }
 
-    fn send(&mut self, to: usize, mut pkt: Vec<u8>) {
+    fn send(&mut self, to: usize, mut pkt: Vec<u8>, split: Option<(usize, usize)>) {
         let f = self.faults;
         if let Some((s, e)) = f.partition
             && self.now >= s
@@ -233,6 +252,7 @@ impl Sim {
                 seq: self.seq,
                 to,
                 bytes: pkt.clone(),
+                split,
             });
         }
     }
@@ -271,7 +291,15 @@ impl Sim {
                 eprintln!("{:>10} -> {} ok={ok} {:?}", self.now, p.to, h);
             }
             if ok {
-                node.qp.handle_packet(self.now, &p.bytes, &mut node.mem);
+                match p.split {
+                    Some((h, n)) => node.qp.handle_packet_vectored(
+                        self.now,
+                        &p.bytes[..h],
+                        &p.bytes[h..h + n],
+                        &mut node.mem,
+                    ),
+                    None => node.qp.handle_packet(self.now, &p.bytes, &mut node.mem),
+                }
                 if let Some(t) = self.trace.as_mut() {
                     t.push((self.now, p.to, p.bytes));
                 }

@@ -1,0 +1,113 @@
+//! Building outgoing packets: headers into the caller's buffer, then the payload either
+//! copied in after them or, for zero-copy transmit, borrowed straight from registered memory
+//! (the way a NIC DMAs from an MR, or `sendmsg` gathers an iovec).
+
+use super::memory::{self, Key, MemError, Memory, Sge};
+use super::packet::{self, Hdr};
+use super::qp::Qp;
+use super::verbs::access;
+use crate::wire::ICRC_LEN;
+
+/// One outgoing packet in up to three parts: `buf[..head_len]`, then `payload`, then
+/// `tail_len` zero bytes (pad and the ICRC field). When the payload was copied into the
+/// buffer, `payload` is empty, `tail_len` is 0 and `head_len` is the whole packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxParts<'m> {
+    pub head_len: usize,
+    pub payload: &'m [u8],
+    pub tail_len: usize,
+}
+
+impl TxParts<'_> {
+    /// Length of the whole packet (the UDP payload).
+    pub fn len(&self) -> usize {
+        self.head_len + self.payload.len() + self.tail_len
+    }
+
+    /// True when the packet is entirely in the caller's buffer.
+    pub fn is_contiguous(&self) -> bool {
+        self.payload.is_empty() && self.tail_len == 0
+    }
+
+    /// Always false: a packet has at least a BTH and the ICRC field.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// Where a packet's payload comes from.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum PayloadSrc<'s> {
+    None,
+    /// Bytes `off..` of a local SGE list (SEND/WRITE).
+    Local {
+        sges: &'s [Sge],
+        off: u64,
+    },
+    /// A peer-visible region (READ responses), checked for REMOTE_READ.
+    Remote {
+        rkey: u32,
+        va: u64,
+    },
+}
+
+/// Why a packet could not be built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum EmitError {
+    /// The caller's buffer is too small or the header does not fit the opcode.
+    Buffer,
+    /// The payload's memory refused the access.
+    Memory(MemError),
+}
+
+impl Qp {
+    /// Writes `hdr` and `len` payload bytes from `src`: borrowed when `vectored` and the
+    /// bytes are contiguous in memory that can lend them, copied into `buf` otherwise.
+    pub(super) fn emit_from<'m>(
+        &self,
+        hdr: &Hdr,
+        len: usize,
+        src: PayloadSrc<'_>,
+        mem: &'m dyn Memory,
+        buf: &mut [u8],
+        vectored: bool,
+    ) -> Result<TxParts<'m>, EmitError> {
+        let pad = crate::wire::pad_len(len);
+        let hlen = packet::emit_header(hdr, pad as u8, buf).ok_or(EmitError::Buffer)?;
+        if vectored && len > 0 {
+            let lent = match src {
+                PayloadSrc::None => None,
+                PayloadSrc::Local { sges, off } => memory::contiguous(sges, off, len as u64)
+                    .and_then(|(lkey, addr)| mem.slice(Key::Local(lkey), addr, len, 0)),
+                PayloadSrc::Remote { rkey, va } => {
+                    mem.slice(Key::Remote(rkey), va, len, access::REMOTE_READ)
+                }
+            };
+            if let Some(payload) = lent {
+                return Ok(TxParts {
+                    head_len: hlen,
+                    payload,
+                    tail_len: pad + ICRC_LEN,
+                });
+            }
+        }
+        let end = hlen + len;
+        let total = end + pad + ICRC_LEN;
+        let dst = buf.get_mut(hlen..end).ok_or(EmitError::Buffer)?;
+        match src {
+            PayloadSrc::None => {}
+            PayloadSrc::Local { sges, off } => {
+                memory::gather(mem, sges, off, dst).map_err(EmitError::Memory)?
+            }
+            PayloadSrc::Remote { rkey, va } => mem
+                .read(Key::Remote(rkey), va, dst, access::REMOTE_READ)
+                .map_err(EmitError::Memory)?,
+        }
+        buf.get_mut(end..total).ok_or(EmitError::Buffer)?.fill(0);
+        Ok(TxParts {
+            head_len: total,
+            payload: &[],
+            tail_len: 0,
+        })
+    }
+}
