@@ -24,6 +24,9 @@ pub enum Kind {
     DeviceName,
     /// A profile name (see `profiles.rs`) or "none".
     Profile,
+    /// A decimal fraction in 0..=1 with at most 9 decimals, e.g. 0.001 (kept as parts per
+    /// billion so values compare exactly).
+    Ratio,
 }
 
 impl Kind {
@@ -265,6 +268,18 @@ pub static KEYS: &[KeySpec] = &[
         uint_note(0, 65535, "0 = any free port"),
         "4791",
         "UDP port of the soft provider; 4791 is RoCEv2's, so tshark decodes the traffic",
+    ),
+    key(
+        "soft_drop_ratio",
+        Kind::Ratio,
+        "0",
+        "soft provider: drop this fraction of outgoing packets (loss injection for experiments; 0 = off)",
+    ),
+    key(
+        "progress",
+        Kind::Words(&["thread", "inline"]),
+        "thread",
+        "soft provider: who drives the engine: a progress thread, or the caller's poll (a thread still runs timers)",
     ),
     // --- profiles ---
     key(

@@ -29,6 +29,15 @@ pub enum PollMode {
     Adaptive,
 }
 
+/// Who drives the soft provider's engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// A progress thread receives, runs timers and sends responses.
+    Thread,
+    /// The caller's poll drives the engine; a thread only runs timers nobody polled for.
+    Inline,
+}
+
 /// The completion queues a QP uses, with sizes resolved (auto = 2 x the WRs sharing a CQ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CqLayout {
@@ -106,6 +115,9 @@ pub struct Settings {
     /// 0 = auto; see [`Settings::effective_credits`].
     pub credits: u32,
     pub soft_port: u16,
+    /// Outgoing packets the soft provider drops on purpose, in parts per billion.
+    pub soft_drop_ppb: u32,
+    pub progress: Progress,
     /// `None` when `profile = none`.
     pub profile: Option<&'static str>,
 }

@@ -2,7 +2,7 @@
 
 use super::encoding::Mtu;
 use super::profiles::NO_PROFILE;
-use super::settings::{Hugepages, PollMode, Provider, Settings};
+use super::settings::{Hugepages, PollMode, Progress, Provider, Settings};
 use super::value::Value;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -91,6 +91,14 @@ impl Reader<'_> {
             poll_batch: self.uint("poll_batch")?,
             credits: self.uint("credits")?,
             soft_port: self.uint("soft_port")?,
+            soft_drop_ppb: match self.get("soft_drop_ratio")? {
+                Value::Ppb(n) => u32::try_from(n).map_err(|_| internal("soft_drop_ratio"))?,
+                _ => return Err(internal("soft_drop_ratio")),
+            },
+            progress: match self.word("progress")? {
+                "inline" => Progress::Inline,
+                _ => Progress::Thread,
+            },
             profile: match self.word("profile")? {
                 NO_PROFILE => None,
                 name => Some(name),

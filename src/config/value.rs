@@ -16,6 +16,8 @@ pub(crate) enum Value {
     Word(&'static str),
     /// Free text (device names).
     Text(String),
+    /// A fraction in parts per billion (`Kind::Ratio`).
+    Ppb(u64),
 }
 
 impl fmt::Display for Value {
@@ -25,6 +27,15 @@ impl fmt::Display for Value {
             Value::Bool(b) => write!(f, "{b}"),
             Value::Word(w) => f.write_str(w),
             Value::Text(t) => f.write_str(t),
+            Value::Ppb(n) => {
+                let (int, frac) = (n / PPB, n % PPB);
+                if frac == 0 {
+                    write!(f, "{int}")
+                } else {
+                    let digits = format!("{frac:09}");
+                    write!(f, "{int}.{}", digits.trim_end_matches('0'))
+                }
+            }
         }
     }
 }
@@ -50,6 +61,7 @@ pub(crate) fn parse(spec: &KeySpec, raw: &str, shown: &str) -> Result<Value> {
         Kind::Bool => parse_bool(text).map(Value::Bool),
         Kind::DeviceName => is_device_name(text).then(|| Value::Text(text.to_string())),
         Kind::Profile => find_word(&profiles::names(), &normalize_profile(text)).map(Value::Word),
+        Kind::Ratio => parse_ppb(text).map(Value::Ppb),
     };
     parsed.ok_or_else(|| invalid(spec, raw, shown))
 }
@@ -85,6 +97,7 @@ pub(crate) fn allowed(kind: Kind) -> String {
             "a device name of letters, digits, '_', '-', '.' (at most {MAX_DEVICE_NAME}; empty = first device)"
         ),
         Kind::Profile => format!("one of {}", profiles::names().join(", ")),
+        Kind::Ratio => "a decimal fraction in 0..1 with at most 9 decimals, e.g. 0.001".to_string(),
     }
 }
 
@@ -96,6 +109,26 @@ pub(crate) fn parse_uint(text: &str) -> Option<u64> {
     text.bytes().try_fold(0u64, |acc, digit| {
         acc.checked_mul(10)?.checked_add(u64::from(digit - b'0'))
     })
+}
+
+/// One, in parts per billion.
+pub(crate) const PPB: u64 = 1_000_000_000;
+
+/// "0", "1", "0.001", ".5": a fraction in 0..=1 as parts per billion; at most 9 decimals.
+pub(crate) fn parse_ppb(text: &str) -> Option<u64> {
+    let (int, frac) = text.split_once('.').unwrap_or((text, ""));
+    if (int.is_empty() && frac.is_empty()) || frac.len() > 9 {
+        return None;
+    }
+    let int = if int.is_empty() { 0 } else { parse_uint(int)? };
+    let frac_digits = if frac.is_empty() {
+        0
+    } else {
+        parse_uint(frac)?
+    };
+    let scaled = frac_digits * 10u64.pow(9 - frac.len() as u32);
+    let total = int.checked_mul(PPB)?.checked_add(scaled)?;
+    (total <= PPB).then_some(total)
 }
 
 pub(crate) fn parse_bool(text: &str) -> Option<bool> {

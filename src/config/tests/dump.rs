@@ -35,6 +35,8 @@ polling_us = 100  # default
 poll_batch = 32  # default
 credits = 0  # default (auto: 256 = max_recv_wr)
 soft_port = 4791  # default
+soft_drop_ratio = 0  # default
+progress = thread  # default
 profile = none  # default
 ";
 

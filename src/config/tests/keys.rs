@@ -61,6 +61,8 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("hugepages", "auto"),
     ("poll_mode", "adaptive"),
     ("profile", "none"),
+    ("soft_drop_ratio", "0"),
+    ("progress", "thread"),
 ];
 
 fn range_message(key: &str, value: &str, min: u64, max: u64, note: &str) -> String {
@@ -266,6 +268,7 @@ fn word_keys() {
             &["busy", "event", "adaptive"],
             "busy, event, adaptive",
         ),
+        ("progress", &["thread", "inline"], "thread, inline"),
     ];
     for &(key, words, allowed) in cases {
         let mut config = Config::new();
@@ -432,4 +435,44 @@ fn keys_text_has_one_line_per_key() {
         lookup_key("ms_async_rdma_sl").unwrap().kind.allowed(),
         "0..15"
     );
+}
+
+#[test]
+fn ratio_keys_take_decimal_fractions() {
+    let mut config = Config::new();
+    for (given, shown) in [
+        ("0", "0"),
+        ("0.001", "0.001"),
+        (".5", "0.5"),
+        ("1", "1"),
+        ("1.0", "1"),
+        ("0.000000001", "0.000000001"),
+    ] {
+        config.set("soft_drop_ratio", given).unwrap();
+        assert_eq!(config.get("soft_drop_ratio").unwrap(), shown, "{given}");
+    }
+    config.set("soft_drop_ratio", "0.001").unwrap();
+    assert_eq!(config.settings().unwrap().soft_drop_ppb, 1_000_000);
+    for bad in [
+        "",
+        ".",
+        "1.5",
+        "2",
+        "-0.1",
+        "0.0000000001",
+        "1e-3",
+        "0.1.2",
+        "abc",
+    ] {
+        assert_eq!(
+            failure(config.set("soft_drop_ratio", bad)),
+            (
+                ErrorKind::InvalidValue,
+                format!(
+                    "soft_drop_ratio: invalid value '{bad}': allowed a decimal fraction in 0..1 with at most 9 decimals, e.g. 0.001"
+                )
+            ),
+            "{bad}"
+        );
+    }
 }
