@@ -58,6 +58,11 @@ static void test_version_and_status(void) {
   CHECK_STREQ(rdmx_status_str(RDMX_IO_ERROR), "RDMX_IO_ERROR");
   CHECK_STREQ(rdmx_status_str(RDMX_BUFFER_TOO_SMALL), "RDMX_BUFFER_TOO_SMALL");
   CHECK_STREQ(rdmx_status_str(RDMX_PANIC), "RDMX_PANIC");
+  CHECK_STREQ(rdmx_status_str(RDMX_BUSY), "RDMX_BUSY");
+  CHECK_STREQ(rdmx_status_str(RDMX_CLOSED), "RDMX_CLOSED");
+  CHECK_STREQ(rdmx_status_str(RDMX_TIMEOUT), "RDMX_TIMEOUT");
+  CHECK_STREQ(rdmx_status_str(RDMX_UNSUPPORTED), "RDMX_UNSUPPORTED");
+  CHECK_STREQ(rdmx_status_str(RDMX_FULL), "RDMX_FULL");
   CHECK_STREQ(rdmx_status_str(-1), "RDMX_UNKNOWN_STATUS");
   CHECK_STREQ(rdmx_status_str(1000), "RDMX_UNKNOWN_STATUS");
   CHECK(rdmx_last_error() != NULL);

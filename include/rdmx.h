@@ -16,6 +16,41 @@
 #include <stdint.h>
 
 /**
+ * Wait for the previous RDMA READs to complete before this WR (IBV_SEND_FENCE).
+ */
+#define RDMX_POST_FENCE 1
+
+/**
+ * Ask for a solicited event at the receiver (SEND, WRITE with immediate).
+ */
+#define RDMX_POST_SOLICITED 4
+
+/**
+ * No completion on success (errors always complete). Default: every WR completes.
+ */
+#define RDMX_POST_UNSIGNALED (1 << 8)
+
+/**
+ * A completion carries immediate data (`imm` is valid).
+ */
+#define RDMX_WC_WITH_IMM 2
+
+/**
+ * Memory may be written by rdmx locally (receives, READ results).
+ */
+#define RDMX_ACCESS_LOCAL_WRITE 1
+
+/**
+ * Peers may RDMA WRITE into the region (requires RDMX_ACCESS_LOCAL_WRITE).
+ */
+#define RDMX_ACCESS_REMOTE_WRITE 2
+
+/**
+ * Peers may RDMA READ the region.
+ */
+#define RDMX_ACCESS_REMOTE_READ 4
+
+/**
  * Result of every fallible rdmx call. 0 is success; on any other value
  * `rdmx_last_error()` holds a message naming what was wrong.
  */
@@ -53,6 +88,26 @@ typedef enum {
    * rdmx panicked; the call was abandoned without unwinding into C.
    */
   RDMX_PANIC = 8,
+  /**
+   * In use: e.g. deregistering memory that work requests in flight still name.
+   */
+  RDMX_BUSY = 9,
+  /**
+   * The connection is closed or its peer is gone.
+   */
+  RDMX_CLOSED = 10,
+  /**
+   * A deadline passed (connect, accept, handshake).
+   */
+  RDMX_TIMEOUT = 11,
+  /**
+   * Not available here (e.g. provider=verbs without an RDMA device).
+   */
+  RDMX_UNSUPPORTED = 12,
+  /**
+   * A queue is full (e.g. more WRs than max_send_wr outstanding); poll, then retry.
+   */
+  RDMX_FULL = 13,
 } rdmx_status;
 
 /**
@@ -73,6 +128,109 @@ typedef enum {
  * do not use one config from two threads at once.
  */
 typedef struct rdmx_config rdmx_config;
+
+/**
+ * One RC connection. Opaque; free with `rdmx_conn_free`. Posting and polling may happen
+ * from different threads; `rdmx_conn_close`/`_free` must not race other calls on it.
+ */
+typedef struct rdmx_conn rdmx_conn;
+
+/**
+ * An rdmx context: the chosen provider, its device and the registered memory. Opaque;
+ * create with `rdmx_context_new`, free with `rdmx_context_free` after every listener and
+ * connection made from it. Safe to use from several threads.
+ */
+typedef struct rdmx_context rdmx_context;
+
+/**
+ * Accepts connections. Opaque; free with `rdmx_listener_free`.
+ */
+typedef struct rdmx_listener rdmx_listener;
+
+/**
+ * A region the peer exposed for RDMA READ/WRITE.
+ */
+typedef struct {
+  uint64_t addr;
+  uint64_t length;
+  uint32_t rkey;
+  /**
+   * RDMX_ACCESS_REMOTE_READ / RDMX_ACCESS_REMOTE_WRITE bits.
+   */
+  uint32_t access;
+} rdmx_remote_region;
+
+/**
+ * A scatter/gather element: `length` bytes at `addr` inside the region with `lkey`.
+ */
+typedef struct {
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+} rdmx_sge;
+
+/**
+ * A work completion. `status` and `opcode` are the verbs values (`ibv_wc_status`,
+ * `ibv_wc_opcode`: 0 SEND, 1 RDMA_WRITE, 2 RDMA_READ, 128 RECV, 129 RECV_RDMA_WITH_IMM).
+ * For a status other than 0 only `cookie`, `status` and `qp_num` are meaningful.
+ */
+typedef struct {
+  uint64_t cookie;
+  uint32_t status;
+  uint32_t opcode;
+  uint32_t byte_len;
+  /**
+   * Immediate data when `flags & RDMX_WC_WITH_IMM`, as sent.
+   */
+  uint32_t imm;
+  uint32_t flags;
+  uint32_t qp_num;
+} rdmx_completion;
+
+/**
+ * Per-connection counters (the seed's retrans_cnt, out_of_seq, packet_errors and more).
+ */
+typedef struct {
+  uint64_t tx_packets;
+  uint64_t tx_bytes;
+  uint64_t rx_packets;
+  uint64_t rx_bytes;
+  uint64_t retransmits;
+  uint64_t seq_naks_sent;
+  uint64_t seq_naks_received;
+  uint64_t rnr_naks_sent;
+  uint64_t rnr_naks_received;
+  uint64_t ack_timeouts;
+  uint64_t duplicates_received;
+  uint64_t out_of_sequence;
+  uint64_t icrc_errors;
+  uint64_t malformed;
+  /**
+   * Packets dropped on purpose by `soft_drop_ratio`.
+   */
+  uint64_t injected_drops;
+  /**
+   * Datagrams the kernel dropped on the context's UDP receive queue (SO_RXQ_OVFL).
+   */
+  uint64_t kernel_drops;
+} rdmx_counters;
+
+/**
+ * A registered memory region (plain data; the region is identified by `lkey`).
+ */
+typedef struct {
+  uint64_t addr;
+  uint64_t length;
+  /**
+   * Local key: put it in `rdmx_sge.lkey`.
+   */
+  uint32_t lkey;
+  /**
+   * Remote key: what a peer names in RDMA READ/WRITE (random, not guessable).
+   */
+  uint32_t rkey;
+  uint32_t access;
+} rdmx_mr;
 
 /**
  * Receives one log line: `message` is NUL-terminated, borrowed for the duration of the
@@ -162,6 +320,267 @@ rdmx_status rdmx_config_validate(const rdmx_config *cfg);
  * As `rdmx_config_get`.
  */
 rdmx_status rdmx_config_dump(const rdmx_config *cfg, char *buf, size_t len, size_t *out_len);
+
+/**
+ * Listens on `addr` ("IP:PORT"; port 0 = any free port, see `rdmx_listener_port`).
+ *
+ * # Safety
+ * `ctx` NULL or live; `addr` NULL or NUL-terminated; `out` NULL or writable.
+ */
+rdmx_status rdmx_listener_new(rdmx_context *ctx, const char *addr, rdmx_listener **out);
+
+/**
+ * The TCP port the listener is bound to (0 for a NULL listener).
+ *
+ * # Safety
+ * `l` NULL or live.
+ */
+uint16_t rdmx_listener_port(const rdmx_listener *l);
+
+/**
+ * Waits up to `timeout_ms` (-1 = forever) for a connection and sets it up; RDMX_TIMEOUT
+ * when none came. `*out` receives a connection the caller owns.
+ *
+ * # Safety
+ * `l` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_listener_accept(rdmx_listener *l, int32_t timeout_ms, rdmx_conn **out);
+
+/**
+ * Frees a listener (connections it accepted live on). NULL is a no-op.
+ *
+ * # Safety
+ * `l` NULL or from `rdmx_listener_new`, not freed before.
+ */
+void rdmx_listener_free(rdmx_listener *l);
+
+/**
+ * Connects to a listener at `addr` ("HOST:PORT") within `timeout_ms` (-1: the system's
+ * TCP timeout) and sets up the RC connection: QP numbers, start PSNs, path MTU (the
+ * smaller of both sides'), rd_atomic limits and exposed regions are exchanged over TCP,
+ * which then stays open as the liveness signal.
+ *
+ * # Safety
+ * `ctx` NULL or live; `addr` NULL or NUL-terminated; `out` NULL or writable.
+ */
+rdmx_status rdmx_connect(rdmx_context *ctx, const char *addr, int32_t timeout_ms, rdmx_conn **out);
+
+/**
+ * Closes a connection: the peer sees EOF, every outstanding WR completes (flushed), and
+ * the memory they named is free to deregister. Completions stay pollable until
+ * `rdmx_conn_free`. Later posts give RDMX_CLOSED.
+ *
+ * # Safety
+ * `c` NULL or live, not used by another thread during the call.
+ */
+rdmx_status rdmx_conn_close(rdmx_conn *c);
+
+/**
+ * Closes (if open) and frees a connection. NULL is a no-op.
+ *
+ * # Safety
+ * `c` NULL or from `rdmx_connect`/`rdmx_listener_accept`, not freed before.
+ */
+void rdmx_conn_free(rdmx_conn *c);
+
+/**
+ * How many regions the peer exposed.
+ *
+ * # Safety
+ * `c` NULL or live.
+ */
+size_t rdmx_conn_remote_region_count(const rdmx_conn *c);
+
+/**
+ * The peer's `i`-th exposed region (in address order).
+ *
+ * # Safety
+ * `c` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_conn_remote_region(const rdmx_conn *c, size_t i, rdmx_remote_region *out);
+
+/**
+ * Posts a SEND of the bytes the SGEs name; the peer receives them into its next posted
+ * receive. `cookie` comes back in the completion. RDMX_FULL when `max_send_wr` WRs are
+ * outstanding; RDMX_CLOSED on a closed connection.
+ *
+ * # Safety
+ * `c` NULL or live; `sges` valid for `n` elements (NULL if 0).
+ */
+rdmx_status rdmx_post_send(rdmx_conn *c,
+                           const rdmx_sge *sges,
+                           size_t n,
+                           uint64_t cookie,
+                           uint32_t flags);
+
+/**
+ * As `rdmx_post_send`, with 32-bit immediate data delivered in the receive completion.
+ *
+ * # Safety
+ * As `rdmx_post_send`.
+ */
+rdmx_status rdmx_post_send_imm(rdmx_conn *c,
+                               const rdmx_sge *sges,
+                               size_t n,
+                               uint32_t imm,
+                               uint64_t cookie,
+                               uint32_t flags);
+
+/**
+ * RDMA READ: fills the local SGEs (their regions need RDMX_ACCESS_LOCAL_WRITE) from
+ * `[remote_addr, remote_addr + total length)` of the peer's region `rkey`. Outside the
+ * region or without REMOTE_READ: completion with status 10 (REM_ACCESS_ERR).
+ *
+ * # Safety
+ * As `rdmx_post_send`.
+ */
+rdmx_status rdmx_post_read(rdmx_conn *c,
+                           const rdmx_sge *sges,
+                           size_t n,
+                           uint64_t remote_addr,
+                           uint32_t rkey,
+                           uint64_t cookie,
+                           uint32_t flags);
+
+/**
+ * RDMA WRITE of the local SGEs' bytes to the peer's region `rkey` at `remote_addr`. Into
+ * a region exposed without REMOTE_WRITE: completion status 10 (REM_ACCESS_ERR).
+ *
+ * # Safety
+ * As `rdmx_post_send`.
+ */
+rdmx_status rdmx_post_write(rdmx_conn *c,
+                            const rdmx_sge *sges,
+                            size_t n,
+                            uint64_t remote_addr,
+                            uint32_t rkey,
+                            uint64_t cookie,
+                            uint32_t flags);
+
+/**
+ * As `rdmx_post_write`, and the peer's next posted receive completes (opcode 129) with
+ * `imm`.
+ *
+ * # Safety
+ * As `rdmx_post_send`.
+ */
+rdmx_status rdmx_post_write_imm(rdmx_conn *c,
+                                const rdmx_sge *sges,
+                                size_t n,
+                                uint64_t remote_addr,
+                                uint32_t rkey,
+                                uint32_t imm,
+                                uint64_t cookie,
+                                uint32_t flags);
+
+/**
+ * Posts a receive buffer (SGEs in regions with RDMX_ACCESS_LOCAL_WRITE) for the peer's
+ * next SEND or WRITE with immediate.
+ *
+ * # Safety
+ * As `rdmx_post_send`.
+ */
+rdmx_status rdmx_post_recv(rdmx_conn *c, const rdmx_sge *sges, size_t n, uint64_t cookie);
+
+/**
+ * Moves up to `max` completions into `out` and stores how many in `*n` (0 is not an
+ * error). Send completions come in WR order, receive completions in receive order.
+ *
+ * # Safety
+ * `c` NULL or live; `out` valid for `max` elements (NULL if 0); `n` NULL or writable.
+ */
+rdmx_status rdmx_poll(rdmx_conn *c, rdmx_completion *out, size_t max, size_t *n);
+
+/**
+ * Arms the connection's event fd: it becomes readable when the next completion arrives
+ * (at once if completions are queued) or when the peer goes away. Then `poll()`/epoll it,
+ * call `rdmx_event_clear`, and `rdmx_poll`.
+ *
+ * # Safety
+ * `c` NULL or live.
+ */
+rdmx_status rdmx_req_notify(rdmx_conn *c);
+
+/**
+ * The connection's completion event fd (for epoll); -1 for a NULL connection. Owned by
+ * rdmx: do not close it.
+ *
+ * # Safety
+ * `c` NULL or live.
+ */
+int32_t rdmx_event_fd(const rdmx_conn *c);
+
+/**
+ * Resets the event fd after it fired (before re-arming with `rdmx_req_notify`).
+ *
+ * # Safety
+ * `c` NULL or live.
+ */
+rdmx_status rdmx_event_clear(rdmx_conn *c);
+
+/**
+ * The connection's counters.
+ *
+ * # Safety
+ * `c` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_conn_counters(const rdmx_conn *c, rdmx_counters *out);
+
+/**
+ * A static name for a work completion status (verbs' ibv_wc_status_str wording), e.g.
+ * "transport retry counter exceeded" for 12. Never NULL.
+ */
+const char *rdmx_wc_status_str(uint32_t status);
+
+/**
+ * Creates a context from `cfg` (NULL: defaults and `RDMX_*` environment variables). The
+ * provider is chosen here (`provider=auto`: verbs when the host has an RDMA device, soft
+ * otherwise); `rdmx_context_provider` says which. `*out` receives a context the caller
+ * owns; NULL on failure.
+ *
+ * # Safety
+ * `cfg` NULL or a live config; `out` NULL or writable.
+ */
+rdmx_status rdmx_context_new(const rdmx_config *cfg, rdmx_context **out);
+
+/**
+ * Frees a context. NULL is a no-op. Free its listeners and connections first.
+ *
+ * # Safety
+ * `ctx` NULL or from `rdmx_context_new`, not freed before.
+ */
+void rdmx_context_free(rdmx_context *ctx);
+
+/**
+ * The provider the context runs on: "soft" or "verbs". Static; NULL only for a NULL ctx.
+ *
+ * # Safety
+ * `ctx` NULL or live.
+ */
+const char *rdmx_context_provider(const rdmx_context *ctx);
+
+/**
+ * Registers `[addr, addr + len)` with `access` (RDMX_ACCESS_* bits) and fills `*out`.
+ * Regions with remote access are offered to every connection set up afterwards
+ * (`rdmx_conn_remote_region` on the peer). Register read-only data with
+ * RDMX_ACCESS_REMOTE_READ only: a peer's WRITE into it then fails (REM_ACCESS_ERR).
+ *
+ * The memory must stay valid and mapped until `rdmx_mr_dereg` succeeds, and must not be
+ * modified while a send or WRITE naming it is outstanding.
+ *
+ * # Safety
+ * `ctx` NULL or live; `addr` valid for `len` bytes as above; `out` NULL or writable.
+ */
+rdmx_status rdmx_mr_reg(rdmx_context *ctx, void *addr, size_t len, uint32_t access, rdmx_mr *out);
+
+/**
+ * Deregisters the region with `lkey`. RDMX_BUSY while work requests that name it are in
+ * flight (poll their completions first); after success the memory is the caller's again.
+ *
+ * # Safety
+ * `ctx` NULL or live.
+ */
+rdmx_status rdmx_mr_dereg(rdmx_context *ctx, uint32_t lkey);
 
 /**
  * The RNR timer for a 5-bit `min_rnr_timer` code, in nanoseconds (code 0 is the longest,

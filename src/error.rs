@@ -22,6 +22,16 @@ pub enum ErrorKind {
     BufferTooSmall,
     /// A panic was caught at the C ABI boundary.
     Panic,
+    /// The resource is in use (e.g. a memory region named by work requests in flight).
+    Busy,
+    /// The connection is closed or its peer is gone.
+    Closed,
+    /// A deadline passed (connect, accept, handshake).
+    Timeout,
+    /// Not available here (e.g. the verbs provider on a host without RDMA devices).
+    Unsupported,
+    /// A queue or pool is full; retry after completions free room.
+    Full,
 }
 
 /// An error with a human-readable message (what `rdmx_last_error()` returns in C).

@@ -8,6 +8,8 @@ pub mod config;
 pub mod error;
 pub mod ffi;
 pub mod logging;
+pub mod msgr;
+pub mod provider;
 pub mod rc;
 #[cfg(feature = "verbs")]
 pub mod verbs_probe;

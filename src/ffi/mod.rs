@@ -6,6 +6,8 @@
 
 mod boundary;
 pub mod config;
+pub mod conn;
+pub mod context;
 pub mod encoding;
 pub mod log;
 pub mod status;

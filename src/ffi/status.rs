@@ -27,6 +27,16 @@ pub enum rdmx_status {
     RDMX_BUFFER_TOO_SMALL = 7,
     /// rdmx panicked; the call was abandoned without unwinding into C.
     RDMX_PANIC = 8,
+    /// In use: e.g. deregistering memory that work requests in flight still name.
+    RDMX_BUSY = 9,
+    /// The connection is closed or its peer is gone.
+    RDMX_CLOSED = 10,
+    /// A deadline passed (connect, accept, handshake).
+    RDMX_TIMEOUT = 11,
+    /// Not available here (e.g. provider=verbs without an RDMA device).
+    RDMX_UNSUPPORTED = 12,
+    /// A queue is full (e.g. more WRs than max_send_wr outstanding); poll, then retry.
+    RDMX_FULL = 13,
 }
 
 impl From<ErrorKind> for rdmx_status {
@@ -40,6 +50,11 @@ impl From<ErrorKind> for rdmx_status {
             ErrorKind::Io => rdmx_status::RDMX_IO_ERROR,
             ErrorKind::BufferTooSmall => rdmx_status::RDMX_BUFFER_TOO_SMALL,
             ErrorKind::Panic => rdmx_status::RDMX_PANIC,
+            ErrorKind::Busy => rdmx_status::RDMX_BUSY,
+            ErrorKind::Closed => rdmx_status::RDMX_CLOSED,
+            ErrorKind::Timeout => rdmx_status::RDMX_TIMEOUT,
+            ErrorKind::Unsupported => rdmx_status::RDMX_UNSUPPORTED,
+            ErrorKind::Full => rdmx_status::RDMX_FULL,
         }
     }
 }
@@ -59,6 +74,11 @@ pub extern "C" fn rdmx_status_str(status: i32) -> *const c_char {
         6 => b"RDMX_IO_ERROR\0",
         7 => b"RDMX_BUFFER_TOO_SMALL\0",
         8 => b"RDMX_PANIC\0",
+        9 => b"RDMX_BUSY\0",
+        10 => b"RDMX_CLOSED\0",
+        11 => b"RDMX_TIMEOUT\0",
+        12 => b"RDMX_UNSUPPORTED\0",
+        13 => b"RDMX_FULL\0",
         _ => b"RDMX_UNKNOWN_STATUS\0",
     };
     s.as_ptr().cast()
@@ -100,11 +120,16 @@ mod tests {
             (rdmx_status::RDMX_IO_ERROR, "RDMX_IO_ERROR"),
             (rdmx_status::RDMX_BUFFER_TOO_SMALL, "RDMX_BUFFER_TOO_SMALL"),
             (rdmx_status::RDMX_PANIC, "RDMX_PANIC"),
+            (rdmx_status::RDMX_BUSY, "RDMX_BUSY"),
+            (rdmx_status::RDMX_CLOSED, "RDMX_CLOSED"),
+            (rdmx_status::RDMX_TIMEOUT, "RDMX_TIMEOUT"),
+            (rdmx_status::RDMX_UNSUPPORTED, "RDMX_UNSUPPORTED"),
+            (rdmx_status::RDMX_FULL, "RDMX_FULL"),
         ] {
             assert_eq!(s(rdmx_status_str(st as i32)), name);
         }
         assert_eq!(s(rdmx_status_str(-1)), "RDMX_UNKNOWN_STATUS");
-        assert_eq!(s(rdmx_status_str(9)), "RDMX_UNKNOWN_STATUS");
+        assert_eq!(s(rdmx_status_str(14)), "RDMX_UNKNOWN_STATUS");
     }
 
     #[test]

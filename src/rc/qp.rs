@@ -59,14 +59,19 @@ pub fn max_packet_len(path_mtu: u32) -> usize {
 fn check_room(verb: &str, queue: (&str, usize, u32, &str), sges: (usize, u32, &str)) -> Result<()> {
     let (qname, len, max_wr, wr_key) = queue;
     let (n, max_sge, sge_key) = sges;
-    let msg = if len >= max_wr as usize {
-        format!("{verb}: {qname} full ({len} WRs outstanding = {wr_key})")
-    } else if n > max_sge as usize {
-        format!("{verb}: {n} SGEs exceed {sge_key} {max_sge}")
-    } else {
-        return Ok(());
-    };
-    Err(Error::new(ErrorKind::InvalidArgument, msg))
+    if len >= max_wr as usize {
+        return Err(Error::new(
+            ErrorKind::Full,
+            format!("{verb}: {qname} full ({len} WRs outstanding = {wr_key})"),
+        ));
+    }
+    if n > max_sge as usize {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("{verb}: {n} SGEs exceed {sge_key} {max_sge}"),
+        ));
+    }
+    Ok(())
 }
 
 /// One RC queue pair.

@@ -1,0 +1,260 @@
+/* C server/client pair over the soft provider on 127.0.0.1: the server is a forked child.
+ * Moves data both ways (SEND/RECV, RDMA READ and WRITE) and checks every byte, then the
+ * failure cases: post on a closed connection, READ outside the peer's region
+ * (REM_ACCESS_ERR), a bad lkey (LOC_PROT_ERR), WRITE into a region exposed read-only. */
+#define _POSIX_C_SOURCE 200809L
+#include <rdmx.h>
+
+#include <poll.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+
+#define SRV_LEN (64 * 1024)
+#define RO_LEN 4096
+#define CONNS 4 /* the echo connection + one per failure case */
+
+static uint8_t srv_pattern(size_t i) { return (uint8_t)(i * 13 + 7); }
+static uint8_t cli_pattern(size_t i) { return (uint8_t)(i * 31 + 1); }
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Polls `c` until `want` completions arrived or 10 s passed; returns how many. */
+static size_t wait_for(rdmx_conn *c, rdmx_completion *out, size_t want) {
+  size_t got = 0;
+  double end = now_s() + 10.0;
+  while (got < want && now_s() < end) {
+    size_t n = 0;
+    if (rdmx_poll(c, out + got, want - got, &n) != RDMX_OK) {
+      fprintf(stderr, "poll: %s\n", rdmx_last_error());
+      break;
+    }
+    got += n;
+    if (n == 0) {
+      struct timespec pause = {0, 200000};
+      nanosleep(&pause, NULL);
+    }
+  }
+  return got;
+}
+
+static rdmx_context *new_context(void) {
+  rdmx_config *cfg = NULL;
+  rdmx_context *ctx = NULL;
+  CHECK_STATUS(rdmx_config_new(&cfg), RDMX_OK);
+  CHECK_STATUS(rdmx_config_set(cfg, "soft_port", "0"), RDMX_OK);
+  CHECK_STATUS(rdmx_config_set(cfg, "path_mtu", "1024"), RDMX_OK);
+  CHECK_STATUS(rdmx_context_new(cfg, &ctx), RDMX_OK);
+  rdmx_config_free(cfg);
+  return ctx;
+}
+
+/* ---- server (child process) ---- */
+
+static int server(int port_fd) {
+  rdmx_context *ctx = new_context();
+  uint8_t *srv = malloc(SRV_LEN), *ro = malloc(RO_LEN), *rx = malloc(SRV_LEN);
+  for (size_t i = 0; i < SRV_LEN; i++) srv[i] = srv_pattern(i);
+  for (size_t i = 0; i < RO_LEN; i++) ro[i] = 0xAB;
+  rdmx_mr m_srv, m_ro, m_rx;
+  CHECK_STATUS(rdmx_mr_reg(ctx, srv, SRV_LEN, RDMX_ACCESS_LOCAL_WRITE | RDMX_ACCESS_REMOTE_READ | RDMX_ACCESS_REMOTE_WRITE, &m_srv), RDMX_OK);
+  CHECK_STATUS(rdmx_mr_reg(ctx, ro, RO_LEN, RDMX_ACCESS_REMOTE_READ, &m_ro), RDMX_OK);
+  CHECK_STATUS(rdmx_mr_reg(ctx, rx, SRV_LEN, RDMX_ACCESS_LOCAL_WRITE, &m_rx), RDMX_OK);
+  rdmx_listener *l = NULL;
+  CHECK_STATUS(rdmx_listener_new(ctx, "127.0.0.1:0", &l), RDMX_OK);
+  uint16_t port = rdmx_listener_port(l);
+  CHECK(write(port_fd, &port, sizeof port) == (ssize_t)sizeof port);
+  close(port_fd);
+
+  for (int k = 0; k < CONNS; k++) {
+    rdmx_conn *c = NULL;
+    CHECK_STATUS(rdmx_listener_accept(l, 20000, &c), RDMX_OK);
+    if (!c) break;
+    rdmx_completion wc[4];
+    rdmx_sge r = {(uint64_t)(uintptr_t)rx, 8000, m_rx.lkey};
+    CHECK_STATUS(rdmx_post_recv(c, &r, 1, 100 + (uint64_t)k), RDMX_OK);
+    if (k == 0) {
+      /* Echo connection: receive the client's SEND, check it, SEND ours back. */
+      CHECK(wait_for(c, wc, 1) == 1);
+      CHECK(wc[0].status == 0 && wc[0].opcode == 128 && wc[0].byte_len == 8000 && wc[0].cookie == 100);
+      for (size_t i = 0; i < 8000; i++)
+        if (rx[i] != cli_pattern(i)) { CHECK(!"server: received bytes differ"); break; }
+      rdmx_sge s = {(uint64_t)(uintptr_t)srv, 6000, m_srv.lkey};
+      CHECK_STATUS(rdmx_post_send_imm(c, &s, 1, 0xFEED, 200, 0), RDMX_OK);
+      CHECK(wait_for(c, wc, 1) == 1);
+      CHECK(wc[0].status == 0 && wc[0].cookie == 200 && wc[0].opcode == 0);
+      CHECK_STATUS(rdmx_post_recv(c, &r, 1, 101), RDMX_OK);
+    }
+    /* Wait for the client to go away: the pending receive is flushed (status 5). */
+    size_t got = wait_for(c, wc, 1);
+    CHECK(got == 1 && wc[0].status == 5);
+    rdmx_conn_free(c);
+  }
+  rdmx_listener_free(l);
+  /* The client wrote 5000 bytes at offset 40000; the read-only region is untouched. */
+  for (size_t i = 0; i < 5000; i++)
+    if (srv[40000 + i] != cli_pattern(i + 3)) { CHECK(!"server: written bytes differ"); break; }
+  for (size_t i = 0; i < RO_LEN; i++)
+    if (ro[i] != 0xAB) { CHECK(!"server: read-only region was written"); break; }
+  CHECK_STATUS(rdmx_mr_dereg(ctx, m_srv.lkey), RDMX_OK);
+  CHECK_STATUS(rdmx_mr_dereg(ctx, m_ro.lkey), RDMX_OK);
+  CHECK_STATUS(rdmx_mr_dereg(ctx, m_rx.lkey), RDMX_OK);
+  rdmx_context_free(ctx);
+  free(srv); free(ro); free(rx);
+  printf("server: %d checks, %d failed\n", check_count, check_failures);
+  fflush(stdout); /* the child leaves with _exit */
+  return check_failures == 0 ? 0 : 1;
+}
+
+/* ---- client (parent process) ---- */
+
+static rdmx_conn *dial(rdmx_context *ctx, uint16_t port, rdmx_remote_region *rw, rdmx_remote_region *rdonly) {
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)port);
+  rdmx_conn *c = NULL;
+  CHECK_STATUS(rdmx_connect(ctx, addr, 10000, &c), RDMX_OK);
+  CHECK(rdmx_conn_remote_region_count(c) == 2);
+  for (size_t i = 0; i < rdmx_conn_remote_region_count(c); i++) {
+    rdmx_remote_region r;
+    CHECK_STATUS(rdmx_conn_remote_region(c, i, &r), RDMX_OK);
+    if (r.access & RDMX_ACCESS_REMOTE_WRITE) *rw = r; else *rdonly = r;
+  }
+  rdmx_remote_region dummy;
+  CHECK_STATUS(rdmx_conn_remote_region(c, 2, &dummy), RDMX_INVALID_ARGUMENT);
+  CHECK_ERR_HAS("out of range");
+  return c;
+}
+
+static int client(uint16_t port) {
+  rdmx_context *ctx = new_context();
+  CHECK_STREQ(rdmx_context_provider(ctx), "soft");
+  uint8_t *buf = malloc(SRV_LEN);
+  for (size_t i = 0; i < SRV_LEN; i++) buf[i] = cli_pattern(i);
+  rdmx_mr m;
+  CHECK_STATUS(rdmx_mr_reg(ctx, buf, SRV_LEN, RDMX_ACCESS_LOCAL_WRITE, &m), RDMX_OK);
+  rdmx_remote_region rw = {0}, rdonly = {0};
+  rdmx_completion wc[4];
+
+  /* 1. Echo: SEND 8000 bytes, receive 6000 with immediate data. */
+  rdmx_conn *c = dial(ctx, port, &rw, &rdonly);
+  CHECK(rw.length == SRV_LEN && rdonly.length == RO_LEN && rw.rkey != rdonly.rkey);
+  rdmx_sge rcv = {(uint64_t)(uintptr_t)(buf + 32768), 6000, m.lkey};
+  CHECK_STATUS(rdmx_post_recv(c, &rcv, 1, 11), RDMX_OK);
+  rdmx_sge s = {(uint64_t)(uintptr_t)buf, 8000, m.lkey};
+  CHECK_STATUS(rdmx_post_send(c, &s, 1, 10, 0), RDMX_OK);
+  CHECK(wait_for(c, wc, 2) == 2);
+  int saw_send = 0, saw_recv = 0;
+  for (int i = 0; i < 2; i++) {
+    if (wc[i].cookie == 10) saw_send = wc[i].status == 0 && wc[i].opcode == 0;
+    if (wc[i].cookie == 11)
+      saw_recv = wc[i].status == 0 && wc[i].opcode == 128 && wc[i].byte_len == 6000 &&
+                 (wc[i].flags & RDMX_WC_WITH_IMM) && wc[i].imm == 0xFEED;
+  }
+  CHECK(saw_send && saw_recv);
+  for (size_t i = 0; i < 6000; i++)
+    if (buf[32768 + i] != srv_pattern(i)) { CHECK(!"client: received bytes differ"); break; }
+
+  /* 2. READ 20000 bytes (20 packets) at offset 1000 of the server's region. */
+  rdmx_sge rd = {(uint64_t)(uintptr_t)(buf + 8192), 20000, m.lkey};
+  CHECK_STATUS(rdmx_post_read(c, &rd, 1, rw.addr + 1000, rw.rkey, 20, 0), RDMX_OK);
+  CHECK(wait_for(c, wc, 1) == 1);
+  CHECK(wc[0].cookie == 20 && wc[0].status == 0 && wc[0].opcode == 2 && wc[0].byte_len == 20000);
+  for (size_t i = 0; i < 20000; i++)
+    if (buf[8192 + i] != srv_pattern(1000 + i)) { CHECK(!"client: READ bytes differ"); break; }
+
+  /* 3. WRITE 5000 bytes at offset 40000, then READ them back. */
+  rdmx_sge wr = {(uint64_t)(uintptr_t)(buf + 3), 5000, m.lkey};
+  CHECK_STATUS(rdmx_post_write(c, &wr, 1, rw.addr + 40000, rw.rkey, 30, 0), RDMX_OK);
+  rdmx_sge back = {(uint64_t)(uintptr_t)(buf + 50000), 5000, m.lkey};
+  CHECK_STATUS(rdmx_post_read(c, &back, 1, rw.addr + 40000, rw.rkey, 31, 0), RDMX_OK);
+  CHECK(wait_for(c, wc, 2) == 2);
+  CHECK(wc[0].cookie == 30 && wc[0].status == 0 && wc[0].opcode == 1);
+  CHECK(wc[1].cookie == 31 && wc[1].status == 0);
+  for (size_t i = 0; i < 5000; i++)
+    if (buf[50000 + i] != cli_pattern(i + 3)) { CHECK(!"client: WRITE read-back differs"); break; }
+  rdmx_counters k;
+  CHECK_STATUS(rdmx_conn_counters(c, &k), RDMX_OK);
+  CHECK(k.tx_packets > 0 && k.rx_packets > 0 && k.icrc_errors == 0);
+
+  /* Post on a closed connection. */
+  CHECK_STATUS(rdmx_conn_close(c), RDMX_OK);
+  CHECK_STATUS(rdmx_post_send(c, &s, 1, 12, 0), RDMX_CLOSED);
+  CHECK_ERR_HAS("closed");
+  rdmx_conn_free(c);
+
+  /* 4. READ outside the peer's region: REM_ACCESS_ERR (10). */
+  c = dial(ctx, port, &rw, &rdonly);
+  CHECK_STATUS(rdmx_post_read(c, &rd, 1, rw.addr + SRV_LEN - 100, rw.rkey, 40, 0), RDMX_OK);
+  CHECK(wait_for(c, wc, 1) == 1);
+  CHECK(wc[0].cookie == 40 && wc[0].status == 10);
+  CHECK_STREQ(rdmx_wc_status_str(wc[0].status), "remote access error");
+  rdmx_conn_free(c);
+
+  /* 5. A bad lkey: LOC_PROT_ERR (4). */
+  c = dial(ctx, port, &rw, &rdonly);
+  rdmx_sge bad = {(uint64_t)(uintptr_t)buf, 100, m.lkey ^ 0x5a5a5a5au};
+  CHECK_STATUS(rdmx_post_send(c, &bad, 1, 50, 0), RDMX_OK);
+  CHECK(wait_for(c, wc, 1) == 1);
+  CHECK(wc[0].cookie == 50 && wc[0].status == 4);
+  rdmx_conn_free(c);
+
+  /* 6. WRITE into the region exposed read-only: REM_ACCESS_ERR (10). */
+  c = dial(ctx, port, &rw, &rdonly);
+  CHECK_STATUS(rdmx_post_write(c, &wr, 1, rdonly.addr, rdonly.rkey, 60, 0), RDMX_OK);
+  CHECK(wait_for(c, wc, 1) == 1);
+  CHECK(wc[0].cookie == 60 && wc[0].status == 10);
+  if (wc[0].status != 10) fprintf(stderr, "case 6: cookie %llu status %u (%s)\n", (unsigned long long)wc[0].cookie, wc[0].status, rdmx_wc_status_str(wc[0].status));
+  rdmx_conn_free(c);
+
+  /* NULL and bad arguments. */
+  rdmx_conn *none = NULL;
+  CHECK_STATUS(rdmx_connect(NULL, "127.0.0.1:1", 10, &none), RDMX_INVALID_ARGUMENT);
+  CHECK_STATUS(rdmx_connect(ctx, NULL, 10, &none), RDMX_INVALID_ARGUMENT);
+  CHECK_STATUS(rdmx_connect(ctx, "no port here", 10, &none), RDMX_INVALID_ARGUMENT);
+  CHECK_ERR_HAS("HOST:PORT");
+  CHECK_STATUS(rdmx_post_send(NULL, &s, 1, 0, 0), RDMX_INVALID_ARGUMENT);
+  CHECK_STATUS(rdmx_poll(NULL, wc, 4, NULL), RDMX_INVALID_ARGUMENT);
+  CHECK_STATUS(rdmx_mr_reg(ctx, NULL, 10, RDMX_ACCESS_LOCAL_WRITE, &m), RDMX_INVALID_ARGUMENT);
+  CHECK_STATUS(rdmx_mr_reg(ctx, buf, 10, RDMX_ACCESS_REMOTE_WRITE, &m), RDMX_INVALID_ARGUMENT);
+  CHECK_ERR_HAS("LOCAL_WRITE");
+  CHECK(rdmx_event_fd(NULL) == -1);
+  CHECK(rdmx_context_provider(NULL) == NULL);
+  rdmx_listener_free(NULL);
+  rdmx_conn_free(NULL);
+  rdmx_context_free(NULL);
+
+  CHECK_STATUS(rdmx_mr_dereg(ctx, m.lkey), RDMX_OK);
+  CHECK_STATUS(rdmx_mr_dereg(ctx, m.lkey), RDMX_INVALID_ARGUMENT);
+  rdmx_context_free(ctx);
+  free(buf);
+  return check_failures == 0 ? 0 : 1;
+}
+
+int main(void) {
+  int fds[2];
+  if (pipe(fds) != 0) return 2;
+  pid_t pid = fork();
+  if (pid < 0) return 2;
+  if (pid == 0) {
+    close(fds[0]);
+    _exit(server(fds[1]));
+  }
+  close(fds[1]);
+  uint16_t port = 0;
+  CHECK(read(fds[0], &port, sizeof port) == (ssize_t)sizeof port);
+  close(fds[0]);
+  int rc = port ? client(port) : 1;
+  int st = 0;
+  waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  printf("test_conn (C) client: %d checks, %d failed\n", check_count, check_failures);
+  return rc == 0 && check_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,706 @@
+//! `rdmx_listener_*`, `rdmx_connect`, `rdmx_conn_*`, `rdmx_post_*`, `rdmx_poll`: RC
+//! connections with two-sided SEND/RECV and one-sided RDMA READ/WRITE, each WR carrying a
+//! caller cookie that comes back in its completion.
+
+use super::boundary::{self, handle, handle_mut};
+use super::context::{addr_arg, rdmx_context};
+use super::status::rdmx_status;
+use crate::error::{Error, ErrorKind, Result};
+use crate::msgr::{Connection, Listener};
+use crate::provider::soft::cq::Wc;
+use crate::provider::soft::qp::SendReq;
+use crate::rc::verbs::{WcStatus, WrOpcode, send_flags};
+use crate::rc::{Sge, WcOpcode};
+use std::ffi::c_char;
+use std::time::Duration;
+
+/// Wait for the previous RDMA READs to complete before this WR (IBV_SEND_FENCE).
+pub const RDMX_POST_FENCE: u32 = 1;
+/// Ask for a solicited event at the receiver (SEND, WRITE with immediate).
+pub const RDMX_POST_SOLICITED: u32 = 4;
+/// No completion on success (errors always complete). Default: every WR completes.
+pub const RDMX_POST_UNSIGNALED: u32 = 1 << 8;
+
+/// A completion carries immediate data (`imm` is valid).
+pub const RDMX_WC_WITH_IMM: u32 = 2;
+
+/// Accepts connections. Opaque; free with `rdmx_listener_free`.
+#[allow(non_camel_case_types)]
+pub struct rdmx_listener {
+    inner: Listener,
+}
+
+/// One RC connection. Opaque; free with `rdmx_conn_free`. Posting and polling may happen
+/// from different threads; `rdmx_conn_close`/`_free` must not race other calls on it.
+#[allow(non_camel_case_types)]
+pub struct rdmx_conn {
+    inner: Connection,
+}
+
+/// A scatter/gather element: `length` bytes at `addr` inside the region with `lkey`.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// A region the peer exposed for RDMA READ/WRITE.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_remote_region {
+    pub addr: u64,
+    pub length: u64,
+    pub rkey: u32,
+    /// RDMX_ACCESS_REMOTE_READ / RDMX_ACCESS_REMOTE_WRITE bits.
+    pub access: u32,
+}
+
+/// A work completion. `status` and `opcode` are the verbs values (`ibv_wc_status`,
+/// `ibv_wc_opcode`: 0 SEND, 1 RDMA_WRITE, 2 RDMA_READ, 128 RECV, 129 RECV_RDMA_WITH_IMM).
+/// For a status other than 0 only `cookie`, `status` and `qp_num` are meaningful.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_completion {
+    pub cookie: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub byte_len: u32,
+    /// Immediate data when `flags & RDMX_WC_WITH_IMM`, as sent.
+    pub imm: u32,
+    pub flags: u32,
+    pub qp_num: u32,
+}
+
+/// Per-connection counters (the seed's retrans_cnt, out_of_seq, packet_errors and more).
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_counters {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub retransmits: u64,
+    pub seq_naks_sent: u64,
+    pub seq_naks_received: u64,
+    pub rnr_naks_sent: u64,
+    pub rnr_naks_received: u64,
+    pub ack_timeouts: u64,
+    pub duplicates_received: u64,
+    pub out_of_sequence: u64,
+    pub icrc_errors: u64,
+    pub malformed: u64,
+    /// Packets dropped on purpose by `soft_drop_ratio`.
+    pub injected_drops: u64,
+    /// Datagrams the kernel dropped on the context's UDP receive queue (SO_RXQ_OVFL).
+    pub kernel_drops: u64,
+}
+
+fn timeout_of(ms: i32) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+/// Listens on `addr` ("IP:PORT"; port 0 = any free port, see `rdmx_listener_port`).
+///
+/// # Safety
+/// `ctx` NULL or live; `addr` NULL or NUL-terminated; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_listener_new(
+    ctx: *mut rdmx_context,
+    addr: *const c_char,
+    out: *mut *mut rdmx_listener,
+) -> rdmx_status {
+    boundary::call("rdmx_listener_new", || {
+        let out = out_ptr(out)?;
+        // SAFETY: forwarded contract.
+        let ctx = unsafe { handle(ctx, "ctx") }?;
+        // SAFETY: forwarded contract.
+        let addr = unsafe { addr_arg(addr) }?;
+        let l = Box::new(rdmx_listener {
+            inner: ctx.inner.listen(addr)?,
+        });
+        // SAFETY: `out` checked non-NULL and writable.
+        unsafe { out.write(Box::into_raw(l)) };
+        Ok(())
+    })
+}
+
+/// The TCP port the listener is bound to (0 for a NULL listener).
+///
+/// # Safety
+/// `l` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_listener_port(l: *const rdmx_listener) -> u16 {
+    boundary::call_value("rdmx_listener_port", 0, || {
+        // SAFETY: forwarded contract.
+        unsafe { l.as_ref() }.map_or(0, |l| l.inner.local_addr().port())
+    })
+}
+
+/// Waits up to `timeout_ms` (-1 = forever) for a connection and sets it up; RDMX_TIMEOUT
+/// when none came. `*out` receives a connection the caller owns.
+///
+/// # Safety
+/// `l` NULL or live; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_listener_accept(
+    l: *mut rdmx_listener,
+    timeout_ms: i32,
+    out: *mut *mut rdmx_conn,
+) -> rdmx_status {
+    boundary::call("rdmx_listener_accept", || {
+        let out = out_ptr(out)?;
+        // SAFETY: forwarded contract.
+        let l = unsafe { handle(l, "listener") }?;
+        let c = Box::new(rdmx_conn {
+            inner: l.inner.accept(timeout_of(timeout_ms))?,
+        });
+        // SAFETY: `out` checked non-NULL and writable.
+        unsafe { out.write(Box::into_raw(c)) };
+        Ok(())
+    })
+}
+
+/// Frees a listener (connections it accepted live on). NULL is a no-op.
+///
+/// # Safety
+/// `l` NULL or from `rdmx_listener_new`, not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_listener_free(l: *mut rdmx_listener) {
+    boundary::call_value("rdmx_listener_free", (), || {
+        if !l.is_null() {
+            // SAFETY: ownership returns here exactly once, per the contract.
+            drop(unsafe { Box::from_raw(l) });
+        }
+    })
+}
+
+/// Connects to a listener at `addr` ("HOST:PORT") within `timeout_ms` (-1: the system's
+/// TCP timeout) and sets up the RC connection: QP numbers, start PSNs, path MTU (the
+/// smaller of both sides'), rd_atomic limits and exposed regions are exchanged over TCP,
+/// which then stays open as the liveness signal.
+///
+/// # Safety
+/// `ctx` NULL or live; `addr` NULL or NUL-terminated; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_connect(
+    ctx: *mut rdmx_context,
+    addr: *const c_char,
+    timeout_ms: i32,
+    out: *mut *mut rdmx_conn,
+) -> rdmx_status {
+    boundary::call("rdmx_connect", || {
+        let out = out_ptr(out)?;
+        // SAFETY: forwarded contract.
+        let ctx = unsafe { handle(ctx, "ctx") }?;
+        // SAFETY: forwarded contract.
+        let addr = unsafe { addr_arg(addr) }?;
+        let t = timeout_of(timeout_ms).unwrap_or(Duration::from_secs(120));
+        let c = Box::new(rdmx_conn {
+            inner: ctx.inner.connect(addr, t)?,
+        });
+        // SAFETY: `out` checked non-NULL and writable.
+        unsafe { out.write(Box::into_raw(c)) };
+        Ok(())
+    })
+}
+
+/// Closes a connection: the peer sees EOF, every outstanding WR completes (flushed), and
+/// the memory they named is free to deregister. Completions stay pollable until
+/// `rdmx_conn_free`. Later posts give RDMX_CLOSED.
+///
+/// # Safety
+/// `c` NULL or live, not used by another thread during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_conn_close(c: *mut rdmx_conn) -> rdmx_status {
+    boundary::call("rdmx_conn_close", || {
+        // SAFETY: forwarded contract.
+        unsafe { handle_mut(c, "conn") }?.inner.close();
+        Ok(())
+    })
+}
+
+/// Closes (if open) and frees a connection. NULL is a no-op.
+///
+/// # Safety
+/// `c` NULL or from `rdmx_connect`/`rdmx_listener_accept`, not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_conn_free(c: *mut rdmx_conn) {
+    boundary::call_value("rdmx_conn_free", (), || {
+        if !c.is_null() {
+            // SAFETY: ownership returns here exactly once, per the contract.
+            drop(unsafe { Box::from_raw(c) });
+        }
+    })
+}
+
+/// How many regions the peer exposed.
+///
+/// # Safety
+/// `c` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_conn_remote_region_count(c: *const rdmx_conn) -> usize {
+    boundary::call_value("rdmx_conn_remote_region_count", 0, || {
+        // SAFETY: forwarded contract.
+        unsafe { c.as_ref() }.map_or(0, |c| c.inner.peer_regions().len())
+    })
+}
+
+/// The peer's `i`-th exposed region (in address order).
+///
+/// # Safety
+/// `c` NULL or live; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_conn_remote_region(
+    c: *const rdmx_conn,
+    i: usize,
+    out: *mut rdmx_remote_region,
+) -> rdmx_status {
+    boundary::call("rdmx_conn_remote_region", || {
+        // SAFETY: forwarded contract.
+        let c = unsafe { handle(c, "conn") }?;
+        let r = c.inner.peer_regions().get(i).ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "i: {i} out of range: the peer exposed {} region(s)",
+                    c.inner.peer_regions().len()
+                ),
+            )
+        })?;
+        let out = out_ptr(out)?;
+        // SAFETY: `out` checked non-NULL and writable.
+        unsafe {
+            out.write(rdmx_remote_region {
+                addr: r.addr,
+                length: r.len,
+                rkey: r.rkey,
+                access: r.access,
+            })
+        };
+        Ok(())
+    })
+}
+
+fn out_ptr<T>(p: *mut T) -> Result<*mut T> {
+    if p.is_null() {
+        Err(Error::new(ErrorKind::InvalidArgument, "out is NULL"))
+    } else {
+        Ok(p)
+    }
+}
+
+/// The SGE list of a post call.
+///
+/// # Safety
+/// `sges` NULL (with `n == 0`) or valid for `n` elements.
+unsafe fn sge_list(sges: *const rdmx_sge, n: usize) -> Result<Vec<Sge>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if sges.is_null() {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            "sges is NULL with n > 0",
+        ));
+    }
+    // SAFETY: non-NULL and valid for `n` elements per the contract.
+    let s = unsafe { std::slice::from_raw_parts(sges, n) };
+    Ok(s.iter()
+        .map(|g| Sge {
+            addr: g.addr,
+            length: g.length,
+            lkey: g.lkey,
+        })
+        .collect())
+}
+
+fn engine_flags(flags: u32) -> Result<u32> {
+    let known = RDMX_POST_FENCE | RDMX_POST_SOLICITED | RDMX_POST_UNSIGNALED;
+    if flags & !known != 0 {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "flags: unknown bits {:#x}: allowed RDMX_POST_FENCE, RDMX_POST_SOLICITED, RDMX_POST_UNSIGNALED",
+                flags & !known
+            ),
+        ));
+    }
+    let mut f = flags & (send_flags::FENCE | send_flags::SOLICITED);
+    if flags & RDMX_POST_UNSIGNALED == 0 {
+        f |= send_flags::SIGNALED;
+    }
+    Ok(f)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn post(
+    name: &str,
+    c: *mut rdmx_conn,
+    opcode: WrOpcode,
+    sges: *const rdmx_sge,
+    n: usize,
+    remote_addr: u64,
+    rkey: u32,
+    imm: u32,
+    cookie: u64,
+    flags: u32,
+) -> rdmx_status {
+    boundary::call(name, || {
+        // SAFETY: forwarded contract of the public entry points.
+        let c = unsafe { handle(c, "conn") }?;
+        let req = SendReq {
+            cookie,
+            opcode,
+            flags: engine_flags(flags)?,
+            // SAFETY: forwarded contract.
+            sges: unsafe { sge_list(sges, n) }?,
+            remote_addr,
+            rkey,
+            imm,
+        };
+        c.inner.post_send(std::slice::from_ref(&req)).map(|_| ())
+    })
+}
+
+/// Posts a SEND of the bytes the SGEs name; the peer receives them into its next posted
+/// receive. `cookie` comes back in the completion. RDMX_FULL when `max_send_wr` WRs are
+/// outstanding; RDMX_CLOSED on a closed connection.
+///
+/// # Safety
+/// `c` NULL or live; `sges` valid for `n` elements (NULL if 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_post_send(
+    c: *mut rdmx_conn,
+    sges: *const rdmx_sge,
+    n: usize,
+    cookie: u64,
+    flags: u32,
+) -> rdmx_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        post(
+            "rdmx_post_send",
+            c,
+            WrOpcode::Send,
+            sges,
+            n,
+            0,
+            0,
+            0,
+            cookie,
+            flags,
+        )
+    }
+}
+
+/// As `rdmx_post_send`, with 32-bit immediate data delivered in the receive completion.
+///
+/// # Safety
+/// As `rdmx_post_send`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_post_send_imm(
+    c: *mut rdmx_conn,
+    sges: *const rdmx_sge,
+    n: usize,
+    imm: u32,
+    cookie: u64,
+    flags: u32,
+) -> rdmx_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        post(
+            "rdmx_post_send_imm",
+            c,
+            WrOpcode::SendWithImm,
+            sges,
+            n,
+            0,
+            0,
+            imm,
+            cookie,
+            flags,
+        )
+    }
+}
+
+/// RDMA READ: fills the local SGEs (their regions need RDMX_ACCESS_LOCAL_WRITE) from
+/// `[remote_addr, remote_addr + total length)` of the peer's region `rkey`. Outside the
+/// region or without REMOTE_READ: completion with status 10 (REM_ACCESS_ERR).
+///
+/// # Safety
+/// As `rdmx_post_send`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_post_read(
+    c: *mut rdmx_conn,
+    sges: *const rdmx_sge,
+    n: usize,
+    remote_addr: u64,
+    rkey: u32,
+    cookie: u64,
+    flags: u32,
+) -> rdmx_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        post(
+            "rdmx_post_read",
+            c,
+            WrOpcode::RdmaRead,
+            sges,
+            n,
+            remote_addr,
+            rkey,
+            0,
+            cookie,
+            flags,
+        )
+    }
+}
+
+/// RDMA WRITE of the local SGEs' bytes to the peer's region `rkey` at `remote_addr`. Into
+/// a region exposed without REMOTE_WRITE: completion status 10 (REM_ACCESS_ERR).
+///
+/// # Safety
+/// As `rdmx_post_send`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_post_write(
+    c: *mut rdmx_conn,
+    sges: *const rdmx_sge,
+    n: usize,
+    remote_addr: u64,
+    rkey: u32,
+    cookie: u64,
+    flags: u32,
+) -> rdmx_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        post(
+            "rdmx_post_write",
+            c,
+            WrOpcode::RdmaWrite,
+            sges,
+            n,
+            remote_addr,
+            rkey,
+            0,
+            cookie,
+            flags,
+        )
+    }
+}
+
+/// As `rdmx_post_write`, and the peer's next posted receive completes (opcode 129) with
+/// `imm`.
+///
+/// # Safety
+/// As `rdmx_post_send`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_post_write_imm(
+    c: *mut rdmx_conn,
+    sges: *const rdmx_sge,
+    n: usize,
+    remote_addr: u64,
+    rkey: u32,
+    imm: u32,
+    cookie: u64,
+    flags: u32,
+) -> rdmx_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        post(
+            "rdmx_post_write_imm",
+            c,
+            WrOpcode::RdmaWriteWithImm,
+            sges,
+            n,
+            remote_addr,
+            rkey,
+            imm,
+            cookie,
+            flags,
+        )
+    }
+}
+
+/// Posts a receive buffer (SGEs in regions with RDMX_ACCESS_LOCAL_WRITE) for the peer's
+/// next SEND or WRITE with immediate.
+///
+/// # Safety
+/// As `rdmx_post_send`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_post_recv(
+    c: *mut rdmx_conn,
+    sges: *const rdmx_sge,
+    n: usize,
+    cookie: u64,
+) -> rdmx_status {
+    boundary::call("rdmx_post_recv", || {
+        // SAFETY: forwarded contract.
+        let c = unsafe { handle(c, "conn") }?;
+        // SAFETY: forwarded contract.
+        let sges = unsafe { sge_list(sges, n) }?;
+        c.inner.post_recv(&[(cookie, sges)]).map(|_| ())
+    })
+}
+
+fn to_c(w: &Wc) -> rdmx_completion {
+    rdmx_completion {
+        cookie: w.cookie,
+        status: w.status as u32,
+        opcode: w.opcode as u32,
+        byte_len: w.byte_len,
+        imm: w.imm.unwrap_or(0),
+        flags: if w.imm.is_some() { RDMX_WC_WITH_IMM } else { 0 },
+        qp_num: w.qp_num,
+    }
+}
+
+/// Moves up to `max` completions into `out` and stores how many in `*n` (0 is not an
+/// error). Send completions come in WR order, receive completions in receive order.
+///
+/// # Safety
+/// `c` NULL or live; `out` valid for `max` elements (NULL if 0); `n` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_poll(
+    c: *mut rdmx_conn,
+    out: *mut rdmx_completion,
+    max: usize,
+    n: *mut usize,
+) -> rdmx_status {
+    boundary::call("rdmx_poll", || {
+        // SAFETY: forwarded contract.
+        let c = unsafe { handle(c, "conn") }?;
+        if max > 0 && out.is_null() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "out is NULL with max > 0",
+            ));
+        }
+        let mut buf = [Wc {
+            cookie: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            qp_num: 0,
+        }; 64];
+        let k = c.inner.poll(&mut buf[..max.min(64)]);
+        for (i, w) in buf[..k].iter().enumerate() {
+            // SAFETY: `out` is valid for `max` >= `k` elements per the contract.
+            unsafe { out.add(i).write(to_c(w)) };
+        }
+        if !n.is_null() {
+            // SAFETY: non-NULL and writable per the contract.
+            unsafe { n.write(k) };
+        }
+        Ok(())
+    })
+}
+
+/// Arms the connection's event fd: it becomes readable when the next completion arrives
+/// (at once if completions are queued) or when the peer goes away. Then `poll()`/epoll it,
+/// call `rdmx_event_clear`, and `rdmx_poll`.
+///
+/// # Safety
+/// `c` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_req_notify(c: *mut rdmx_conn) -> rdmx_status {
+    boundary::call("rdmx_req_notify", || {
+        // SAFETY: forwarded contract.
+        unsafe { handle(c, "conn") }?.inner.req_notify();
+        Ok(())
+    })
+}
+
+/// The connection's completion event fd (for epoll); -1 for a NULL connection. Owned by
+/// rdmx: do not close it.
+///
+/// # Safety
+/// `c` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_event_fd(c: *const rdmx_conn) -> i32 {
+    boundary::call_value("rdmx_event_fd", -1, || {
+        // SAFETY: forwarded contract.
+        unsafe { c.as_ref() }.map_or(-1, |c| c.inner.event_fd())
+    })
+}
+
+/// Resets the event fd after it fired (before re-arming with `rdmx_req_notify`).
+///
+/// # Safety
+/// `c` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_event_clear(c: *mut rdmx_conn) -> rdmx_status {
+    boundary::call("rdmx_event_clear", || {
+        // SAFETY: forwarded contract.
+        unsafe { handle(c, "conn") }?.inner.clear_event();
+        Ok(())
+    })
+}
+
+/// The connection's counters.
+///
+/// # Safety
+/// `c` NULL or live; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_conn_counters(
+    c: *const rdmx_conn,
+    out: *mut rdmx_counters,
+) -> rdmx_status {
+    boundary::call("rdmx_conn_counters", || {
+        // SAFETY: forwarded contract.
+        let c = unsafe { handle(c, "conn") }?;
+        let out = out_ptr(out.cast_const().cast_mut())?;
+        let k = c.inner.counters();
+        let v = rdmx_counters {
+            tx_packets: k.tx_packets,
+            tx_bytes: k.tx_bytes,
+            rx_packets: k.rx_packets,
+            rx_bytes: k.rx_bytes,
+            retransmits: k.retransmits,
+            seq_naks_sent: k.seq_naks_sent,
+            seq_naks_received: k.seq_naks_received,
+            rnr_naks_sent: k.rnr_naks_sent,
+            rnr_naks_received: k.rnr_naks_received,
+            ack_timeouts: k.ack_timeouts,
+            duplicates_received: k.duplicates_received,
+            out_of_sequence: k.out_of_sequence,
+            icrc_errors: k.icrc_errors,
+            malformed: k.malformed,
+            injected_drops: c.inner.injected_drops(),
+            kernel_drops: c.inner.kernel_drops(),
+        };
+        // SAFETY: `out` checked non-NULL and writable.
+        unsafe { out.write(v) };
+        Ok(())
+    })
+}
+
+/// A static name for a work completion status (verbs' ibv_wc_status_str wording), e.g.
+/// "transport retry counter exceeded" for 12. Never NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn rdmx_wc_status_str(status: u32) -> *const c_char {
+    let s: &'static std::ffi::CStr = match status {
+        0 => c"success",
+        1 => c"local length error",
+        2 => c"local QP operation error",
+        4 => c"local protection error",
+        5 => c"Work Request Flushed Error",
+        7 => c"bad response error",
+        8 => c"local access error",
+        9 => c"remote invalid request error",
+        10 => c"remote access error",
+        11 => c"remote operation error",
+        12 => c"transport retry counter exceeded",
+        13 => c"RNR retry counter exceeded",
+        19 => c"fatal error",
+        21 => c"general error",
+        _ => c"unknown",
+    };
+    s.as_ptr()
+}

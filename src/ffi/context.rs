@@ -1,0 +1,166 @@
+//! `rdmx_context_*` and `rdmx_mr_*`: a context (provider + device) and registered memory.
+
+use super::boundary::{self, handle, str_arg};
+use super::config::rdmx_config;
+use super::status::rdmx_status;
+use crate::config::Config;
+use crate::error::{Error, ErrorKind};
+use crate::msgr::Context;
+use std::ffi::{c_char, c_void};
+
+/// Memory may be written by rdmx locally (receives, READ results).
+pub const RDMX_ACCESS_LOCAL_WRITE: u32 = 1;
+/// Peers may RDMA WRITE into the region (requires RDMX_ACCESS_LOCAL_WRITE).
+pub const RDMX_ACCESS_REMOTE_WRITE: u32 = 2;
+/// Peers may RDMA READ the region.
+pub const RDMX_ACCESS_REMOTE_READ: u32 = 4;
+
+/// An rdmx context: the chosen provider, its device and the registered memory. Opaque;
+/// create with `rdmx_context_new`, free with `rdmx_context_free` after every listener and
+/// connection made from it. Safe to use from several threads.
+#[allow(non_camel_case_types)]
+pub struct rdmx_context {
+    pub(crate) inner: Context,
+}
+
+/// A registered memory region (plain data; the region is identified by `lkey`).
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_mr {
+    pub addr: u64,
+    pub length: u64,
+    /// Local key: put it in `rdmx_sge.lkey`.
+    pub lkey: u32,
+    /// Remote key: what a peer names in RDMA READ/WRITE (random, not guessable).
+    pub rkey: u32,
+    pub access: u32,
+}
+
+/// Creates a context from `cfg` (NULL: defaults and `RDMX_*` environment variables). The
+/// provider is chosen here (`provider=auto`: verbs when the host has an RDMA device, soft
+/// otherwise); `rdmx_context_provider` says which. `*out` receives a context the caller
+/// owns; NULL on failure.
+///
+/// # Safety
+/// `cfg` NULL or a live config; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_context_new(
+    cfg: *const rdmx_config,
+    out: *mut *mut rdmx_context,
+) -> rdmx_status {
+    boundary::call("rdmx_context_new", || {
+        if out.is_null() {
+            return Err(Error::new(ErrorKind::InvalidArgument, "out is NULL"));
+        }
+        // SAFETY: `out` is non-NULL and writable per the contract.
+        unsafe { out.write(std::ptr::null_mut()) };
+        // SAFETY: forwarded contract; NULL means "no config given".
+        let owned;
+        let config = match unsafe { cfg.as_ref() } {
+            Some(c) => c.config(),
+            None => {
+                owned = Config::from_env()?;
+                &owned
+            }
+        };
+        let ctx = Box::new(rdmx_context {
+            inner: Context::new(config)?,
+        });
+        // SAFETY: as above.
+        unsafe { out.write(Box::into_raw(ctx)) };
+        Ok(())
+    })
+}
+
+/// Frees a context. NULL is a no-op. Free its listeners and connections first.
+///
+/// # Safety
+/// `ctx` NULL or from `rdmx_context_new`, not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_context_free(ctx: *mut rdmx_context) {
+    boundary::call_value("rdmx_context_free", (), || {
+        if !ctx.is_null() {
+            // SAFETY: per the contract, ownership returns here exactly once.
+            drop(unsafe { Box::from_raw(ctx) });
+        }
+    })
+}
+
+/// The provider the context runs on: "soft" or "verbs". Static; NULL only for a NULL ctx.
+///
+/// # Safety
+/// `ctx` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_context_provider(ctx: *const rdmx_context) -> *const c_char {
+    boundary::call_value("rdmx_context_provider", std::ptr::null(), || {
+        // SAFETY: forwarded contract.
+        match unsafe { ctx.as_ref() }.map(|c| c.inner.provider()) {
+            Some("soft") => c"soft".as_ptr(),
+            Some(_) => c"verbs".as_ptr(),
+            None => std::ptr::null(),
+        }
+    })
+}
+
+/// Registers `[addr, addr + len)` with `access` (RDMX_ACCESS_* bits) and fills `*out`.
+/// Regions with remote access are offered to every connection set up afterwards
+/// (`rdmx_conn_remote_region` on the peer). Register read-only data with
+/// RDMX_ACCESS_REMOTE_READ only: a peer's WRITE into it then fails (REM_ACCESS_ERR).
+///
+/// The memory must stay valid and mapped until `rdmx_mr_dereg` succeeds, and must not be
+/// modified while a send or WRITE naming it is outstanding.
+///
+/// # Safety
+/// `ctx` NULL or live; `addr` valid for `len` bytes as above; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_mr_reg(
+    ctx: *mut rdmx_context,
+    addr: *mut c_void,
+    len: usize,
+    access: u32,
+    out: *mut rdmx_mr,
+) -> rdmx_status {
+    boundary::call("rdmx_mr_reg", || {
+        // SAFETY: forwarded contract.
+        let ctx = unsafe { handle(ctx, "ctx") }?;
+        if out.is_null() {
+            return Err(Error::new(ErrorKind::InvalidArgument, "out is NULL"));
+        }
+        // SAFETY: the caller promises the memory contract stated above.
+        let r = unsafe { ctx.inner.register(addr.cast(), len, access) }?;
+        // SAFETY: `out` is non-NULL and writable per the contract.
+        unsafe {
+            out.write(rdmx_mr {
+                addr: r.addr,
+                length: r.len,
+                lkey: r.lkey,
+                rkey: r.rkey,
+                access: r.access,
+            })
+        };
+        Ok(())
+    })
+}
+
+/// Deregisters the region with `lkey`. RDMX_BUSY while work requests that name it are in
+/// flight (poll their completions first); after success the memory is the caller's again.
+///
+/// # Safety
+/// `ctx` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_mr_dereg(ctx: *mut rdmx_context, lkey: u32) -> rdmx_status {
+    boundary::call("rdmx_mr_dereg", || {
+        // SAFETY: forwarded contract.
+        unsafe { handle(ctx, "ctx") }?.inner.deregister(lkey)
+    })
+}
+
+/// Parses "HOST:PORT" arguments for the connection calls.
+///
+/// # Safety
+/// As `str_arg`.
+pub(super) unsafe fn addr_arg<'a>(p: *const c_char) -> crate::error::Result<&'a str> {
+    // SAFETY: forwarded contract.
+    unsafe { str_arg(p, "addr") }
+}

@@ -1,0 +1,311 @@
+//! The soft device: one UDP port that receives every QP's RoCEv2 traffic, the memory
+//! regions, the QPs, and the progress engine that feeds received packets to QPs, fires
+//! their timers (whether or not the application polls) and notices dead peers (TCP EOF on
+//! a watched side channel).
+
+use crate::config::{Progress, Settings};
+use crate::error::{Error, ErrorKind, Result};
+use crate::rc::QpCaps;
+use crate::wire::{BTH_LEN, Bth};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::cq::Cq;
+use super::mr::MrTable;
+use super::qp::SoftQp;
+use super::sys::{self, EventFd};
+use super::udp::{self, RxBatch, UdpPort};
+
+/// Datagrams per recvmmsg call.
+const RX_BATCH: usize = 64;
+/// Longest sleep of the progress thread when no timer is armed (it also wakes on traffic,
+/// on posts that need it, and on side-channel events).
+const IDLE_SLEEP: Duration = Duration::from_millis(100);
+
+struct Shared {
+    settings: Settings,
+    mrs: MrTable,
+    port: UdpPort,
+    qps: RwLock<HashMap<u32, Arc<SoftQp>>>,
+    /// TCP side channels to watch for EOF: fd -> QP.
+    watches: Mutex<HashMap<RawFd, u32>>,
+    wake: EventFd,
+    stop: AtomicBool,
+    /// Serializes receive processing (the thread, or an inline poller).
+    rx: Mutex<RxBatch>,
+    epoch: Instant,
+    next_qpn: AtomicU32,
+}
+
+/// A soft RDMA device.
+pub struct SoftDevice {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SoftDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftDevice")
+            .field("udp", &self.shared.port.local_addr())
+            .finish()
+    }
+}
+
+impl SoftDevice {
+    /// Opens the device: binds the UDP port (`soft_port` on `bind_ip`; 0 = any free port)
+    /// and starts the progress thread.
+    pub fn open(settings: &Settings, bind_ip: IpAddr) -> Result<SoftDevice> {
+        let addr = SocketAddr::new(bind_ip, settings.soft_port);
+        let port = UdpPort::bind(addr).map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "soft provider: cannot bind UDP {addr}: {e} (another rdmx process on this host? set soft_port=0 for any free port)"
+                ),
+            )
+        })?;
+        let shared = Arc::new(Shared {
+            settings: settings.clone(),
+            mrs: MrTable::default(),
+            port,
+            qps: RwLock::new(HashMap::new()),
+            watches: Mutex::new(HashMap::new()),
+            wake: EventFd::new()?,
+            stop: AtomicBool::new(false),
+            rx: Mutex::new(RxBatch::new(RX_BATCH, crate::rc::max_packet_len(4096) + 64)),
+            epoch: Instant::now(),
+            // QPNs start at a random point (never 0 or 1, which IB reserves).
+            next_qpn: AtomicU32::new((sys::random_u32() & 0x7F_FFFF) | 0x10),
+        });
+        let s = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("rdmx-progress".into())
+            .spawn(move || progress_thread(&s))
+            .map_err(|e| Error::new(ErrorKind::Io, format!("progress thread: {e}")))?;
+        log::info!(target: "rdmx::soft", "soft device on UDP {}", shared.port.local_addr());
+        Ok(SoftDevice {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.shared.settings
+    }
+
+    /// The UDP address peers send to.
+    pub fn udp_addr(&self) -> SocketAddr {
+        self.shared.port.local_addr()
+    }
+
+    pub fn mrs(&self) -> &MrTable {
+        &self.shared.mrs
+    }
+
+    /// Nanoseconds on the device's clock (what the engine's timers run on).
+    pub fn now(&self) -> u64 {
+        self.shared.now()
+    }
+
+    /// Kernel receive-queue drops on the device's UDP port (SO_RXQ_OVFL).
+    pub fn kernel_drops(&self) -> u64 {
+        self.shared.port.kernel_drops()
+    }
+
+    /// Creates a QP (RESET) whose packets leave from `local_ip`, with its CQs.
+    pub fn create_qp(
+        &self,
+        caps: QpCaps,
+        local_ip: IpAddr,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+    ) -> Result<Arc<SoftQp>> {
+        let qpn = self.shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00FF_FFFF;
+        let qp = Arc::new(SoftQp::new(
+            qpn,
+            caps,
+            local_ip,
+            send_cq,
+            recv_cq,
+            self.shared.settings.soft_drop_ppb,
+        )?);
+        self.shared.qps.write().insert(qpn, Arc::clone(&qp));
+        Ok(qp)
+    }
+
+    /// Forgets a QP (after it was drained): its packets are dropped from now on.
+    pub fn destroy_qp(&self, qpn: u32) {
+        self.shared.qps.write().remove(&qpn);
+        self.shared.watches.lock().retain(|_, q| *q != qpn);
+    }
+
+    /// Watches a TCP side channel: when its peer closes, the QP goes to ERR (flushing
+    /// every outstanding WR) and its CQ channel is signaled.
+    pub fn watch(&self, fd: RawFd, qpn: u32) {
+        self.shared.watches.lock().insert(fd, qpn);
+        self.shared.wake.signal();
+    }
+
+    pub fn unwatch(&self, fd: RawFd) {
+        self.shared.watches.lock().remove(&fd);
+    }
+
+    /// Wakes the progress thread (e.g. after a post whose packets the caller could not
+    /// send, or to re-evaluate timers).
+    pub fn kick(&self) {
+        self.shared.wake.signal();
+    }
+
+    /// One pass of progress from the caller's thread (progress=inline, or busy polling):
+    /// receive what is queued, run due timers. Skipped if another thread is at it.
+    pub fn progress_inline(&self) {
+        self.shared.progress_once(false);
+    }
+
+    pub fn progress_mode(&self) -> Progress {
+        self.shared.settings.progress
+    }
+}
+
+impl Drop for SoftDevice {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake.signal();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Shared {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Receives queued datagrams (up to a bound), runs due timers, checks watched side
+    /// channels. `wait` = block on the receive lock instead of skipping when it is busy.
+    fn progress_once(&self, wait: bool) {
+        let rx = if wait {
+            Some(self.rx.lock())
+        } else {
+            self.rx.try_lock()
+        };
+        let Some(mut rx) = rx else { return };
+        let mut touched: Vec<Arc<SoftQp>> = Vec::new();
+        // Bounded: at most 16 batches per pass so timers and posts are not starved.
+        for _ in 0..16 {
+            let n = match self.port.recv_batch(&mut rx) {
+                Ok(n) => n,
+                Err(e) => {
+                    log::warn!(target: "rdmx::soft", "recv on {}: {e}", self.port.local_addr());
+                    0
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            let now = self.now();
+            let qps = self.qps.read();
+            let mut view = self.mrs.view();
+            for i in 0..n {
+                let Some(d) = rx.get(i) else { continue };
+                let Ok(bth) = Bth::new_checked(d.data) else {
+                    continue;
+                };
+                if d.data.len() < BTH_LEN + 4 {
+                    continue;
+                }
+                let Some(qp) = qps.get(&bth.dest_qp()) else {
+                    continue;
+                };
+                let ok = udp::verify(d.src, d.dst, d.data);
+                qp.receive(&mut view, now, d.data, ok);
+                if !touched.iter().any(|q| Arc::ptr_eq(q, qp)) {
+                    touched.push(Arc::clone(qp));
+                }
+            }
+            if n < rx.capacity() {
+                break;
+            }
+        }
+        drop(rx);
+        let now = self.now();
+        // Responses for what arrived, and every due timer.
+        let due: Vec<Arc<SoftQp>> = self
+            .qps
+            .read()
+            .values()
+            .filter(|q| q.next_deadline().is_some_and(|d| d <= now))
+            .cloned()
+            .collect();
+        for qp in touched.iter().chain(due.iter()) {
+            qp.drive(&self.mrs, now);
+        }
+        self.check_watches();
+    }
+
+    fn check_watches(&self) {
+        let dead: Vec<(RawFd, u32)> = self
+            .watches
+            .lock()
+            .iter()
+            .filter(|(fd, _)| sys::peer_closed(**fd))
+            .map(|(fd, q)| (*fd, *q))
+            .collect();
+        for (fd, qpn) in dead {
+            self.watches.lock().remove(&fd);
+            if let Some(qp) = self.qps.read().get(&qpn).cloned() {
+                log::info!(target: "rdmx::soft", "QP {qpn:#x}: peer closed the side channel; flushing");
+                qp.fail(&self.mrs);
+                qp.send_cq.wake_waiters();
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<u64> {
+        self.qps
+            .read()
+            .values()
+            .filter_map(|q| q.next_deadline())
+            .min()
+    }
+}
+
+fn progress_thread(s: &Shared) {
+    let mut fds: Vec<RawFd> = Vec::new();
+    let mut ready = Vec::new();
+    while !s.stop.load(Ordering::Acquire) {
+        fds.clear();
+        fds.push(s.wake.raw_fd());
+        // Inline progress: the caller's poll receives; the thread only keeps timers and
+        // dead-peer detection going.
+        let thread_rx = s.settings.progress == Progress::Thread;
+        if thread_rx {
+            fds.push(s.port.raw_fd());
+        }
+        fds.extend(s.watches.lock().keys().copied());
+        let now = s.now();
+        let timeout = match s.next_deadline() {
+            Some(d) if d <= now => Duration::ZERO,
+            Some(d) => Duration::from_nanos(d - now).min(IDLE_SLEEP),
+            None => IDLE_SLEEP,
+        };
+        if let Err(e) = sys::poll_readable(&fds, timeout, &mut ready) {
+            log::error!(target: "rdmx::soft", "progress: {e}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        s.wake.clear();
+        if thread_rx {
+            s.progress_once(true);
+        } else {
+            // Timers and watches only; a pass over rx too if nobody polled it for long.
+            s.progress_once(false);
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! The soft provider: the RC engine on UDP sockets (RoCEv2 framing), with memory
+//! regions, completion queues, queue pairs and a progress engine.
+
+pub mod cq;
+pub mod device;
+pub mod mr;
+pub mod qp;
+pub mod sys;
+pub mod udp;

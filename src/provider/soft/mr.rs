@@ -1,0 +1,309 @@
+//! Memory regions of the soft provider: caller memory registered under an unpredictable
+//! lkey and rkey with verbs access flags, reached by the RC engine through `rc::Memory`.
+//!
+//! Contract with the caller (stated in the header too): registered memory stays valid and
+//! mapped until `deregister` returns, and a region cannot be deregistered while work
+//! requests that name it are in flight (`Busy`).
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::rc::memory::{Key, MemError, Memory};
+use crate::rc::verbs::access;
+use parking_lot::{RwLock, RwLockReadGuard};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::sys::random_u32;
+
+/// Access bits a soft region may carry.
+const KNOWN_ACCESS: u32 =
+    access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
+
+/// One registered region.
+#[derive(Debug)]
+pub struct Region {
+    pub addr: u64,
+    pub len: u64,
+    pub access: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+    /// Work requests in flight that name this region through an SGE.
+    inflight: AtomicU32,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
+    by_lkey: HashMap<u32, Arc<Region>>,
+    by_rkey: HashMap<u32, Arc<Region>>,
+}
+
+/// All regions of one device.
+#[derive(Debug, Default)]
+pub struct MrTable {
+    tables: RwLock<Tables>,
+}
+
+impl MrTable {
+    /// Registers `[addr, addr + len)` with `access` (`ibv_access_flags` bits) and returns
+    /// the region (its lkey and rkey are random and unique in this table).
+    pub fn register(&self, addr: *mut u8, len: usize, access_flags: u32) -> Result<Arc<Region>> {
+        if addr.is_null() && len > 0 {
+            return Err(Error::new(ErrorKind::InvalidArgument, "addr is NULL"));
+        }
+        if (addr as u64).checked_add(len as u64).is_none() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("region {addr:p} + {len} bytes wraps the address space"),
+            ));
+        }
+        if access_flags & !KNOWN_ACCESS != 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "access: unknown bits {:#x}: allowed LOCAL_WRITE (1), REMOTE_WRITE (2), REMOTE_READ (4), REMOTE_ATOMIC (8)",
+                    access_flags & !KNOWN_ACCESS
+                ),
+            ));
+        }
+        // ibv_reg_mr(3): remote write or atomic access requires local write.
+        if access_flags & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+            && access_flags & access::LOCAL_WRITE == 0
+        {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "access: REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (as ibv_reg_mr)",
+            ));
+        }
+        let mut t = self.tables.write();
+        let fresh = |m: &HashMap<u32, Arc<Region>>| loop {
+            let k = random_u32();
+            if k != 0 && !m.contains_key(&k) {
+                break k;
+            }
+        };
+        let lkey = fresh(&t.by_lkey);
+        let rkey = fresh(&t.by_rkey);
+        let r = Arc::new(Region {
+            addr: addr as u64,
+            len: len as u64,
+            access: access_flags,
+            lkey,
+            rkey,
+            inflight: AtomicU32::new(0),
+        });
+        t.by_lkey.insert(lkey, Arc::clone(&r));
+        t.by_rkey.insert(rkey, Arc::clone(&r));
+        Ok(r)
+    }
+
+    /// Removes the region with `lkey`; `Busy` while work requests name it.
+    pub fn deregister(&self, lkey: u32) -> Result<()> {
+        let mut t = self.tables.write();
+        let Some(r) = t.by_lkey.get(&lkey) else {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("no memory region with lkey {lkey:#x}"),
+            ));
+        };
+        let n = r.inflight.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "memory region lkey {lkey:#x} is named by {n} work request(s) in flight: poll their completions first"
+                ),
+            ));
+        }
+        let rkey = r.rkey;
+        t.by_lkey.remove(&lkey);
+        t.by_rkey.remove(&rkey);
+        Ok(())
+    }
+
+    /// Marks the regions of `lkeys` as named by one more (`up`) or one fewer work request.
+    /// Unknown keys are skipped: the engine fails such a WR with LOC_PROT_ERR.
+    pub fn hold(&self, lkeys: &[u32], up: bool) {
+        let t = self.tables.read();
+        for k in lkeys {
+            if let Some(r) = t.by_lkey.get(k) {
+                if up {
+                    r.inflight.fetch_add(1, Ordering::AcqRel);
+                } else {
+                    r.inflight.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
+    /// Regions with any remote access, for a connection handshake.
+    pub fn exposed(&self) -> Vec<Arc<Region>> {
+        let t = self.tables.read();
+        let mut v: Vec<_> = t
+            .by_lkey
+            .values()
+            .filter(|r| r.access & (access::REMOTE_READ | access::REMOTE_WRITE) != 0)
+            .cloned()
+            .collect();
+        v.sort_by_key(|r| r.addr);
+        v
+    }
+
+    /// A view for the engine, holding the table's read lock: no region can be deregistered
+    /// while a view exists.
+    pub fn view(&self) -> MemView<'_> {
+        MemView {
+            t: self.tables.read(),
+        }
+    }
+}
+
+/// The engine's access path to registered memory (see `MrTable::view`).
+pub struct MemView<'a> {
+    t: RwLockReadGuard<'a, Tables>,
+}
+
+impl MemView<'_> {
+    fn find(
+        &self,
+        key: Key,
+        addr: u64,
+        len: u64,
+        need: u32,
+    ) -> std::result::Result<*mut u8, MemError> {
+        let r = match key {
+            Key::Local(k) => self.t.by_lkey.get(&k),
+            Key::Remote(k) => self.t.by_rkey.get(&k),
+        }
+        .ok_or(MemError::BadKey)?;
+        if r.access & need != need {
+            return Err(MemError::Access);
+        }
+        let end = addr.checked_add(len).ok_or(MemError::Range)?;
+        if addr < r.addr || end > r.addr + r.len {
+            return Err(MemError::Range);
+        }
+        Ok(addr as *mut u8)
+    }
+}
+
+impl Memory for MemView<'_> {
+    fn read(
+        &self,
+        key: Key,
+        addr: u64,
+        out: &mut [u8],
+        need: u32,
+    ) -> std::result::Result<(), MemError> {
+        let p = self.find(key, addr, out.len() as u64, need)?;
+        // SAFETY: `find` checked that [addr, addr + len) lies in a registered region, which
+        // the registration contract keeps valid while the table holds it (and the read
+        // guard in `self` keeps it from being deregistered). Raw copies, no references to
+        // caller memory are formed.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    fn write(
+        &mut self,
+        key: Key,
+        addr: u64,
+        data: &[u8],
+        need: u32,
+    ) -> std::result::Result<(), MemError> {
+        let p = self.find(key, addr, data.len() as u64, need | access::LOCAL_WRITE)?;
+        // SAFETY: as in `read`; the region was registered with LOCAL_WRITE, i.e. the caller
+        // allowed rdmx to write it.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    fn check(&self, key: Key, addr: u64, len: u64, need: u32) -> std::result::Result<(), MemError> {
+        self.find(key, addr, len, need).map(|_| ())
+    }
+
+    fn slice(&self, key: Key, addr: u64, len: usize, need: u32) -> Option<&[u8]> {
+        let p = self.find(key, addr, len as u64, need).ok()?;
+        // SAFETY: as in `read`; the slice lives no longer than this view (and so the read
+        // guard). As with a NIC DMAing from an MR, the caller must not modify a buffer that
+        // an outstanding send names (verbs semantics, stated in the header).
+        Some(unsafe { std::slice::from_raw_parts(p, len) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_random_and_access_is_checked() {
+        let t = MrTable::default();
+        let mut buf = vec![7u8; 64];
+        let ro = t
+            .register(buf.as_mut_ptr(), 32, access::REMOTE_READ)
+            .unwrap();
+        let rw = t
+            .register(
+                unsafe_offset(&mut buf, 32),
+                32,
+                access::LOCAL_WRITE | access::REMOTE_WRITE,
+            )
+            .unwrap();
+        assert_ne!(ro.lkey, ro.rkey);
+        assert_ne!(ro.rkey.wrapping_add(1), rw.rkey, "not sequential");
+        let e = t
+            .register(buf.as_mut_ptr(), 8, access::REMOTE_WRITE)
+            .unwrap_err();
+        assert!(e.message().contains("require LOCAL_WRITE"), "{e}");
+        let e = t.register(buf.as_mut_ptr(), 8, 1 << 12).unwrap_err();
+        assert!(e.message().contains("unknown bits"), "{e}");
+
+        let mut v = t.view();
+        let mut out = [0u8; 4];
+        v.read(Key::Remote(ro.rkey), ro.addr, &mut out, access::REMOTE_READ)
+            .unwrap();
+        assert_eq!(out, [7; 4]);
+        assert_eq!(
+            v.write(Key::Remote(ro.rkey), ro.addr, &[1], access::REMOTE_WRITE),
+            Err(MemError::Access)
+        );
+        assert_eq!(
+            v.read(
+                Key::Remote(ro.rkey),
+                ro.addr + 30,
+                &mut out,
+                access::REMOTE_READ
+            ),
+            Err(MemError::Range)
+        );
+        v.write(Key::Remote(rw.rkey), rw.addr, &[1, 2], access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(
+            v.read(Key::Local(12345), 0, &mut out, 0),
+            Err(MemError::BadKey)
+        );
+        drop(v);
+        assert_eq!(&buf[32..34], &[1, 2]);
+    }
+
+    #[test]
+    fn deregister_waits_for_work_requests_in_flight() {
+        let t = MrTable::default();
+        let mut buf = vec![0u8; 16];
+        let r = t
+            .register(buf.as_mut_ptr(), 16, access::LOCAL_WRITE)
+            .unwrap();
+        t.hold(&[r.lkey], true);
+        let e = t.deregister(r.lkey).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Busy);
+        t.hold(&[r.lkey], false);
+        t.deregister(r.lkey).unwrap();
+        assert_eq!(
+            t.deregister(r.lkey).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+
+    fn unsafe_offset(buf: &mut [u8], at: usize) -> *mut u8 {
+        buf[at..].as_mut_ptr()
+    }
+}

@@ -1,0 +1,415 @@
+//! A soft-provider queue pair: the sans-IO RC engine (`rc::Qp`) behind a lock, its own UDP
+//! source port (fixed for its life, in 0xC000-0xFFFF, as rxe), the CQs its completions go
+//! to, and the bookkeeping that maps engine WR ids back to caller cookies and keeps memory
+//! regions pinned while WRs name them.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::rc::memory::Sge;
+use crate::rc::verbs::{QpState, WcStatus, WrOpcode, attr_mask as m, send_flags};
+use crate::rc::{Counters, QpAttr, QpCaps, RecvWr, SendWr, max_packet_len};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::cq::{Cq, Wc};
+use super::mr::{MemView, MrTable};
+use super::sys::random_u32;
+use super::udp::{self, TxDatagram, UdpPort};
+
+/// Packets sent per sendmmsg call.
+const TX_BATCH: usize = 32;
+
+/// One send work request as the provider takes it (a cookie instead of a WR id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendReq {
+    pub cookie: u64,
+    pub opcode: WrOpcode,
+    pub flags: u32,
+    pub sges: Vec<Sge>,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub imm: u32,
+}
+
+/// The connection parameters `connect` needs (from the handshake).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote {
+    pub dest_qpn: u32,
+    pub peer_udp: SocketAddr,
+    pub sq_psn: u32,
+    pub rq_psn: u32,
+    pub path_mtu: u32,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+}
+
+/// The QP's timer and retry knobs (from the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timers {
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub access: u32,
+}
+
+#[derive(Debug)]
+struct Pending {
+    cookie: u64,
+    lkeys: Vec<u32>,
+    /// The caller asked for a success completion (errors are always reported).
+    signaled: bool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    qp: crate::rc::Qp,
+    peer: Option<SocketAddr>,
+    next_id: u64,
+    pending: HashMap<u64, Pending>,
+    heads: Vec<Vec<u8>>,
+    tails: Vec<[u8; 8]>,
+    /// Deterministic per-QP drop decisions for `soft_drop_ratio` (xorshift).
+    drop_state: u64,
+}
+
+/// One queue pair of the soft provider.
+#[derive(Debug)]
+pub struct SoftQp {
+    qpn: u32,
+    inner: Mutex<Inner>,
+    pub send_cq: Arc<Cq>,
+    pub recv_cq: Arc<Cq>,
+    sock: UdpPort,
+    drop_ppb: u32,
+    /// Packets not sent because of `soft_drop_ratio`.
+    injected_drops: AtomicU64,
+    /// Set when the peer is known to be gone (TCP EOF): the QP is in ERR.
+    peer_gone: AtomicBool,
+}
+
+impl SoftQp {
+    /// A QP in RESET with its own UDP source port on `local_ip`.
+    pub fn new(
+        qpn: u32,
+        caps: QpCaps,
+        local_ip: IpAddr,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        drop_ppb: u32,
+    ) -> Result<SoftQp> {
+        let sock = UdpPort::bind_qp_port(local_ip, qpn).map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!("QP {qpn:#x}: no UDP source port in 0xC000-0xFFFF on {local_ip}: {e}"),
+            )
+        })?;
+        Ok(SoftQp {
+            qpn,
+            inner: Mutex::new(Inner {
+                qp: crate::rc::Qp::new(qpn, caps),
+                peer: None,
+                next_id: 1,
+                pending: HashMap::new(),
+                heads: (0..TX_BATCH)
+                    .map(|_| vec![0u8; max_packet_len(4096)])
+                    .collect(),
+                tails: vec![[0u8; 8]; TX_BATCH],
+                drop_state: u64::from(random_u32()) << 1 | 1,
+            }),
+            send_cq,
+            recv_cq,
+            sock,
+            drop_ppb,
+            injected_drops: AtomicU64::new(0),
+            peer_gone: AtomicBool::new(false),
+        })
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The UDP address this QP sends from.
+    pub fn local_udp(&self) -> SocketAddr {
+        self.sock.local_addr()
+    }
+
+    /// RESET -> INIT -> RTR -> RTS towards `r`.
+    pub fn connect(&self, r: &Remote, t: &Timers) -> Result<()> {
+        let mut g = self.inner.lock();
+        let qp = &mut g.qp;
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: t.access,
+            port_num: 1,
+            ..Default::default()
+        };
+        qp.modify(&a, m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS)?;
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = r.path_mtu;
+        a.dest_qp_num = r.dest_qpn;
+        a.rq_psn = r.rq_psn;
+        a.max_dest_rd_atomic = r.max_dest_rd_atomic;
+        a.min_rnr_timer = t.min_rnr_timer;
+        qp.modify(
+            &a,
+            m::STATE
+                | m::AV
+                | m::PATH_MTU
+                | m::DEST_QPN
+                | m::RQ_PSN
+                | m::MAX_DEST_RD_ATOMIC
+                | m::MIN_RNR_TIMER,
+        )?;
+        a.qp_state = QpState::Rts;
+        a.sq_psn = r.sq_psn;
+        a.max_rd_atomic = r.max_rd_atomic;
+        a.timeout = t.timeout;
+        a.retry_cnt = t.retry_cnt;
+        a.rnr_retry = t.rnr_retry;
+        qp.modify(
+            &a,
+            m::STATE | m::SQ_PSN | m::MAX_QP_RD_ATOMIC | m::RETRY_CNT | m::RNR_RETRY | m::TIMEOUT,
+        )?;
+        g.peer = Some(r.peer_udp);
+        Ok(())
+    }
+
+    pub fn state(&self) -> QpState {
+        self.inner.lock().qp.state()
+    }
+
+    pub fn counters(&self) -> Counters {
+        *self.inner.lock().qp.counters()
+    }
+
+    pub fn injected_drops(&self) -> u64 {
+        self.injected_drops.load(Ordering::Relaxed)
+    }
+
+    pub fn peer_gone(&self) -> bool {
+        self.peer_gone.load(Ordering::Acquire)
+    }
+
+    /// Posts a chain of send WRs in order and sends what is ready. Returns how many were
+    /// posted and, if the chain stopped early, the error of the first WR not posted (as
+    /// `bad_wr`). Posting in ERR completes at once with WR_FLUSH_ERR, as verbs.
+    pub fn post_send(&self, mrs: &MrTable, now: u64, wrs: &[SendReq]) -> (usize, Option<Error>) {
+        let mut g = self.inner.lock();
+        let mut posted = 0;
+        let mut err = None;
+        for w in wrs {
+            let lkeys: Vec<u32> = w.sges.iter().map(|s| s.lkey).collect();
+            let id = g.next_id;
+            g.next_id += 1;
+            mrs.hold(&lkeys, true);
+            // The engine signals every WR so the provider learns when each one's memory is
+            // free; the caller's SIGNALED flag decides whether it sees the success.
+            let r = g.qp.post_send(SendWr {
+                wr_id: id,
+                opcode: w.opcode,
+                flags: w.flags | send_flags::SIGNALED,
+                sges: w.sges.clone(),
+                remote_addr: w.remote_addr,
+                rkey: w.rkey,
+                imm: w.imm,
+            });
+            match r {
+                Ok(()) => {
+                    let signaled = w.flags & send_flags::SIGNALED != 0;
+                    g.pending.insert(
+                        id,
+                        Pending {
+                            cookie: w.cookie,
+                            lkeys,
+                            signaled,
+                        },
+                    );
+                    posted += 1;
+                }
+                Err(e) => {
+                    mrs.hold(&lkeys, false);
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        // Send at once from the caller's thread: lowest latency, no wakeup needed.
+        let view = mrs.view();
+        self.drive_locked(&mut g, &view, now);
+        drop(view);
+        self.collect(&mut g, mrs);
+        (posted, err)
+    }
+
+    /// Posts a chain of receive WRs (cookie, SGEs).
+    pub fn post_recv(&self, mrs: &MrTable, wrs: &[(u64, Vec<Sge>)]) -> (usize, Option<Error>) {
+        let mut g = self.inner.lock();
+        let mut posted = 0;
+        let mut err = None;
+        for (cookie, sges) in wrs {
+            let lkeys: Vec<u32> = sges.iter().map(|s| s.lkey).collect();
+            let id = g.next_id;
+            g.next_id += 1;
+            mrs.hold(&lkeys, true);
+            match g.qp.post_recv(RecvWr {
+                wr_id: id,
+                sges: sges.clone(),
+            }) {
+                Ok(()) => {
+                    g.pending.insert(
+                        id,
+                        Pending {
+                            cookie: *cookie,
+                            lkeys,
+                            signaled: true,
+                        },
+                    );
+                    posted += 1;
+                }
+                Err(e) => {
+                    mrs.hold(&lkeys, false);
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        self.collect(&mut g, mrs);
+        (posted, err)
+    }
+
+    /// Feeds one received RoCEv2 datagram (ICRC already checked when `icrc_ok`).
+    pub fn receive(&self, view: &mut MemView<'_>, now: u64, data: &[u8], icrc_ok: bool) {
+        let mut g = self.inner.lock();
+        if icrc_ok {
+            g.qp.handle_packet(now, data, view);
+        } else {
+            g.qp.record_icrc_error();
+        }
+    }
+
+    /// Runs due timers, sends what is ready and moves completions to the CQs.
+    pub fn drive(&self, mrs: &MrTable, now: u64) {
+        let mut g = self.inner.lock();
+        if g.qp.next_deadline().is_some_and(|d| d <= now) {
+            g.qp.handle_timeout(now);
+        }
+        let view = mrs.view();
+        self.drive_locked(&mut g, &view, now);
+        drop(view);
+        self.collect(&mut g, mrs);
+    }
+
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.inner.lock().qp.next_deadline()
+    }
+
+    /// The peer is gone (TCP EOF): ERR, which flushes every outstanding WR.
+    pub fn fail(&self, mrs: &MrTable) {
+        self.peer_gone.store(true, Ordering::Release);
+        let mut g = self.inner.lock();
+        let err = QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
+        let _ = g.qp.modify(&err, m::STATE);
+        self.collect(&mut g, mrs);
+    }
+
+    /// Sends every packet the engine has ready, in sendmmsg batches.
+    fn drive_locked(&self, g: &mut Inner, view: &MemView<'_>, now: u64) {
+        let Some(peer) = g.peer else { return };
+        let src = self.sock.local_addr();
+        loop {
+            let Inner {
+                qp,
+                heads,
+                tails,
+                drop_state,
+                ..
+            } = &mut *g;
+            // 1. Packets from the engine: headers into `heads`, payloads lent by memory.
+            let mut pkts: Vec<(usize, &[u8], usize, bool)> = Vec::with_capacity(TX_BATCH);
+            for head in heads.iter_mut() {
+                let Some(t) = qp.poll_transmit_vectored(now, view, head) else {
+                    break;
+                };
+                pkts.push((t.head_len, t.payload, t.tail_len, true));
+            }
+            if pkts.is_empty() {
+                return;
+            }
+            let full = pkts.len() == TX_BATCH;
+            // 2. Loss injection and the ICRC, which covers the IP/UDP headers.
+            for (i, (hl, payload, tl, keep)) in pkts.iter_mut().enumerate() {
+                if self.drop_ppb > 0 {
+                    *drop_state ^= *drop_state << 13;
+                    *drop_state ^= *drop_state >> 7;
+                    *drop_state ^= *drop_state << 17;
+                    if *drop_state % 1_000_000_000 < u64::from(self.drop_ppb) {
+                        self.injected_drops.fetch_add(1, Ordering::Relaxed);
+                        *keep = false;
+                        continue;
+                    }
+                }
+                let sealed = if *tl == 0 {
+                    let (body, icrc) = heads[i][..*hl].split_at_mut(*hl - 4);
+                    udp::seal(src, peer, body, &[], icrc)
+                } else {
+                    udp::seal(src, peer, &heads[i][..*hl], payload, &mut tails[i][..*tl])
+                };
+                if let Err(e) = sealed {
+                    log::error!(target: "rdmx::soft", "QP {:#x}: ICRC: {e}", self.qpn);
+                    *keep = false;
+                }
+            }
+            // 3. One sendmmsg for the batch.
+            let batch: Vec<TxDatagram<'_>> = pkts
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.3)
+                .map(|(i, &(hl, payload, tl, _))| TxDatagram {
+                    dst: peer,
+                    parts: [&heads[i][..hl], payload, &tails[i][..tl]],
+                })
+                .collect();
+            if let Err(e) = self.sock.send_batch(&batch) {
+                // The engine retransmits what the kernel refused: a send error is a loss.
+                log::debug!(target: "rdmx::soft", "QP {:#x}: send to {peer}: {e}", self.qpn);
+            }
+            if !full {
+                return;
+            }
+        }
+    }
+
+    /// Moves engine completions to the CQs, mapping WR ids to cookies and releasing the
+    /// regions the WRs named.
+    fn collect(&self, g: &mut Inner, mrs: &MrTable) {
+        while let Some(c) = g.qp.poll_completion() {
+            let Some(p) = g.pending.remove(&c.wr_id) else {
+                continue;
+            };
+            mrs.hold(&p.lkeys, false);
+            if !c.is_recv && c.status == WcStatus::Success && !p.signaled {
+                continue; // unsignaled send: done, nothing to report
+            }
+            let wc = Wc {
+                cookie: p.cookie,
+                status: c.status,
+                opcode: c.opcode,
+                byte_len: c.byte_len,
+                imm: c.imm,
+                qp_num: c.qp_num,
+            };
+            if c.is_recv {
+                self.recv_cq.push(wc);
+            } else {
+                self.send_cq.push(wc);
+            }
+        }
+    }
+}

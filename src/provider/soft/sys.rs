@@ -1,0 +1,149 @@
+//! Small OS pieces the soft provider needs: an eventfd (wakeups and completion channels),
+//! kernel randomness (rkeys, PSNs), and poll(2) over a set of fds.
+
+use crate::error::{Error, ErrorKind, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+fn os_error(what: &str) -> Error {
+    Error::new(
+        ErrorKind::Io,
+        format!("{what}: {}", std::io::Error::last_os_error()),
+    )
+}
+
+/// A non-blocking eventfd: `signal` makes it readable until `clear`.
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    pub fn new() -> Result<EventFd> {
+        // SAFETY: plain syscall; the result is checked before use.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(os_error("eventfd"));
+        }
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        Ok(EventFd {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Makes the fd readable (adds 1 to the counter; never blocks).
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd. EAGAIN (counter at its
+        // maximum) still leaves the fd readable, which is all a signal needs.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Resets the counter so the fd is no longer readable.
+    pub fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our own non-blocking eventfd; EAGAIN
+        // (already clear) is fine.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// A random u32 from the kernel (getrandom(2)).
+pub fn random_u32() -> u32 {
+    let mut v = [0u8; 4];
+    loop {
+        // SAFETY: writes at most 4 bytes into `v`.
+        let n = unsafe { libc::getrandom(v.as_mut_ptr().cast(), 4, 0) };
+        if n == 4 {
+            return u32::from_ne_bytes(v);
+        }
+        // EINTR or a short read: try again (getrandom never fails otherwise for 4 bytes).
+    }
+}
+
+/// Waits until one of `fds` is readable (or hung up) or `timeout` passes; returns the fds
+/// that are ready, as indices into `fds`, in `ready`.
+pub fn poll_readable(fds: &[RawFd], timeout: Duration, ready: &mut Vec<usize>) -> Result<()> {
+    ready.clear();
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        })
+        .collect();
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: `pfds` is a live, correctly sized array of pollfd for the call.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return Ok(());
+        }
+        return Err(Error::new(ErrorKind::Io, format!("poll: {e}")));
+    }
+    ready.extend(
+        pfds.iter()
+            .enumerate()
+            .filter(|(_, p)| p.revents != 0)
+            .map(|(i, _)| i),
+    );
+    Ok(())
+}
+
+/// True when the TCP peer has closed (or reset) the connection on `fd`: a readable socket
+/// whose peek returns 0 bytes or an error other than "would block".
+pub fn peer_closed(fd: RawFd) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: peeks at most 1 byte into `b` without consuming it.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n == 0 {
+        return true;
+    }
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+        );
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eventfd_signals_until_cleared() {
+        let e = EventFd::new().unwrap();
+        let mut ready = Vec::new();
+        poll_readable(&[e.raw_fd()], Duration::ZERO, &mut ready).unwrap();
+        assert!(ready.is_empty());
+        e.signal();
+        e.signal();
+        poll_readable(&[e.raw_fd()], Duration::ZERO, &mut ready).unwrap();
+        assert_eq!(ready, vec![0]);
+        e.clear();
+        poll_readable(&[e.raw_fd()], Duration::ZERO, &mut ready).unwrap();
+        assert!(ready.is_empty());
+    }
+
+    #[test]
+    fn random_values_differ() {
+        let v: Vec<u32> = (0..8).map(|_| random_u32()).collect();
+        assert!(v.windows(2).any(|w| w[0] != w[1]));
+    }
+}

@@ -1,0 +1,273 @@
+//! The soft provider end to end on 127.0.0.1, in one process: two contexts, a listener and
+//! a connection, SEND/RECV both ways, RDMA READ and WRITE, and the access errors.
+
+use rdmx::config::Config;
+use rdmx::msgr::{Connection, Context};
+use rdmx::provider::soft::cq::Wc;
+use rdmx::provider::soft::qp::SendReq;
+use rdmx::rc::verbs::{access, send_flags};
+use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode};
+use std::time::{Duration, Instant};
+
+fn ctx(extra: &[(&str, &str)]) -> Context {
+    let mut c = Config::new();
+    c.set("soft_port", "0").unwrap();
+    c.set("path_mtu", "1024").unwrap();
+    for (k, v) in extra {
+        c.set(k, v).unwrap();
+    }
+    Context::new(&c).unwrap()
+}
+
+fn pair(extra: &[(&str, &str)]) -> (Context, Context, Connection, Connection) {
+    let (a, b) = (ctx(extra), ctx(extra));
+    let l = b.listen("127.0.0.1:0").unwrap();
+    let port = l.local_addr().port();
+    let t = std::thread::spawn(move || l.accept(Some(Duration::from_secs(10))).unwrap());
+    let ca = a
+        .connect(&format!("127.0.0.1:{port}"), Duration::from_secs(10))
+        .unwrap();
+    let cb = t.join().unwrap();
+    (a, b, ca, cb)
+}
+
+/// Polls until `n` completions arrived (bounded: 10 s).
+fn wait(c: &Connection, n: usize) -> Vec<Wc> {
+    let mut got = Vec::new();
+    let mut buf = [Wc {
+        cookie: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    }; 16];
+    let end = Instant::now() + Duration::from_secs(10);
+    while got.len() < n && Instant::now() < end {
+        let k = c.poll(&mut buf);
+        got.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    got
+}
+
+fn send(cookie: u64, opcode: WrOpcode, sge: Sge, remote_addr: u64, rkey: u32) -> SendReq {
+    SendReq {
+        cookie,
+        opcode,
+        flags: send_flags::SIGNALED,
+        sges: vec![sge],
+        remote_addr,
+        rkey,
+        imm: 7,
+    }
+}
+
+#[test]
+fn send_recv_read_write_move_the_right_bytes() {
+    let mut a_buf = vec![0u8; 64 << 10];
+    let mut b_buf: Vec<u8> = (0..64u32 << 10).map(|i| (i * 7 + 3) as u8).collect();
+    let mut b_ro = vec![0xABu8; 4096];
+    let (a, b) = (ctx(&[]), ctx(&[]));
+    // SAFETY: the buffers outlive the contexts' use of them (deregistered at the end).
+    let ma = unsafe { a.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
+    let mb = unsafe {
+        b.register(
+            b_buf.as_mut_ptr(),
+            b_buf.len(),
+            access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
+        )
+    }
+    .unwrap();
+    let mro = unsafe { b.register(b_ro.as_mut_ptr(), b_ro.len(), access::REMOTE_READ) }.unwrap();
+    let l = b.listen("127.0.0.1:0").unwrap();
+    let port = l.local_addr().port();
+    let t = std::thread::spawn(move || l.accept(Some(Duration::from_secs(10))).unwrap());
+    let ca = a
+        .connect(&format!("127.0.0.1:{port}"), Duration::from_secs(10))
+        .unwrap();
+    let cb = t.join().unwrap();
+    assert_eq!(a.provider(), "soft");
+    assert_eq!(
+        ca.peer_regions().len(),
+        2,
+        "b exposes its two remote-access regions"
+    );
+    assert!(
+        cb.peer_regions().is_empty(),
+        "a exposes nothing (local access only)"
+    );
+
+    // READ 10,000 bytes (10 packets at MTU 1024) from b into a.
+    let rd = Sge {
+        addr: ma.addr,
+        length: 10_000,
+        lkey: ma.lkey,
+    };
+    ca.post_send(&[send(1, WrOpcode::RdmaRead, rd, mb.addr + 123, mb.rkey)])
+        .unwrap();
+    let c = wait(&ca, 1);
+    assert_eq!(c.len(), 1);
+    assert_eq!(
+        (c[0].cookie, c[0].status, c[0].opcode, c[0].byte_len),
+        (1, WcStatus::Success, WcOpcode::RdmaRead, 10_000)
+    );
+    assert_eq!(a_buf[..10_000], b_buf[123..10_123]);
+
+    // WRITE 3000 bytes from a to b at offset 40,000.
+    for (i, x) in a_buf[20_000..23_000].iter_mut().enumerate() {
+        *x = (i % 251) as u8;
+    }
+    let wr = Sge {
+        addr: ma.addr + 20_000,
+        length: 3000,
+        lkey: ma.lkey,
+    };
+    ca.post_send(&[send(2, WrOpcode::RdmaWrite, wr, mb.addr + 40_000, mb.rkey)])
+        .unwrap();
+    let c = wait(&ca, 1);
+    assert_eq!((c[0].cookie, c[0].status), (2, WcStatus::Success));
+    assert_eq!(b_buf[40_000..43_000], a_buf[20_000..23_000]);
+
+    // SEND b -> a into a posted receive, with immediate data.
+    ca.post_recv(&[(
+        10,
+        vec![Sge {
+            addr: ma.addr + 30_000,
+            length: 5000,
+            lkey: ma.lkey,
+        }],
+    )])
+    .unwrap();
+    let sd = Sge {
+        addr: mb.addr,
+        length: 4500,
+        lkey: mb.lkey,
+    };
+    cb.post_send(&[SendReq {
+        opcode: WrOpcode::SendWithImm,
+        ..send(3, WrOpcode::Send, sd, 0, 0)
+    }])
+    .unwrap();
+    let rb = wait(&cb, 1);
+    assert_eq!(
+        (rb[0].cookie, rb[0].status, rb[0].opcode),
+        (3, WcStatus::Success, WcOpcode::Send)
+    );
+    let ra = wait(&ca, 1);
+    assert_eq!(
+        (
+            ra[0].cookie,
+            ra[0].status,
+            ra[0].opcode,
+            ra[0].byte_len,
+            ra[0].imm
+        ),
+        (10, WcStatus::Success, WcOpcode::Recv, 4500, Some(7))
+    );
+    assert_eq!(a_buf[30_000..34_500], b_buf[..4500]);
+
+    // WRITE into the read-only region: REM_ACCESS_ERR, and the connection is dead.
+    let wr = Sge {
+        addr: ma.addr,
+        length: 16,
+        lkey: ma.lkey,
+    };
+    ca.post_send(&[send(4, WrOpcode::RdmaWrite, wr, mro.addr, mro.rkey)])
+        .unwrap();
+    let c = wait(&ca, 1);
+    assert_eq!((c[0].cookie, c[0].status), (4, WcStatus::RemAccessErr));
+    assert!(b_ro.iter().all(|&x| x == 0xAB));
+    drop((ca, cb));
+    a.deregister(ma.lkey).unwrap();
+    b.deregister(mb.lkey).unwrap();
+    b.deregister(mro.lkey).unwrap();
+}
+
+#[test]
+fn read_outside_the_peer_region_and_bad_lkey_fail_cleanly() {
+    let mut a_buf = vec![0u8; 8192];
+    let mut b_buf = vec![1u8; 8192];
+    let (a, b) = (ctx(&[]), ctx(&[]));
+    // SAFETY: buffers outlive the use.
+    let ma = unsafe { a.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
+    let mb = unsafe {
+        b.register(
+            b_buf.as_mut_ptr(),
+            b_buf.len(),
+            access::LOCAL_WRITE | access::REMOTE_READ,
+        )
+    }
+    .unwrap();
+    let l = b.listen("127.0.0.1:0").unwrap();
+    let port = l.local_addr().port();
+    let t = std::thread::spawn(move || l.accept(Some(Duration::from_secs(10))).unwrap());
+    let ca = a
+        .connect(&format!("127.0.0.1:{port}"), Duration::from_secs(10))
+        .unwrap();
+    let _cb = t.join().unwrap();
+    let rd = Sge {
+        addr: ma.addr,
+        length: 100,
+        lkey: ma.lkey,
+    };
+    ca.post_send(&[send(1, WrOpcode::RdmaRead, rd, mb.addr + 8150, mb.rkey)])
+        .unwrap();
+    let c = wait(&ca, 1);
+    assert_eq!((c[0].cookie, c[0].status), (1, WcStatus::RemAccessErr));
+    // The connection is in ERR now: a new WR completes flushed.
+    ca.post_send(&[send(2, WrOpcode::Send, rd, 0, 0)]).unwrap();
+    let c = wait(&ca, 1);
+    assert_eq!((c[0].cookie, c[0].status), (2, WcStatus::WrFlushErr));
+    // Memory named by no WR in flight deregisters; the peer's too.
+    a.deregister(ma.lkey).unwrap();
+    b.deregister(mb.lkey).unwrap();
+}
+
+#[test]
+fn closed_peer_flushes_outstanding_work_and_refuses_posts() {
+    let (a, _b, ca, cb) = pair(&[]);
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: buffer outlives the use.
+    let m = unsafe { a.register(buf.as_mut_ptr(), buf.len(), access::LOCAL_WRITE) }.unwrap();
+    // A receive that will never be matched, then the peer goes away.
+    ca.post_recv(&[(
+        5,
+        vec![Sge {
+            addr: m.addr,
+            length: 4096,
+            lkey: m.lkey,
+        }],
+    )])
+    .unwrap();
+    assert_eq!(
+        a.deregister(m.lkey).unwrap_err().kind(),
+        rdmx::ErrorKind::Busy
+    );
+    let t0 = Instant::now();
+    drop(cb);
+    let c = wait(&ca, 1);
+    assert_eq!(
+        (c[0].cookie, c[0].status),
+        (5, WcStatus::WrFlushErr),
+        "flushed within {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "EOF noticed in {:?}",
+        t0.elapsed()
+    );
+    let sge = Sge {
+        addr: m.addr,
+        length: 8,
+        lkey: m.lkey,
+    };
+    let e = ca
+        .post_send(&[send(6, WrOpcode::Send, sge, 0, 0)])
+        .unwrap_err();
+    assert_eq!(e.kind(), rdmx::ErrorKind::Closed);
+    a.deregister(m.lkey).unwrap();
+}
