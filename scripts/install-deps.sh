@@ -8,7 +8,9 @@ PKGS=(
   libibverbs-dev librdmacm-dev     # rdma-sys (feature "verbs") links these
   libclang-dev clang               # bindgen (rdma-sys) needs libclang
   valgrind                         # ffi-tests under valgrind
-  iproute2                         # network namespaces for multi-host tests
+  iproute2 nftables iptables       # network namespaces, veth, black-hole rules (failover tests)
+  tshark tcpdump                   # capture check: decode the soft provider as RRoCE
+  ucx-utils                        # ucx_perftest, the send_bw comparison in bench/soft.sh
 )
 
 missing=()
@@ -21,6 +23,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
+  # tshark asks whether non-root users may capture; answer for it.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
