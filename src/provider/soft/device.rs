@@ -247,17 +247,18 @@ impl Shared {
         for qp in touched.iter().chain(due.iter()) {
             qp.drive(&self.mrs, now);
         }
-        self.check_watches();
     }
 
-    fn check_watches(&self) {
-        let dead: Vec<(RawFd, u32)> = self
-            .watches
-            .lock()
-            .iter()
-            .filter(|(fd, _)| sys::peer_closed(**fd))
-            .map(|(fd, q)| (*fd, *q))
-            .collect();
+    /// Side channels among `fds` that poll reported readable: a closed one means the peer
+    /// is gone.
+    fn check_watches(&self, fds: &[RawFd]) {
+        let dead: Vec<(RawFd, u32)> = {
+            let w = self.watches.lock();
+            fds.iter()
+                .filter(|fd| w.contains_key(fd) && sys::peer_closed(**fd))
+                .map(|fd| (*fd, w[fd]))
+                .collect()
+        };
         for (fd, qpn) in dead {
             self.watches.lock().remove(&fd);
             if let Some(qp) = self.qps.read().get(&qpn).cloned() {
@@ -301,6 +302,8 @@ fn progress_thread(s: &Shared) {
             std::thread::sleep(Duration::from_millis(10));
         }
         s.wake.clear();
+        let readable: Vec<RawFd> = ready.iter().map(|&i| fds[i]).collect();
+        s.check_watches(&readable);
         if thread_rx {
             s.progress_once(true);
         } else {

@@ -77,9 +77,22 @@ pub fn poll_readable(fds: &[RawFd], timeout: Duration, ready: &mut Vec<usize>) -
             revents: 0,
         })
         .collect();
-    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    // SAFETY: `pfds` is a live, correctly sized array of pollfd for the call.
-    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    // ppoll: nanosecond timeouts, so a 0.64 ms RNR wait is not rounded to 0 (a spin) or
+    // to 1 ms.
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `pfds` is a live, correctly sized array of pollfd; `ts` lives for the call;
+    // a NULL sigmask keeps the current one.
+    let n = unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
     if n < 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::Interrupted {
@@ -96,28 +109,25 @@ pub fn poll_readable(fds: &[RawFd], timeout: Duration, ready: &mut Vec<usize>) -
     Ok(())
 }
 
-/// True when the TCP peer has closed (or reset) the connection on `fd`: a readable socket
-/// whose peek returns 0 bytes or an error other than "would block".
+/// True when the TCP peer has closed (or reset) the connection on `fd`. Bytes the peer
+/// sent after the handshake are read and dropped (nothing is expected there), so a
+/// readable-but-open side channel does not make the caller's poll spin.
 pub fn peer_closed(fd: RawFd) -> bool {
-    let mut b = [0u8; 1];
-    // SAFETY: peeks at most 1 byte into `b` without consuming it.
-    let n = unsafe {
-        libc::recv(
-            fd,
-            b.as_mut_ptr().cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    if n == 0 {
-        return true;
-    }
-    if n < 0 {
-        let e = std::io::Error::last_os_error();
-        return !matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-        );
+    let mut b = [0u8; 256];
+    // Bounded: a misbehaving peer cannot keep us here.
+    for _ in 0..16 {
+        // SAFETY: reads at most `b.len()` bytes into `b`.
+        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+        if n == 0 {
+            return true;
+        }
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            );
+        }
     }
     false
 }
