@@ -302,13 +302,15 @@ fn progress_thread(s: &Shared) {
             std::thread::sleep(Duration::from_millis(10));
         }
         s.wake.clear();
-        let readable: Vec<RawFd> = ready.iter().map(|&i| fds[i]).collect();
-        s.check_watches(&readable);
         if thread_rx {
             s.progress_once(true);
         } else {
             // Timers and watches only; a pass over rx too if nobody polled it for long.
             s.progress_once(false);
         }
+        // After receiving: a peer that answers (e.g. with a NAK) and then closes must have
+        // its answer processed before its EOF fails the QP.
+        let readable: Vec<RawFd> = ready.iter().map(|&i| fds[i]).collect();
+        s.check_watches(&readable);
     }
 }
