@@ -256,6 +256,7 @@ impl Connection {
         self.check_open("post_send")?;
         let dev = &self.ctx.shared.dev;
         let (n, err) = self.qp.post_send(dev.mrs(), dev.now(), wrs);
+        dev.timer_armed(self.qp.next_deadline());
         match err {
             Some(e) if n == 0 => Err(e),
             _ => Ok(n),

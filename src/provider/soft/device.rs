@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,8 @@ struct Shared {
     rx: Mutex<RxBatch>,
     epoch: Instant,
     next_qpn: AtomicU32,
+    /// When the progress thread will wake next (ns on the device clock).
+    planned_wake: AtomicU64,
 }
 
 /// A soft RDMA device.
@@ -82,6 +84,7 @@ impl SoftDevice {
             epoch: Instant::now(),
             // QPNs start at a random point (never 0 or 1, which IB reserves).
             next_qpn: AtomicU32::new((sys::random_u32() & 0x7F_FFFF) | 0x10),
+            planned_wake: AtomicU64::new(0),
         });
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -160,6 +163,18 @@ impl SoftDevice {
     /// send, or to re-evaluate timers).
     pub fn kick(&self) {
         self.shared.wake.signal();
+    }
+
+    /// A caller armed a timer due at `deadline`: wakes the progress thread if it planned
+    /// to sleep past it (timers fire whether or not the application polls). One atomic
+    /// load in the common case; a wakeup only when the new deadline is the earliest.
+    pub fn timer_armed(&self, deadline: Option<u64>) {
+        if let Some(d) = deadline
+            && d < self.shared.planned_wake.load(Ordering::Acquire)
+        {
+            self.shared.planned_wake.store(d, Ordering::Release);
+            self.shared.wake.signal();
+        }
     }
 
     /// One pass of progress from the caller's thread (progress=inline, or busy polling):
@@ -292,11 +307,17 @@ fn progress_thread(s: &Shared) {
         }
         fds.extend(s.watches.lock().keys().copied());
         let now = s.now();
+        // Announce the longest sleep first, then look at the deadlines: a post between the
+        // two sees the long sleep and kicks; one before is in `next_deadline`.
+        s.planned_wake
+            .store(now + IDLE_SLEEP.as_nanos() as u64, Ordering::Release);
         let timeout = match s.next_deadline() {
             Some(d) if d <= now => Duration::ZERO,
             Some(d) => Duration::from_nanos(d - now).min(IDLE_SLEEP),
             None => IDLE_SLEEP,
         };
+        s.planned_wake
+            .store(now + timeout.as_nanos() as u64, Ordering::Release);
         if let Err(e) = sys::poll_readable(&fds, timeout, &mut ready) {
             log::error!(target: "rdmx::soft", "progress: {e}");
             std::thread::sleep(Duration::from_millis(10));
