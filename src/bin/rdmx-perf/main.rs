@@ -7,10 +7,16 @@
 //!   in-memory link, next to a bare copy loop, and prints both rates and their ratio
 //!   (see `engine_bench.rs`).
 //!
-//! The NIC benchmarks (read_bw, write_bw, send_bw, read_lat, send_lat, reg_bench) arrive
-//! with the soft provider.
+//! - `server` serves the NIC-style tests until killed (`server.rs`); `read_bw`, `write_bw`,
+//!   `send_bw`, `read_lat` and `send_lat` run them against it (`client.rs`).
+//! - `udp_server` / `udp_read`: the bare UDP baseline with the same batching and no
+//!   reliability, which read_bw is compared with (`udp_baseline.rs`).
 
+mod client;
 mod engine_bench;
+mod perf;
+mod server;
+mod udp_baseline;
 
 use rdmx::Config;
 use rdmx::config::encoding::{ack_timeout_ns, rnr_timer_ns};
@@ -37,15 +43,23 @@ fn tables() -> String {
     s
 }
 
+fn all_usage() -> String {
+    format!(
+        "{USAGE}\n{}\n{}\n{}\n{}\n{}",
+        engine_bench::USAGE,
+        server::USAGE,
+        client::USAGE,
+        udp_baseline::SERVER_USAGE,
+        udp_baseline::CLIENT_USAGE
+    )
+}
+
 fn run(args: &[String]) -> Result<(), String> {
     let Some((cmd, rest)) = args.split_first() else {
-        return Err(format!("{USAGE}\n{}", engine_bench::USAGE));
+        return Err(all_usage());
     };
     if cmd != "config" {
-        return Err(format!(
-            "unknown subcommand '{cmd}'\n{USAGE}\n{}",
-            engine_bench::USAGE
-        ));
+        return Err(format!("unknown subcommand '{cmd}'\n{}", all_usage()));
     }
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
     let mut it = rest.iter();
@@ -80,10 +94,27 @@ fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// Exit status of a subcommand that only returns on failure (servers) or with `Result`.
+fn report(r: Result<(), String>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rdmx-perf: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("engine_bench") {
-        return engine_bench::main(&args[1..]);
+    let first = args.first().map(String::as_str);
+    match first {
+        Some("engine_bench") => return engine_bench::main(&args[1..]),
+        Some("server") => return report(server::main(&args[1..])),
+        Some("udp_server") => return report(udp_baseline::server(&args[1..])),
+        Some("udp_read") => return udp_baseline::client(&args[1..]),
+        Some(t) if client::TESTS.contains(&t) => return client::main(t, &args[1..]),
+        _ => {}
     }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

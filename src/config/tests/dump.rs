@@ -36,7 +36,7 @@ poll_batch = 32  # default
 credits = 0  # default (auto: 256 = max_recv_wr)
 soft_port = 4791  # default
 soft_drop_ratio = 0  # default
-progress = thread  # default
+progress = inline  # default
 profile = none  # default
 ";
 

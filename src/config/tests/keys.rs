@@ -62,7 +62,7 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("poll_mode", "adaptive"),
     ("profile", "none"),
     ("soft_drop_ratio", "0"),
-    ("progress", "thread"),
+    ("progress", "inline"),
 ];
 
 fn range_message(key: &str, value: &str, min: u64, max: u64, note: &str) -> String {

@@ -43,6 +43,8 @@ struct Shared {
     next_qpn: AtomicU32,
     /// When the progress thread will wake next (ns on the device clock).
     planned_wake: AtomicU64,
+    /// Last time the application drove progress itself (progress=inline), ns.
+    last_app_poll: AtomicU64,
 }
 
 /// A soft RDMA device.
@@ -85,6 +87,7 @@ impl SoftDevice {
             // QPNs start at a random point (never 0 or 1, which IB reserves).
             next_qpn: AtomicU32::new((sys::random_u32() & 0x7F_FFFF) | 0x10),
             planned_wake: AtomicU64::new(0),
+            last_app_poll: AtomicU64::new(0),
         });
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -180,6 +183,9 @@ impl SoftDevice {
     /// One pass of progress from the caller's thread (progress=inline, or busy polling):
     /// receive what is queued, run due timers. Skipped if another thread is at it.
     pub fn progress_inline(&self) {
+        self.shared
+            .last_app_poll
+            .store(self.shared.now(), Ordering::Relaxed);
         self.shared.progress_once(false);
     }
 
@@ -293,29 +299,45 @@ impl Shared {
     }
 }
 
+/// How long after the application's last poll the thread takes over receiving
+/// (progress=inline): a passive side (e.g. a target only serving RDMA READs) that stops
+/// polling is still answered within this.
+fn inline_handover(s: &Shared) -> Duration {
+    Duration::from_micros(u64::from(s.settings.polling_us).max(1000))
+}
+
 fn progress_thread(s: &Shared) {
     let mut fds: Vec<RawFd> = Vec::new();
     let mut ready = Vec::new();
+    let inline = s.settings.progress == Progress::Inline;
     while !s.stop.load(Ordering::Acquire) {
+        let now = s.now();
+        // progress=thread: this thread receives. progress=inline: the caller's poll does,
+        // and this thread only runs timers and watches side channels, unless the caller
+        // has not polled for a while.
+        let handover = inline_handover(s);
+        let app_polling = inline
+            && now.saturating_sub(s.last_app_poll.load(Ordering::Relaxed))
+                < handover.as_nanos() as u64;
         fds.clear();
         fds.push(s.wake.raw_fd());
-        // Inline progress: the caller's poll receives; the thread only keeps timers and
-        // dead-peer detection going.
-        let thread_rx = s.settings.progress == Progress::Thread;
-        if thread_rx {
+        if !app_polling {
             fds.push(s.port.raw_fd());
         }
         fds.extend(s.watches.lock().keys().copied());
-        let now = s.now();
         // Announce the longest sleep first, then look at the deadlines: a post between the
         // two sees the long sleep and kicks; one before is in `next_deadline`.
         s.planned_wake
             .store(now + IDLE_SLEEP.as_nanos() as u64, Ordering::Release);
-        let timeout = match s.next_deadline() {
+        let mut timeout = match s.next_deadline() {
             Some(d) if d <= now => Duration::ZERO,
             Some(d) => Duration::from_nanos(d - now).min(IDLE_SLEEP),
             None => IDLE_SLEEP,
         };
+        if app_polling {
+            // Look again when the caller may have stopped polling.
+            timeout = timeout.min(handover);
+        }
         s.planned_wake
             .store(now + timeout.as_nanos() as u64, Ordering::Release);
         if let Err(e) = sys::poll_readable(&fds, timeout, &mut ready) {
@@ -323,12 +345,8 @@ fn progress_thread(s: &Shared) {
             std::thread::sleep(Duration::from_millis(10));
         }
         s.wake.clear();
-        if thread_rx {
-            s.progress_once(true);
-        } else {
-            // Timers and watches only; a pass over rx too if nobody polled it for long.
-            s.progress_once(false);
-        }
+        // Inline: skip if the caller is at it (try-lock); thread: wait for the lock.
+        s.progress_once(!inline);
         // After receiving: a peer that answers (e.g. with a NAK) and then closes must have
         // its answer processed before its EOF fails the QP.
         let readable: Vec<RawFd> = ready.iter().map(|&i| fds[i]).collect();

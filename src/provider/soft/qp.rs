@@ -376,12 +376,35 @@ impl SoftQp {
                     parts: [&heads[i][..hl], payload, &tails[i][..tl]],
                 })
                 .collect();
-            if let Err(e) = self.sock.send_batch(&batch) {
-                // The engine retransmits what the kernel refused: a send error is a loss.
-                log::debug!(target: "rdmx::soft", "QP {:#x}: send to {peer}: {e}", self.qpn);
-            }
+            self.send_all(&batch, peer);
             if !full {
                 return;
+            }
+        }
+    }
+
+    /// Sends a batch; when the socket buffer is full (a short count), waits briefly for
+    /// room and sends the rest, so a burst is not turned into losses that only the ACK timer
+    /// would repair. Bounded: after a few tries what is left counts as lost (the engine
+    /// retransmits it), as does a datagram the kernel refuses outright.
+    fn send_all(&self, batch: &[TxDatagram<'_>], peer: SocketAddr) {
+        let mut at = 0;
+        let mut tries = 0;
+        while at < batch.len() && tries < 8 {
+            match self.sock.send_batch(&batch[at..]) {
+                Ok(n) if n > 0 => at += n,
+                Ok(_) => {
+                    tries += 1;
+                    super::sys::wait_writable(
+                        self.sock.raw_fd(),
+                        std::time::Duration::from_millis(1),
+                    );
+                }
+                Err(e) => {
+                    log::debug!(target: "rdmx::soft", "QP {:#x}: send to {peer}: {e}", self.qpn);
+                    at += 1; // that datagram is lost; the engine retransmits it
+                    tries += 1;
+                }
             }
         }
     }

@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# rdmx soft provider on 127.0.0.1: one run, every figure next to its baseline and target.
+#
+#   bench/soft.sh            # each run DURATION=5 s; the whole script takes about 1.5 min
+#   DURATION=2 bench/soft.sh # quicker, noisier
+#
+# 1. read_bw 4K qd 32            vs udp_read qd 32 (UdpPort, same batching, no reliability)  >= 0.8
+# 2. send_bw 4K qd 32            vs ucx_perftest tag_bw 4K, UCX_TLS=tcp                     >= 1.5
+# 3. read_lat 4K, poll_mode=busy (client and server) p50                                  <= 20 us
+# 4. read_bw 4K qd 32 with soft_drop_ratio=0.001 on both sides vs lossless                 >= 0.7, 0 errors
+# 5. progress=inline vs progress=thread (the default) for read_bw and read_lat (information)
+#
+# Exits 0 when every run completed (a missed target is reported as BELOW, not a failure),
+# non-zero when a run failed (setup error, errors > 0, no output). Servers run in the
+# background and are killed on exit.
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+DURATION=${DURATION:-5}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$TARGET_DIR/release/rdmx-perf
+LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/rdmx-soft-bench.XXXXXX")
+PIDS=()
+FAILED=0
+
+cleanup() {
+    for p in "${PIDS[@]}"; do
+        kill "$p" 2>/dev/null
+    done
+    for p in "${PIDS[@]}"; do
+        wait "$p" 2>/dev/null
+    done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "# building rdmx-perf (release)"
+if ! cargo build --release --quiet --bin rdmx-perf; then
+    echo "bench/soft.sh: build failed" >&2
+    exit 2
+fi
+
+# start NAME ARGS...: starts a server in the background, waits for its "listening on" line
+# and sets ADDR to the address it printed.
+start() {
+    local name=$1
+    shift
+    : >"$LOGDIR/$name.out"
+    "$BIN" "$@" >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err" &
+    PIDS+=($!)
+    local pid=$!
+    for _ in $(seq 1 100); do
+        ADDR=$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$LOGDIR/$name.out" | head -1)
+        [ -n "$ADDR" ] && return 0
+        if ! kill -0 "$pid" 2>/dev/null; then
+            break
+        fi
+        sleep 0.05
+    done
+    echo "bench/soft.sh: server $name did not start: $(cat "$LOGDIR/$name.err")" >&2
+    exit 2
+}
+
+# field JSON KEY: a number field of the JSON line.
+field() {
+    sed -n "s/.*\"$2\":\([-0-9.e]*\).*/\1/p" <<<"$1"
+}
+
+# run NAME ARGS...: runs a client, sets JSON to its last stdout line; a failed run is
+# reported and counted.
+run() {
+    local name=$1 ok=1
+    shift
+    JSON=""
+    if ! "$BIN" "$@" --json >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err"; then
+        ok=0
+        echo "RUN FAILED: $name: rdmx-perf $* --json" >&2
+        sed 's/^/    /' "$LOGDIR/$name.err" >&2
+    fi
+    JSON=$(tail -1 "$LOGDIR/$name.out" | grep '^{' || true)
+    if [ -z "$JSON" ]; then
+        [ "$ok" = 1 ] && echo "RUN FAILED: $name: no JSON output" >&2
+        ok=0
+        JSON="{}"
+    fi
+    [ "$ok" = 1 ] || FAILED=$((FAILED + 1))
+}
+
+# verdict VALUE TARGET ge|le: PASS or BELOW.
+verdict() {
+    awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN {
+        if (v == "" || v == "n/a") { print "n/a"; exit }
+        ok = (op == "ge") ? (v + 0 >= t + 0) : (v + 0 <= t + 0)
+        print ok ? "PASS" : "BELOW"
+    }'
+}
+
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'
+}
+
+LINES=()
+# line WHAT MEASURED BASELINE RATIO TARGET VERDICT
+line() {
+    LINES+=("$(printf '%-44s %14s %14s %8s %10s  %s' "$@")")
+    printf '%-44s %14s %14s %8s %10s  %s\n' "$@"
+}
+
+header() {
+    printf '%-44s %14s %14s %8s %10s  %s\n' "what" "measured" "baseline" "ratio" "target" "verdict"
+}
+
+CLIENT=(--size 4096 --duration "$DURATION")
+
+echo "# servers (logs in $LOGDIR)"
+start rdmx server --listen 127.0.0.1:0
+RDMX=$ADDR
+start rdmx_loss server --listen 127.0.0.1:0 --set soft_drop_ratio=0.001
+RDMX_LOSS=$ADDR
+start rdmx_inline server --listen 127.0.0.1:0 --set progress=inline
+RDMX_INLINE=$ADDR
+start rdmx_busy server --listen 127.0.0.1:0 --set poll_mode=busy
+RDMX_BUSY=$ADDR
+start udp udp_server --listen 127.0.0.1:0
+UDP=$ADDR
+echo "  rdmx $RDMX, drop 0.001 $RDMX_LOSS, progress=inline $RDMX_INLINE, poll_mode=busy $RDMX_BUSY, udp $UDP"
+echo "# runs of $DURATION s each"
+header
+
+# 1. read_bw vs the UDP baseline.
+run read_bw read_bw --connect "$RDMX" "${CLIENT[@]}" --qd 32
+READ_BW=$(field "$JSON" ops_per_sec)
+READ_BW_P50=$(field "$JSON" lat_p50_us)
+READ_BW_ERR=$(field "$JSON" errors)
+run udp_read udp_read --connect "$UDP" --qd 32 --duration "$DURATION"
+UDP_OPS=$(field "$JSON" ops_per_sec)
+UDP_LOST=$(field "$JSON" lost)
+R=$(ratio "$READ_BW" "$UDP_OPS")
+line "1 read_bw 4K qd32 ops/s vs udp_read qd32" "$READ_BW" "$UDP_OPS" "$R" ">= 0.8" "$(verdict "$R" 0.8 ge)"
+echo "    read_bw p50 ${READ_BW_P50} us, errors ${READ_BW_ERR}; udp_read lost ${UDP_LOST}"
+
+# 2. send_bw vs ucx_perftest tag_bw over TCP.
+run send_bw send_bw --connect "$RDMX" "${CLIENT[@]}" --qd 32
+SEND_BW=$(field "$JSON" ops_per_sec)
+SEND_RNR=$(field "$JSON" rnr_naks)
+UCX=""
+UCX_WHY=""
+if ! command -v ucx_perftest >/dev/null 2>&1; then
+    UCX_WHY="ucx_perftest not installed (Debian: ucx-utils)"
+else
+    UCX_PORT=$((20000 + RANDOM % 20000))
+    UCX_ITERS=${UCX_ITERS:-$((80000 * DURATION))}
+    UCX_TLS=tcp timeout $((DURATION * 6 + 20)) ucx_perftest -p "$UCX_PORT" >"$LOGDIR/ucx_server.out" 2>&1 &
+    UCX_SERVER=$!
+    PIDS+=("$UCX_SERVER")
+    sleep 0.5
+    if UCX_TLS=tcp timeout $((DURATION * 6 + 15)) ucx_perftest 127.0.0.1 -p "$UCX_PORT" \
+        -t tag_bw -s 4096 -n "$UCX_ITERS" >"$LOGDIR/ucx_client.out" 2>&1; then
+        # "Final:  iterations  p50  avg  overall  MB/s avg  MB/s overall  msg/s avg  msg/s overall"
+        UCX=$(awk '/^Final:/ { print $NF }' "$LOGDIR/ucx_client.out" | tail -1)
+        [ -z "$UCX" ] && UCX_WHY="no 'Final:' line in ucx_perftest output ($LOGDIR/ucx_client.out)"
+    else
+        UCX_WHY="ucx_perftest failed: $(tail -3 "$LOGDIR/ucx_client.out" | tr '\n' ' ')"
+    fi
+    wait "$UCX_SERVER" 2>/dev/null
+fi
+if [ -n "$UCX" ]; then
+    R=$(ratio "$SEND_BW" "$UCX")
+    line "2 send_bw 4K qd32 ops/s vs ucx tag_bw tcp" "$SEND_BW" "$UCX" "$R" ">= 1.5" "$(verdict "$R" 1.5 ge)"
+else
+    line "2 send_bw 4K qd32 ops/s vs ucx tag_bw tcp" "$SEND_BW" "skipped" "n/a" ">= 1.5" "SKIPPED"
+    echo "    ucx skipped: $UCX_WHY"
+fi
+echo "    send_bw rnr_naks ${SEND_RNR}"
+
+# 3. read_lat with busy polling: on both sides (the busy server's connection thread drives
+# its engine), and on the client only (the server's progress thread answers).
+run read_lat_busy read_lat --connect "$RDMX_BUSY" "${CLIENT[@]}" --set poll_mode=busy
+LAT_BUSY=$(field "$JSON" lat_p50_us)
+LAT_BUSY_P99=$(field "$JSON" lat_p99_us)
+run read_lat_busy_client read_lat --connect "$RDMX" "${CLIENT[@]}" --set poll_mode=busy
+LAT_BUSY1=$(field "$JSON" lat_p50_us)
+line "3 read_lat 4K poll_mode=busy p50 us" "$LAT_BUSY" "-" "-" "<= 20" "$(verdict "$LAT_BUSY" 20 le)"
+echo "    p99 ${LAT_BUSY_P99} us; busy on the client only (server default): p50 ${LAT_BUSY1} us"
+
+# 4. read_bw with loss injection on both sides.
+run read_bw_loss read_bw --connect "$RDMX_LOSS" "${CLIENT[@]}" --qd 32 --set soft_drop_ratio=0.001
+LOSS_BW=$(field "$JSON" ops_per_sec)
+LOSS_ERR=$(field "$JSON" errors)
+LOSS_RTX=$(field "$JSON" retransmits)
+LOSS_TO=$(field "$JSON" ack_timeouts)
+LOSS_DROPS=$(field "$JSON" injected_drops)
+R=$(ratio "$LOSS_BW" "$READ_BW")
+V=$(verdict "$R" 0.7 ge)
+[ "${LOSS_ERR:-1}" != "0" ] && V="BELOW (errors ${LOSS_ERR:-?})"
+line "4 read_bw drop 0.001 ops/s vs lossless" "$LOSS_BW" "$READ_BW" "$R" ">= 0.7" "$V"
+echo "    errors ${LOSS_ERR}, client injected drops ${LOSS_DROPS}, retransmits ${LOSS_RTX}, ack_timeouts ${LOSS_TO}"
+
+# 5. progress=inline vs progress=thread (default).
+run read_bw_inline read_bw --connect "$RDMX" "${CLIENT[@]}" --qd 32 --set progress=inline
+INL_BW=$(field "$JSON" ops_per_sec)
+INL_BW_TO=$(field "$JSON" ack_timeouts)
+run read_bw_inline2 read_bw --connect "$RDMX_INLINE" "${CLIENT[@]}" --qd 32 --set progress=inline
+INL2_BW=$(field "$JSON" ops_per_sec)
+INL2_BW_TO=$(field "$JSON" ack_timeouts)
+run read_lat_thread read_lat --connect "$RDMX" "${CLIENT[@]}"
+LAT_THR=$(field "$JSON" lat_p50_us)
+run read_lat_inline read_lat --connect "$RDMX" "${CLIENT[@]}" --set progress=inline
+LAT_INL=$(field "$JSON" lat_p50_us)
+run read_lat_inline2 read_lat --connect "$RDMX_INLINE" "${CLIENT[@]}" --set progress=inline
+LAT_INL2=$(field "$JSON" lat_p50_us)
+line "5 read_bw ops/s inline client vs thread" "$INL_BW" "$READ_BW" "$(ratio "$INL_BW" "$READ_BW")" "info" "-"
+line "5 read_bw ops/s inline both vs thread" "$INL2_BW" "$READ_BW" "$(ratio "$INL2_BW" "$READ_BW")" "info" "-"
+echo "    ack_timeouts: inline client ${INL_BW_TO}, inline both ${INL2_BW_TO}"
+line "5 read_lat p50 us inline client vs thread" "$LAT_INL" "$LAT_THR" "$(ratio "$LAT_INL" "$LAT_THR")" "info" "-"
+line "5 read_lat p50 us inline both vs thread" "$LAT_INL2" "$LAT_THR" "$(ratio "$LAT_INL2" "$LAT_THR")" "info" "-"
+line "5 read_lat p50 us thread+busy client vs thread" "$LAT_BUSY1" "$LAT_THR" "$(ratio "$LAT_BUSY1" "$LAT_THR")" "info" "-"
+line "5 read_lat p50 us thread+busy both vs thread" "$LAT_BUSY" "$LAT_THR" "$(ratio "$LAT_BUSY" "$LAT_THR")" "info" "-"
+line "5 read_bw inline both vs udp_read" "$INL2_BW" "$UDP_OPS" "$(ratio "$INL2_BW" "$UDP_OPS")" "info" "-"
+
+echo
+echo "# summary (thread = progress=thread, poll_mode=adaptive: the defaults)"
+header
+printf '%s\n' "${LINES[@]}"
+if [ "$FAILED" -gt 0 ]; then
+    echo "bench/soft.sh: $FAILED run(s) failed (logs in $LOGDIR)" >&2
+    exit 1
+fi
+echo "all runs completed (logs in $LOGDIR)"
+exit 0

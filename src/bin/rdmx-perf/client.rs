@@ -1,0 +1,699 @@
+//! The client tests: `read_bw write_bw send_bw read_lat send_lat`.
+//!
+//! * READ: `qd` READs of `size` bytes at random offsets of the server's region (4K-aligned
+//!   when `size` is a multiple of 4K, else 64-aligned) into per-slot local buffers; every
+//!   landed block is compared with the server's pattern (its first and last bytes are
+//!   poisoned before each post, so a READ that lands nothing is caught too).
+//! * WRITE: the same offsets; the source is a local copy of the server's pattern at the same
+//!   offset, so writes keep the region's content intact for READ clients.
+//! * SEND (send_bw): `qd` SENDs of `size` bytes; the server reposts its receives.
+//! * send_lat: one SEND whose first byte is a ping; the server answers with a SEND of the
+//!   same size; latency is the round trip (post to the answer's receive completion).
+//!
+//! Latency per op is post-to-completion (for the bandwidth tests too). Any non-success
+//! completion or verification mismatch counts in `errors`, stops the run (it drains what is
+//! outstanding) and makes the exit status 1.
+
+use rdmx::config::Settings;
+use rdmx::msgr::{Connection, Context};
+use rdmx::provider::soft::qp::SendReq;
+use rdmx::rc::verbs::{access, send_flags};
+use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::perf::{
+    Clock, Histogram, MAX_SEND, PING, PONG, READY_IMM, READY_TIMEOUT, Report, Rng, Waiter,
+    build_config, check_pattern, fill_pattern, parse_set, parse_size, pattern_byte,
+};
+use crate::server::empty_wc;
+
+pub const TESTS: &[&str] = &["read_bw", "write_bw", "send_bw", "read_lat", "send_lat"];
+
+pub const USAGE: &str = "usage: rdmx-perf {read_bw|write_bw|send_bw|read_lat|send_lat} --connect ADDR:PORT \
+     [--size BYTES (4096)] [--qd N (bw: 32, lat: 1)] [--duration SECONDS (5)] [--batch N (1)] \
+     [--set KEY=VALUE]... [--profile NAME] [--json]";
+
+/// How long to wait for the connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long outstanding ops may take to complete after the duration ended.
+const DRAIN_TIMEOUT: u64 = 5_000_000_000;
+/// Largest local buffer the tool allocates.
+const MAX_LOCAL: usize = 1 << 30;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Test {
+    ReadBw,
+    WriteBw,
+    SendBw,
+    ReadLat,
+    SendLat,
+}
+
+impl Test {
+    fn parse(s: &str) -> Option<Test> {
+        Some(match s {
+            "read_bw" => Test::ReadBw,
+            "write_bw" => Test::WriteBw,
+            "send_bw" => Test::SendBw,
+            "read_lat" => Test::ReadLat,
+            "send_lat" => Test::SendLat,
+            _ => return None,
+        })
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Test::ReadBw => "read_bw",
+            Test::WriteBw => "write_bw",
+            Test::SendBw => "send_bw",
+            Test::ReadLat => "read_lat",
+            Test::SendLat => "send_lat",
+        }
+    }
+    fn is_lat(self) -> bool {
+        matches!(self, Test::ReadLat | Test::SendLat)
+    }
+    fn opcode(self) -> WrOpcode {
+        match self {
+            Test::ReadBw | Test::ReadLat => WrOpcode::RdmaRead,
+            Test::WriteBw => WrOpcode::RdmaWrite,
+            Test::SendBw | Test::SendLat => WrOpcode::Send,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Args {
+    test: Test,
+    connect: String,
+    size: usize,
+    qd: usize,
+    duration: f64,
+    batch: usize,
+    json: bool,
+    profile: Option<String>,
+    sets: Vec<(String, String)>,
+}
+
+fn parse(test: Test, args: &[String]) -> Result<Args, String> {
+    let mut connect = None;
+    let mut size = 4096;
+    let mut qd = None;
+    let mut duration = 5.0;
+    let mut batch = 1;
+    let mut json = false;
+    let mut profile = None;
+    let mut sets = Vec::new();
+    let mut it = args.iter();
+    let num = |flag: &str, v: &str| {
+        v.parse::<usize>()
+            .map_err(|_| format!("{flag}: '{v}' is not a number\n{USAGE}"))
+    };
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--connect" => connect = Some(value()?),
+            "--size" => size = parse_size(&value()?).map_err(|e| format!("--size: {e}"))?,
+            "--qd" => qd = Some(num(flag, &value()?)?),
+            "--batch" => batch = num(flag, &value()?)?,
+            "--duration" => {
+                let v = value()?;
+                duration = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|d| d.is_finite() && *d > 0.0 && *d <= 3600.0)
+                    .ok_or_else(|| {
+                        format!("--duration: '{v}' is not a number of seconds in (0, 3600]")
+                    })?;
+            }
+            "--json" => json = true,
+            "--profile" => profile = Some(value()?),
+            "--set" => sets.push(parse_set(&value()?)?),
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown option '{other}'\n{USAGE}")),
+        }
+    }
+    let connect = connect.ok_or_else(|| format!("--connect ADDR:PORT is required\n{USAGE}"))?;
+    let qd = if test.is_lat() { 1 } else { qd.unwrap_or(32) };
+    if qd == 0 || batch == 0 {
+        return Err(format!("--qd and --batch must be at least 1\n{USAGE}"));
+    }
+    if size == 0 {
+        return Err("--size must be at least 1 byte".into());
+    }
+    if matches!(test, Test::SendBw | Test::SendLat) && size > MAX_SEND {
+        return Err(format!(
+            "--size {size}: the server's receives take at most {MAX_SEND} bytes per SEND"
+        ));
+    }
+    Ok(Args {
+        test,
+        connect,
+        size,
+        qd,
+        duration,
+        batch: batch.min(qd),
+        json,
+        profile,
+        sets,
+    })
+}
+
+/// Registered local memory, deregistered on drop (after the connection is gone).
+struct Local<'a> {
+    ctx: &'a Context,
+    _buf: Box<[u8]>,
+    ptr: *mut u8,
+    addr: u64,
+    lkey: u32,
+}
+
+impl<'a> Local<'a> {
+    fn new(ctx: &'a Context, buf: Box<[u8]>) -> Result<Local<'a>, String> {
+        let mut buf = buf;
+        let ptr = buf.as_mut_ptr();
+        // SAFETY: `buf` is owned by the returned value, which deregisters before freeing it.
+        let mr = unsafe { ctx.register(ptr, buf.len(), access::LOCAL_WRITE) }
+            .map_err(|e| format!("register {} bytes: {e}", buf.len()))?;
+        Ok(Local {
+            ctx,
+            _buf: buf,
+            ptr,
+            addr: mr.addr,
+            lkey: mr.lkey,
+        })
+    }
+}
+
+impl Drop for Local<'_> {
+    fn drop(&mut self) {
+        for _ in 0..200 {
+            if self.ctx.deregister(self.lkey).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Still named by WRs: leak the memory rather than free it under the engine.
+        std::mem::forget(std::mem::take(&mut self._buf));
+    }
+}
+
+/// What a run produced.
+#[derive(Debug, Default)]
+struct Outcome {
+    ops: u64,
+    elapsed_ns: u64,
+    errors: u64,
+    verified: u64,
+    first_error: Option<String>,
+}
+
+impl Outcome {
+    fn error(&mut self, msg: String) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(msg);
+        }
+    }
+}
+
+pub fn main(test_name: &str, args: &[String]) -> ExitCode {
+    let Some(test) = Test::parse(test_name) else {
+        eprintln!("rdmx-perf: unknown test '{test_name}'\n{USAGE}");
+        return ExitCode::from(2);
+    };
+    let a = match parse(test, args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rdmx-perf: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&a) {
+        Ok((report, out)) => {
+            report.print(a.json);
+            if out.errors > 0 {
+                eprintln!(
+                    "rdmx-perf: {}: {} error(s); first: {}",
+                    test.name(),
+                    out.errors,
+                    out.first_error.as_deref().unwrap_or("?")
+                );
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("rdmx-perf: {}: {e}", test.name());
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(a: &Args) -> Result<(Report, Outcome), String> {
+    let mut extra = Vec::new();
+    if a.qd > 256 {
+        extra.push(("max_send_wr", a.qd.to_string()));
+    }
+    let cfg = build_config(a.profile.as_deref(), &a.sets, &extra)?;
+    let ctx = Context::new(&cfg).map_err(|e| format!("context: {e}"))?;
+    let s = ctx.settings().clone();
+    if (s.max_send_wr as usize) < a.qd {
+        return Err(format!(
+            "--qd {} is more than max_send_wr = {}: set --set max_send_wr={}",
+            a.qd, s.max_send_wr, a.qd
+        ));
+    }
+    // The receive for the server's "ready" SEND, registered before connecting so it can be
+    // posted the moment the connection is up.
+    let ready_buf = Local::new(&ctx, vec![0u8; 64].into_boxed_slice())?;
+    let conn = ctx
+        .connect(&a.connect, CONNECT_TIMEOUT)
+        .map_err(|e| format!("connect to {}: {e}", a.connect))?;
+    wait_ready(&conn, &ready_buf)?;
+    let need = match a.test.opcode() {
+        WrOpcode::RdmaRead => access::REMOTE_READ,
+        WrOpcode::RdmaWrite => access::REMOTE_WRITE,
+        _ => 0,
+    };
+    let region = conn
+        .peer_regions()
+        .iter()
+        .find(|r| r.access & need == need && r.len >= a.size as u64)
+        .copied();
+    let region = match (need, region) {
+        (0, r) => r,
+        (_, Some(r)) => Some(r),
+        (_, None) => {
+            return Err(format!(
+                "the server exposes no region with {} access of at least {} bytes (is it an rdmx-perf server?)",
+                if need == access::REMOTE_READ {
+                    "REMOTE_READ"
+                } else {
+                    "REMOTE_WRITE"
+                },
+                a.size
+            ));
+        }
+    };
+    let local_len = match a.test {
+        Test::WriteBw => region.map_or(0, |r| r.len as usize),
+        Test::SendLat => 2 * a.size,
+        _ => a.qd * a.size,
+    };
+    if local_len > MAX_LOCAL {
+        return Err(format!(
+            "local buffer of {local_len} bytes (qd x size, or the server region for write_bw) is over the {} MiB limit",
+            MAX_LOCAL >> 20
+        ));
+    }
+    let mut buf = vec![0u8; local_len].into_boxed_slice();
+    match a.test {
+        Test::WriteBw => fill_pattern(&mut buf, 0),
+        Test::SendLat => buf[0] = PING,
+        _ => {}
+    }
+    let local = Local::new(&ctx, buf)?;
+    let clock = Clock::new();
+    let mut hist = Histogram::new();
+    let out = if a.test == Test::SendLat {
+        send_lat(a, &conn, &local, &s, &clock, &mut hist)
+    } else {
+        ops_loop(a, &conn, &local, region, &s, &clock, &mut hist)
+    };
+    let c = conn.counters();
+    let injected = conn.injected_drops();
+    let kdrops = conn.kernel_drops();
+    drop(conn);
+    drop(local);
+    drop(ready_buf);
+
+    let secs = out.elapsed_ns as f64 / 1e9;
+    let ops_per_sec = if secs > 0.0 {
+        out.ops as f64 / secs
+    } else {
+        0.0
+    };
+    let mut r = Report::new(a.test.name());
+    r.str("provider", ctx.provider());
+    r.str("progress", format!("{:?}", s.progress).to_lowercase());
+    r.str("poll_mode", format!("{:?}", s.poll_mode).to_lowercase());
+    r.str("server", a.connect.clone());
+    r.str(
+        "latency",
+        if a.test == Test::SendLat {
+            "round trip"
+        } else {
+            "post to completion"
+        },
+    );
+    r.int("size", a.size as u64);
+    r.int("qd", a.qd as u64);
+    r.int("batch", a.batch as u64);
+    r.int("path_mtu", u64::from(s.path_mtu.bytes()));
+    r.num("duration_s", secs, 3);
+    r.int("ops", out.ops);
+    r.num("ops_per_sec", ops_per_sec, 1);
+    r.num("gbps", ops_per_sec * a.size as f64 * 8.0 / 1e9, 3);
+    r.latency(&hist);
+    r.int("retransmits", c.retransmits);
+    r.int("rnr_naks", c.rnr_naks_received);
+    r.int("ack_timeouts", c.ack_timeouts);
+    r.int("seq_naks", c.seq_naks_received);
+    r.int("duplicates", c.duplicates_received);
+    r.int("out_of_sequence", c.out_of_sequence);
+    r.int("icrc_errors", c.icrc_errors);
+    r.int("malformed", c.malformed);
+    r.int("tx_packets", c.tx_packets);
+    r.int("rx_packets", c.rx_packets);
+    r.int("kernel_drops", kdrops);
+    r.int("injected_drops", injected);
+    r.int("verified", out.verified);
+    r.int("errors", out.errors);
+    Ok((r, out))
+}
+
+/// Posts the receive for the server's ready message and waits for it.
+fn wait_ready(conn: &Connection, buf: &Local<'_>) -> Result<(), String> {
+    const READY: u64 = u64::MAX;
+    conn.post_recv(&[(
+        READY,
+        vec![Sge {
+            addr: buf.addr,
+            length: 64,
+            lkey: buf.lkey,
+        }],
+    )])
+    .map_err(|e| format!("post_recv: {e}"))?;
+    let clock = Clock::new();
+    let deadline = READY_TIMEOUT.as_nanos() as u64;
+    let mut wcs = vec![empty_wc(); 4];
+    loop {
+        let n = conn.poll(&mut wcs);
+        if let Some(wc) = wcs[..n].first() {
+            return match (wc.cookie, wc.status, wc.imm) {
+                (READY, WcStatus::Success, Some(READY_IMM)) => Ok(()),
+                (READY, WcStatus::Success, imm) => Err(format!(
+                    "the server's first message is not rdmx-perf's ready message (immediate {imm:?})"
+                )),
+                (_, status, _) => Err(format!(
+                    "waiting for the server's ready message: {:?} completed with {status:?}",
+                    wc.opcode
+                )),
+            };
+        }
+        if clock.now() > deadline {
+            return Err(format!(
+                "no ready message from the server within {READY_TIMEOUT:?} (is it an rdmx-perf server?)"
+            ));
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// The bandwidth loop (and read_lat, with qd 1).
+fn ops_loop(
+    a: &Args,
+    conn: &Connection,
+    local: &Local<'_>,
+    region: Option<rdmx::msgr::setup::Region>,
+    s: &Settings,
+    clock: &Clock,
+    hist: &mut Histogram,
+) -> Outcome {
+    let mut waiter = Waiter::new(s);
+    let opcode = a.test.opcode();
+    let is_read = opcode == WrOpcode::RdmaRead;
+    let size = a.size as u64;
+    let (raddr, rlen, rkey) = region.map_or((0, 0, 0), |r| (r.addr, r.len, r.rkey));
+    let align: u64 = if size % 4096 == 0 { 4096 } else { 64 };
+    let slots_span = rlen.saturating_sub(size) / align + 1;
+    let mut rng = Rng::new(clock.now() ^ u64::from(std::process::id()));
+    let mut posted_at = vec![0u64; a.qd];
+    let mut offset = vec![0u64; a.qd];
+    let mut free: Vec<usize> = (0..a.qd).rev().collect();
+    let mut wrs: Vec<SendReq> = Vec::with_capacity(a.batch);
+    let mut wcs = vec![empty_wc(); 64];
+    let mut out = Outcome::default();
+    let start = clock.now();
+    let end = start + (a.duration * 1e9) as u64;
+    let mut last = start;
+    let mut stopping = false;
+    loop {
+        let now = clock.now();
+        if !stopping && (now >= end || out.errors > 0) {
+            stopping = true;
+        }
+        if stopping && free.len() == a.qd {
+            break;
+        }
+        if stopping && now > end + DRAIN_TIMEOUT {
+            out.error(format!(
+                "{} op(s) still outstanding {} s after the run ended",
+                a.qd - free.len(),
+                DRAIN_TIMEOUT / 1_000_000_000
+            ));
+            break;
+        }
+        // Post: every free slot, `batch` WRs per call.
+        while !stopping && !free.is_empty() {
+            wrs.clear();
+            let k = free.len().min(a.batch);
+            for _ in 0..k {
+                let slot = free.pop().unwrap_or_default();
+                let off = if rlen > 0 {
+                    (rng.next() % slots_span) * align
+                } else {
+                    0
+                };
+                offset[slot] = off;
+                let slot_addr = local.addr + slot as u64 * size;
+                let src = match opcode {
+                    WrOpcode::RdmaWrite => local.addr + off,
+                    _ => slot_addr,
+                };
+                if is_read {
+                    poison(local, slot as u64 * size, size, off);
+                }
+                wrs.push(SendReq {
+                    cookie: slot as u64,
+                    opcode,
+                    flags: send_flags::SIGNALED,
+                    sges: vec![Sge {
+                        addr: src,
+                        length: a.size as u32,
+                        lkey: local.lkey,
+                    }],
+                    remote_addr: raddr + off,
+                    rkey,
+                    imm: 0,
+                });
+            }
+            let t = clock.now();
+            let posted = match conn.post_send(&wrs) {
+                Ok(n) => n,
+                Err(e) if e.kind() == rdmx::ErrorKind::Full => 0,
+                Err(e) => {
+                    out.error(format!("post_send: {e}"));
+                    stopping = true;
+                    0
+                }
+            };
+            for w in &wrs[..posted] {
+                posted_at[w.cookie as usize] = t;
+            }
+            for w in wrs[posted..].iter().rev() {
+                free.push(w.cookie as usize);
+            }
+            if posted < wrs.len() {
+                break;
+            }
+        }
+        if stopping && free.len() == a.qd {
+            break;
+        }
+        let n = conn.poll(&mut wcs);
+        if n == 0 {
+            let now = clock.now();
+            let max_sleep = if stopping {
+                Duration::from_millis(10)
+            } else {
+                Duration::from_nanos(end.saturating_sub(now).clamp(1000, 10_000_000))
+            };
+            waiter.idle(conn, now, max_sleep);
+            continue;
+        }
+        waiter.busy();
+        let t = clock.now();
+        for wc in &wcs[..n] {
+            let slot = wc.cookie as usize;
+            if slot >= a.qd {
+                out.error(format!("completion with unknown cookie {:#x}", wc.cookie));
+                continue;
+            }
+            hist.record(t.saturating_sub(posted_at[slot]));
+            free.push(slot);
+            last = t;
+            if wc.status != WcStatus::Success {
+                let at = if rlen > 0 {
+                    format!(" (remote offset {:#x})", offset[slot])
+                } else {
+                    String::new()
+                };
+                out.error(format!(
+                    "{:?} completed with {:?}{at}",
+                    wc.opcode, wc.status
+                ));
+                continue;
+            }
+            if wc.byte_len as u64 != size && is_read {
+                out.error(format!(
+                    "READ completed with {} bytes, expected {size}",
+                    wc.byte_len
+                ));
+                continue;
+            }
+            out.ops += 1;
+            if is_read {
+                // SAFETY: the READ completed: the engine no longer writes this slot.
+                let got =
+                    unsafe { std::slice::from_raw_parts(local.ptr.add(slot * a.size), a.size) };
+                match check_pattern(got, offset[slot]) {
+                    None => out.verified += 1,
+                    Some(i) => out.error(format!(
+                        "READ of {size} bytes at offset {:#x}: byte {i} is {:#04x}, expected {:#04x}",
+                        offset[slot],
+                        got[i],
+                        pattern_byte(offset[slot] + i as u64)
+                    )),
+                }
+            }
+        }
+    }
+    out.elapsed_ns = last.saturating_sub(start).max(1);
+    out
+}
+
+/// Writes the complement of the expected pattern into the first and last (up to) 8 bytes
+/// of a READ slot, so a READ that lands nothing fails verification.
+fn poison(local: &Local<'_>, at: u64, size: u64, off: u64) {
+    let n = size.min(8);
+    for i in (0..n).chain(size - n..size) {
+        // SAFETY: `at + i` is inside the slot; no WR names this slot now (it is free).
+        unsafe {
+            local
+                .ptr
+                .add((at + i) as usize)
+                .write_volatile(!pattern_byte(off + i))
+        };
+    }
+}
+
+/// send_lat: one ping at a time, answered by the server with a SEND of the same size.
+fn send_lat(
+    a: &Args,
+    conn: &Connection,
+    local: &Local<'_>,
+    s: &Settings,
+    clock: &Clock,
+    hist: &mut Histogram,
+) -> Outcome {
+    const SEND: u64 = 1;
+    const RECV: u64 = 2;
+    let mut waiter = Waiter::new(s);
+    let size = a.size as u64;
+    let recv = (
+        RECV,
+        vec![Sge {
+            addr: local.addr + size,
+            length: a.size as u32,
+            lkey: local.lkey,
+        }],
+    );
+    let ping = SendReq {
+        cookie: SEND,
+        opcode: WrOpcode::Send,
+        flags: send_flags::SIGNALED,
+        sges: vec![Sge {
+            addr: local.addr,
+            length: a.size as u32,
+            lkey: local.lkey,
+        }],
+        remote_addr: 0,
+        rkey: 0,
+        imm: 0,
+    };
+    let mut wcs = vec![empty_wc(); 16];
+    let mut out = Outcome::default();
+    let start = clock.now();
+    let end = start + (a.duration * 1e9) as u64;
+    let mut last = start;
+    'ops: while clock.now() < end && out.errors == 0 {
+        if let Err(e) = conn.post_recv(std::slice::from_ref(&recv)) {
+            out.error(format!("post_recv: {e}"));
+            break;
+        }
+        // SAFETY: the receive slot is named by the posted receive only; mark it stale.
+        unsafe { local.ptr.add(a.size).write_volatile(0) };
+        let t0 = clock.now();
+        if let Err(e) = conn.post_send(std::slice::from_ref(&ping)) {
+            out.error(format!("post_send: {e}"));
+            break;
+        }
+        let (mut sent, mut answered) = (false, false);
+        let deadline = t0 + DRAIN_TIMEOUT;
+        while !(sent && answered) {
+            let n = conn.poll(&mut wcs);
+            let now = clock.now();
+            if n == 0 {
+                if now > deadline {
+                    out.error(format!(
+                        "no answer within {} s (sent: {sent}, answered: {answered})",
+                        DRAIN_TIMEOUT / 1_000_000_000
+                    ));
+                    break 'ops;
+                }
+                waiter.idle(conn, now, Duration::from_millis(10));
+                continue;
+            }
+            waiter.busy();
+            for wc in &wcs[..n] {
+                if wc.status != WcStatus::Success {
+                    out.error(format!("{:?} completed with {:?}", wc.opcode, wc.status));
+                    continue;
+                }
+                match (wc.cookie, wc.opcode) {
+                    (SEND, WcOpcode::Send) => sent = true,
+                    (RECV, WcOpcode::Recv) => {
+                        answered = true;
+                        hist.record(now - t0);
+                        last = now;
+                        // SAFETY: the receive completed; the engine no longer writes it.
+                        let first = unsafe { local.ptr.add(a.size).read_volatile() };
+                        if wc.byte_len as u64 != size || first != PONG {
+                            out.error(format!(
+                                "answer of {} bytes starting {first:#04x}, expected {size} starting {PONG:#04x}",
+                                wc.byte_len
+                            ));
+                        } else {
+                            out.ops += 1;
+                            out.verified += 1;
+                        }
+                    }
+                    other => out.error(format!("unexpected completion {other:?}")),
+                }
+            }
+            if out.errors > 0 {
+                break 'ops;
+            }
+        }
+    }
+    // After an error the QP may still hold the receive; closing the connection flushes it.
+    out.elapsed_ns = last.saturating_sub(start).max(1);
+    out
+}

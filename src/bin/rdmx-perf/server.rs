@@ -1,0 +1,317 @@
+//! `rdmx-perf server`: serves every test until killed.
+//!
+//! One region of [`SERVER_REGION`] bytes, filled with the pattern (a function of the offset,
+//! so clients verify READs without a copy of it) and registered LOCAL_WRITE | REMOTE_READ |
+//! REMOTE_WRITE before the listener starts, so every handshake exposes it. WRITE clients
+//! write the same pattern back (see `client.rs`), so the region keeps it.
+//!
+//! Each connection is served on its own thread, which keeps `max_recv_wr` receives posted
+//! (reposted on completion) into a per-connection area, answers pings (a SEND whose first
+//! byte is [`PING`]) with a SEND of the same size, and ends when the peer goes away. Once
+//! its receives are posted it sends the client a 1-byte SEND with immediate [`READY_IMM`]:
+//! clients start only then (a SEND before the receives are posted meets RNR NAKs).
+//! The server's tool defaults add `max_recv_wr = 4096` to the shared ones (soft_port = 0,
+//! path_mtu = 4096); any user value wins.
+
+use rdmx::msgr::{Connection, Context};
+use rdmx::provider::soft::cq::Wc;
+use rdmx::provider::soft::qp::SendReq;
+use rdmx::rc::verbs::{access, send_flags};
+use rdmx::rc::{QpState, Sge, WcOpcode, WcStatus, WrOpcode};
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::perf::{
+    Clock, MAX_SEND, PING, PONG, READY_IMM, SERVER_REGION, Waiter, build_config, fill_pattern,
+    parse_set,
+};
+
+pub const USAGE: &str =
+    "usage: rdmx-perf server --listen ADDR:PORT [--set KEY=VALUE]... [--profile NAME]";
+
+#[derive(Debug)]
+struct Args {
+    listen: String,
+    profile: Option<String>,
+    sets: Vec<(String, String)>,
+}
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut listen = None;
+    let mut profile = None;
+    let mut sets = Vec::new();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--listen" => listen = Some(value()?),
+            "--profile" => profile = Some(value()?),
+            "--set" => sets.push(parse_set(&value()?)?),
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown option '{other}'\n{USAGE}")),
+        }
+    }
+    let listen = listen.ok_or_else(|| format!("--listen ADDR:PORT is required\n{USAGE}"))?;
+    Ok(Args {
+        listen,
+        profile,
+        sets,
+    })
+}
+
+/// Runs the server; returns only on a setup error.
+pub fn main(args: &[String]) -> Result<(), String> {
+    let a = parse(args)?;
+    // Deep receive queue by default: at a few hundred thousand SENDs/s, 4096 posted
+    // receives give the reposting thread ~10 ms of slack before the sender meets RNR NAKs
+    // (rnr_retry = 2 by default: three late reposts in a row end the connection).
+    let cfg = build_config(
+        a.profile.as_deref(),
+        &a.sets,
+        &[("max_recv_wr", SERVER_RECV_WR.to_string())],
+    )?;
+    let ctx = Context::new(&cfg).map_err(|e| format!("context: {e}"))?;
+    // The region lives as long as the process (the server runs until killed).
+    let region: &'static mut [u8] = Box::leak(vec![0u8; SERVER_REGION].into_boxed_slice());
+    fill_pattern(region, 0);
+    // SAFETY: `region` is leaked: valid for the life of the process; only the engine writes
+    // it after this point (clients' WRITEs, which carry the same pattern).
+    let mr = unsafe {
+        ctx.register(
+            region.as_mut_ptr(),
+            region.len(),
+            access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
+        )
+    }
+    .map_err(|e| format!("register {} MiB: {e}", SERVER_REGION >> 20))?;
+    let listener = ctx
+        .listen(&a.listen)
+        .map_err(|e| format!("listen on {}: {e}", a.listen))?;
+    let s = ctx.settings();
+    println!(
+        "rdmx-perf server listening on {} (provider {}, UDP {}, region {} MiB rkey {:#x}, path_mtu {}, progress {:?}, poll_mode {:?})",
+        listener.local_addr(),
+        ctx.provider(),
+        ctx.udp_addr(),
+        SERVER_REGION >> 20,
+        mr.rkey,
+        s.path_mtu.bytes(),
+        s.progress,
+        s.poll_mode,
+    );
+    let _ = std::io::stdout().flush();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    loop {
+        match listener.accept(None) {
+            Ok(conn) => {
+                let id = NEXT.fetch_add(1, Ordering::Relaxed);
+                let ctx = ctx.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("serve-{id}"))
+                    .spawn(move || serve(&ctx, conn, id));
+                if let Err(e) = spawned {
+                    eprintln!("rdmx-perf server: connection {id}: no thread: {e}");
+                }
+            }
+            Err(e) => {
+                eprintln!("rdmx-perf server: accept: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// The server's default receive queue depth (user-overridable).
+const SERVER_RECV_WR: u32 = 4096;
+
+/// Per-connection memory: receives land in the first half, answers go from the second.
+const AREA: usize = 2 * MAX_SEND;
+
+fn serve(ctx: &Context, conn: Connection, id: u64) {
+    let peer = conn.peer();
+    let mut area = vec![0u8; AREA];
+    area[MAX_SEND..].fill(PONG);
+    let base = area.as_mut_ptr();
+    // SAFETY: `area` outlives the registration: it is deregistered below, after the
+    // connection is dropped (which flushes every WR naming it).
+    let mr = match unsafe { ctx.register(base, AREA, access::LOCAL_WRITE) } {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("rdmx-perf server: connection {id} from {peer}: register: {e}");
+            return;
+        }
+    };
+    let stats = run(ctx, &conn, mr.addr, mr.lkey, base);
+    let c = conn.counters();
+    match stats {
+        Ok((recvs, pings)) => eprintln!(
+            "rdmx-perf server: connection {id} from {peer} done: {recvs} receives, {pings} pings answered; packets tx {} rx {}, {} retransmits, {} duplicates received, {} out of sequence, {} seq_naks sent, {} rnr_naks sent, {} ack_timeouts, {} icrc errors, {} malformed, {} injected drops",
+            c.tx_packets,
+            c.rx_packets,
+            c.retransmits,
+            c.duplicates_received,
+            c.out_of_sequence,
+            c.seq_naks_sent,
+            c.rnr_naks_sent,
+            c.ack_timeouts,
+            c.icrc_errors,
+            c.malformed,
+            conn.injected_drops()
+        ),
+        Err(e) => eprintln!("rdmx-perf server: connection {id} from {peer}: {e}"),
+    }
+    drop(conn);
+    // The WRs naming the area are flushed by now; retry briefly in case one is finishing.
+    for _ in 0..100 {
+        if ctx.deregister(mr.lkey).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(area);
+}
+
+/// Cookies: receives are `RECV_TAG | i`, answers `PONG_TAG`.
+const RECV_TAG: u64 = 1 << 63;
+const PONG_TAG: u64 = 1 << 62;
+
+fn run(
+    ctx: &Context,
+    conn: &Connection,
+    addr: u64,
+    lkey: u32,
+    base: *mut u8,
+) -> Result<(u64, u64), String> {
+    let s = ctx.settings();
+    let recv_sge = vec![Sge {
+        addr,
+        length: MAX_SEND as u32,
+        lkey,
+    }];
+    let nrecv = s.max_recv_wr as usize;
+    let wrs: Vec<(u64, Vec<Sge>)> = (0..nrecv as u64)
+        .map(|i| (RECV_TAG | i, recv_sge.clone()))
+        .collect();
+    let mut posted = 0;
+    while posted < wrs.len() {
+        posted += conn
+            .post_recv(&wrs[posted..])
+            .map_err(|e| format!("post_recv: {e}"))?;
+    }
+    // Tell the client its receives are in place: the handshake completes before this thread
+    // can post any, and a SEND arriving before them meets RNR NAKs (three end the QP with
+    // the default rnr_retry = 2). The client posted its receive for this right after
+    // connecting, well before this point.
+    let ready = SendReq {
+        cookie: PONG_TAG,
+        opcode: WrOpcode::Send,
+        flags: send_flags::SIGNALED,
+        sges: vec![Sge {
+            addr: addr + MAX_SEND as u64,
+            length: 1,
+            lkey,
+        }],
+        remote_addr: 0,
+        rkey: 0,
+        imm: READY_IMM,
+    };
+    let mut answers: Vec<SendReq> = vec![SendReq {
+        opcode: WrOpcode::SendWithImm,
+        ..ready
+    }];
+    let clock = Clock::new();
+    let mut waiter = Waiter::new(s);
+    let mut wcs = vec![empty_wc(); s.poll_batch.max(16) as usize];
+    let (mut recvs, mut pings) = (0u64, 0u64);
+    let mut reposts: Vec<(u64, Vec<Sge>)> = Vec::with_capacity(wcs.len());
+    // Answers not yet posted (the send queue was full) are posted first on the next pass.
+    loop {
+        if !answers.is_empty() {
+            match conn.post_send(&answers) {
+                Ok(k) => drop(answers.drain(..k)),
+                Err(e) if e.kind() == rdmx::ErrorKind::Full => {}
+                Err(e) if e.kind() == rdmx::ErrorKind::Closed => return Ok((recvs, pings)),
+                Err(e) => return Err(format!("post_send: {e}")),
+            }
+        }
+        let n = conn.poll(&mut wcs);
+        if n == 0 {
+            if conn.qp_state() == QpState::Err {
+                return Ok((recvs, pings));
+            }
+            let max_sleep = if answers.is_empty() {
+                Duration::from_millis(100)
+            } else {
+                Duration::from_millis(1)
+            };
+            waiter.idle(conn, clock.now(), max_sleep);
+            continue;
+        }
+        waiter.busy();
+        reposts.clear();
+        for wc in &wcs[..n] {
+            if wc.status == WcStatus::WrFlushErr {
+                return Ok((recvs, pings)); // the peer went away
+            }
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "completion {:?} for {:?} (cookie {:#x})",
+                    wc.status, wc.opcode, wc.cookie
+                ));
+            }
+            if wc.opcode != WcOpcode::Recv {
+                continue; // an answer was acknowledged
+            }
+            recvs += 1;
+            // SAFETY: the receive completed, so the engine wrote its first byte; nothing
+            // writes the area while we read one byte (the next SEND needs a new receive,
+            // which is reposted below, after this read).
+            let first = if wc.byte_len > 0 {
+                unsafe { base.read_volatile() }
+            } else {
+                0
+            };
+            reposts.push((wc.cookie, recv_sge.clone()));
+            if first == PING {
+                pings += 1;
+                answers.push(SendReq {
+                    cookie: PONG_TAG,
+                    opcode: WrOpcode::Send,
+                    flags: send_flags::SIGNALED,
+                    sges: vec![Sge {
+                        addr: addr + MAX_SEND as u64,
+                        length: wc.byte_len,
+                        lkey,
+                    }],
+                    remote_addr: 0,
+                    rkey: 0,
+                    imm: 0,
+                });
+            }
+        }
+        let mut done = 0;
+        while done < reposts.len() {
+            match conn.post_recv(&reposts[done..]) {
+                Ok(k) => done += k,
+                Err(e) if e.kind() == rdmx::ErrorKind::Closed => return Ok((recvs, pings)),
+                Err(e) => return Err(format!("post_recv: {e}")),
+            }
+        }
+    }
+}
+
+pub fn empty_wc() -> Wc {
+    Wc {
+        cookie: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    }
+}

@@ -1,0 +1,271 @@
+//! The UDP baseline: what this host's loopback path carries with the same batching as the
+//! soft provider and none of its reliability.
+//!
+//! `udp_server` answers every 64-byte request with a 4096-byte reply (the request's first 16
+//! bytes, then filler). `udp_read` keeps `qd` requests in flight; both sides use the soft
+//! provider's `UdpPort` (sendmmsg / recvmmsg batches). Nothing is retransmitted: a slot whose
+//! reply has not come within [`LOSS_TIMEOUT_NS`] counts as lost and is reused (a late reply
+//! is recognised by its sequence number and ignored).
+//!
+//! Both sides wait like the soft provider's default: the server as its progress thread
+//! (drain the socket, then sleep in ppoll), the client as `poll_mode=adaptive` (spin
+//! `polling_us` = 100 us on empty receives, then sleep in ppoll).
+
+use rdmx::provider::soft::sys::poll_readable;
+use rdmx::provider::soft::udp::{RxBatch, TxDatagram, UdpPort};
+use std::io::Write;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::perf::{Clock, Histogram, Report};
+
+pub const SERVER_USAGE: &str = "usage: rdmx-perf udp_server --listen ADDR:PORT";
+pub const CLIENT_USAGE: &str =
+    "usage: rdmx-perf udp_read --connect ADDR:PORT [--qd N (32)] [--duration SECONDS (5)] [--json]";
+
+const REQ_LEN: usize = 64;
+const REPLY_LEN: usize = 4096;
+/// Echoed request header: magic, slot, sequence.
+const HDR_LEN: usize = 16;
+const MAGIC: u32 = 0x5544_5052; // "UDPR"
+/// A reply not back within this is lost.
+const LOSS_TIMEOUT_NS: u64 = 50_000_000;
+/// Empty receives are spun this long before sleeping (poll_mode=adaptive's default).
+const SPIN_NS: u64 = 100_000;
+const BATCH: usize = 64;
+
+fn resolve(a: &str) -> Result<SocketAddr, String> {
+    a.to_socket_addrs()
+        .map_err(|e| format!("address '{a}': {e}"))?
+        .find(SocketAddr::is_ipv4)
+        .ok_or_else(|| format!("address '{a}': no IPv4 address"))
+}
+
+/// `udp_server --listen ADDR:PORT`: runs until killed.
+pub fn server(args: &[String]) -> Result<(), String> {
+    let listen = match args {
+        [flag, v] if flag == "--listen" => v.clone(),
+        _ => return Err(SERVER_USAGE.to_string()),
+    };
+    let addr = resolve(&listen)?;
+    let port = UdpPort::bind(addr).map_err(|e| format!("bind UDP {addr}: {e}"))?;
+    println!(
+        "rdmx-perf udp_server listening on {} ({REQ_LEN}-byte requests, {REPLY_LEN}-byte replies)",
+        port.local_addr()
+    );
+    let _ = std::io::stdout().flush();
+    let filler = vec![0xA5u8; REPLY_LEN - HDR_LEN];
+    let mut rx = RxBatch::new(BATCH, 2048);
+    let mut ready = Vec::new();
+    let mut hdrs: Vec<([u8; HDR_LEN], SocketAddr)> = Vec::with_capacity(BATCH);
+    loop {
+        let n = port.recv_batch(&mut rx).map_err(|e| format!("recv: {e}"))?;
+        if n == 0 {
+            let _ = poll_readable(&[port.raw_fd()], Duration::from_millis(100), &mut ready);
+            continue;
+        }
+        hdrs.clear();
+        for d in rx.iter() {
+            if d.data.len() >= HDR_LEN {
+                let mut h = [0u8; HDR_LEN];
+                h.copy_from_slice(&d.data[..HDR_LEN]);
+                hdrs.push((h, d.src));
+            }
+        }
+        let batch: Vec<TxDatagram<'_>> = hdrs
+            .iter()
+            .map(|(h, src)| TxDatagram {
+                dst: *src,
+                parts: [&h[..], &filler[..], &[]],
+            })
+            .collect();
+        let mut sent = 0;
+        // Bounded retries when the send buffer is full; what is still unsent is lost.
+        for _ in 0..1000 {
+            if sent == batch.len() {
+                break;
+            }
+            match port.send_batch(&batch[sent..]) {
+                Ok(0) => std::thread::yield_now(),
+                Ok(k) => sent += k,
+                Err(_) => sent += 1, // that datagram cannot be sent: drop it
+            }
+        }
+    }
+}
+
+/// `udp_read --connect ADDR:PORT --qd N --duration S [--json]`.
+pub fn client(args: &[String]) -> ExitCode {
+    match client_run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rdmx-perf: udp_read: {e}");
+            ExitCode::from(if e.starts_with("usage") { 2 } else { 1 })
+        }
+    }
+}
+
+fn client_run(args: &[String]) -> Result<(), String> {
+    let mut connect = None;
+    let mut qd = 32usize;
+    let mut duration = 5.0f64;
+    let mut json = false;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("usage: {flag} needs a value\n{CLIENT_USAGE}"))
+        };
+        match flag.as_str() {
+            "--connect" => connect = Some(value()?),
+            "--qd" => {
+                qd = value()?
+                    .parse()
+                    .ok()
+                    .filter(|&q| (1..=4096).contains(&q))
+                    .ok_or_else(|| format!("usage: --qd must be 1..=4096\n{CLIENT_USAGE}"))?
+            }
+            "--duration" => {
+                duration = value()?
+                    .parse()
+                    .ok()
+                    .filter(|d: &f64| d.is_finite() && *d > 0.0 && *d <= 3600.0)
+                    .ok_or_else(|| {
+                        format!("usage: --duration must be in (0, 3600]\n{CLIENT_USAGE}")
+                    })?
+            }
+            "--json" => json = true,
+            other => return Err(format!("usage: unknown option '{other}'\n{CLIENT_USAGE}")),
+        }
+    }
+    let server = resolve(
+        &connect
+            .ok_or_else(|| format!("usage: --connect ADDR:PORT is required\n{CLIENT_USAGE}"))?,
+    )?;
+    let local: SocketAddr = if server.ip().is_loopback() {
+        "127.0.0.1:0"
+    } else {
+        "0.0.0.0:0"
+    }
+    .parse()
+    .map_err(|e| format!("{e}"))?;
+    let port = UdpPort::bind(local).map_err(|e| format!("bind UDP {local}: {e}"))?;
+
+    let clock = Clock::new();
+    let mut hist = Histogram::new();
+    let mut seq = vec![0u64; qd];
+    let mut posted_at = vec![0u64; qd];
+    let mut in_flight = vec![false; qd];
+    let mut free: Vec<usize> = (0..qd).rev().collect();
+    let mut reqs = vec![[0u8; REQ_LEN]; qd];
+    let mut rx = RxBatch::new(BATCH, REPLY_LEN + 64);
+    let mut ready = Vec::new();
+    let (mut ops, mut lost, mut stale, mut bad) = (0u64, 0u64, 0u64, 0u64);
+    let mut next_seq = 1u64;
+    let start = clock.now();
+    let end = start + (duration * 1e9) as u64;
+    let mut last = start;
+    let mut idle_since: Option<u64> = None;
+    let mut next_scan = start + 1_000_000;
+    loop {
+        let now = clock.now();
+        let stopping = now >= end;
+        if stopping && free.len() == qd {
+            break;
+        }
+        if stopping && now > end + 2 * LOSS_TIMEOUT_NS {
+            break;
+        }
+        // Send a request for every free slot, in one batch.
+        if !stopping && !free.is_empty() {
+            let slots: Vec<usize> = std::mem::take(&mut free);
+            for &s in &slots {
+                seq[s] = next_seq;
+                next_seq += 1;
+                let r = &mut reqs[s];
+                r[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+                r[4..8].copy_from_slice(&(s as u32).to_le_bytes());
+                r[8..16].copy_from_slice(&seq[s].to_le_bytes());
+            }
+            let batch: Vec<TxDatagram<'_>> = slots
+                .iter()
+                .map(|&s| TxDatagram {
+                    dst: server,
+                    parts: [&reqs[s][..], &[], &[]],
+                })
+                .collect();
+            let sent = port.send_batch(&batch).map_err(|e| format!("send: {e}"))?;
+            let t = clock.now();
+            for &s in &slots[..sent] {
+                posted_at[s] = t;
+                in_flight[s] = true;
+            }
+            free.extend_from_slice(&slots[sent..]);
+        }
+        let n = port.recv_batch(&mut rx).map_err(|e| format!("recv: {e}"))?;
+        let t = clock.now();
+        for d in rx.iter() {
+            let b = d.data;
+            if b.len() != REPLY_LEN || b[0..4] != MAGIC.to_le_bytes() {
+                bad += 1;
+                continue;
+            }
+            let s = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
+            let q = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
+            if s >= qd || !in_flight[s] || seq[s] != q {
+                stale += 1;
+                continue;
+            }
+            in_flight[s] = false;
+            hist.record(t - posted_at[s]);
+            ops += 1;
+            last = t;
+            free.push(s);
+        }
+        if t >= next_scan {
+            next_scan = t + 1_000_000;
+            for s in 0..qd {
+                if in_flight[s] && t - posted_at[s] > LOSS_TIMEOUT_NS {
+                    in_flight[s] = false;
+                    lost += 1;
+                    free.push(s);
+                }
+            }
+        }
+        if n > 0 || !free.is_empty() && !stopping {
+            idle_since = None;
+            continue;
+        }
+        let since = *idle_since.get_or_insert(t);
+        if t - since >= SPIN_NS {
+            let _ = poll_readable(&[port.raw_fd()], Duration::from_millis(1), &mut ready);
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    let secs = last.saturating_sub(start).max(1) as f64 / 1e9;
+    let ops_per_sec = ops as f64 / secs;
+    let mut r = Report::new("udp_read");
+    r.str("server", server.to_string());
+    r.int("size", REPLY_LEN as u64);
+    r.int("request_size", REQ_LEN as u64);
+    r.int("qd", qd as u64);
+    r.num("duration_s", secs, 3);
+    r.int("ops", ops);
+    r.num("ops_per_sec", ops_per_sec, 1);
+    r.num("gbps", ops_per_sec * REPLY_LEN as f64 * 8.0 / 1e9, 3);
+    r.latency(&hist);
+    r.int("lost", lost);
+    r.int("stale_replies", stale);
+    r.int("bad_replies", bad);
+    r.int("kernel_drops", port.kernel_drops());
+    r.print(json);
+    if ops == 0 {
+        return Err(format!(
+            "no reply from {server} (is `rdmx-perf udp_server` running there?)"
+        ));
+    }
+    Ok(())
+}
