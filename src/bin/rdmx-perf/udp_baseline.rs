@@ -1,8 +1,10 @@
 //! The UDP baseline: what this host's loopback path carries with the same batching as the
 //! soft provider and none of its reliability.
 //!
-//! `udp_server` answers every 64-byte request with a 4096-byte reply (the request's first 16
-//! bytes, then filler). `udp_read` keeps `qd` requests in flight; both sides use the soft
+//! `udp_server` answers every 64-byte request with a 4096-byte reply: the request's first 16
+//! bytes, then the bytes of the 4K block the request names in a 64 MiB patterned region
+//! (the same region size and random 4K-aligned offsets as `read_bw`, so the baseline pays
+//! the same memory traffic a 4K random read does). `udp_read` keeps `qd` requests in flight; both sides use the soft
 //! provider's `UdpPort` (sendmmsg / recvmmsg batches). Nothing is retransmitted: a slot whose
 //! reply has not come within [`LOSS_TIMEOUT_NS`] counts as lost and is reused (a late reply
 //! is recognised by its sequence number and ignored).
@@ -18,7 +20,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::perf::{Clock, Histogram, Report};
+use crate::perf::{Clock, Histogram, Report, Rng, SERVER_REGION, fill_pattern};
 
 pub const SERVER_USAGE: &str = "usage: rdmx-perf udp_server --listen ADDR:PORT";
 pub const CLIENT_USAGE: &str =
@@ -28,6 +30,8 @@ const REQ_LEN: usize = 64;
 const REPLY_LEN: usize = 4096;
 /// Echoed request header: magic, slot, sequence.
 const HDR_LEN: usize = 16;
+/// The requested block's offset follows the header in a request.
+const OFF_END: usize = HDR_LEN + 8;
 const MAGIC: u32 = 0x5544_5052; // "UDPR"
 /// A reply not back within this is lost.
 const LOSS_TIMEOUT_NS: u64 = 50_000_000;
@@ -55,10 +59,14 @@ pub fn server(args: &[String]) -> Result<(), String> {
         port.local_addr()
     );
     let _ = std::io::stdout().flush();
-    let filler = vec![0xA5u8; REPLY_LEN - HDR_LEN];
+    let region: Vec<u8> = {
+        let mut r = vec![0u8; SERVER_REGION];
+        fill_pattern(&mut r, 0);
+        r
+    };
     let mut rx = RxBatch::new(BATCH, 2048);
     let mut ready = Vec::new();
-    let mut hdrs: Vec<([u8; HDR_LEN], SocketAddr)> = Vec::with_capacity(BATCH);
+    let mut hdrs: Vec<([u8; HDR_LEN], usize, SocketAddr)> = Vec::with_capacity(BATCH);
     loop {
         let n = port.recv_batch(&mut rx).map_err(|e| format!("recv: {e}"))?;
         if n == 0 {
@@ -67,17 +75,20 @@ pub fn server(args: &[String]) -> Result<(), String> {
         }
         hdrs.clear();
         for d in rx.iter() {
-            if d.data.len() >= HDR_LEN {
+            if d.data.len() >= OFF_END {
                 let mut h = [0u8; HDR_LEN];
                 h.copy_from_slice(&d.data[..HDR_LEN]);
-                hdrs.push((h, d.src));
+                let off = u64::from_le_bytes(d.data[HDR_LEN..OFF_END].try_into().unwrap_or([0; 8]));
+                // Any offset the client names is clamped into the region.
+                let off = (off as usize).min(SERVER_REGION - REPLY_LEN) & !(REPLY_LEN - 1);
+                hdrs.push((h, off, d.src));
             }
         }
         let batch: Vec<TxDatagram<'_>> = hdrs
             .iter()
-            .map(|(h, src)| TxDatagram {
+            .map(|(h, off, src)| TxDatagram {
                 dst: *src,
-                parts: [&h[..], &filler[..], &[]],
+                parts: [&h[..], &region[off + HDR_LEN..off + REPLY_LEN], &[]],
             })
             .collect();
         let mut sent = 0;
@@ -164,6 +175,7 @@ fn client_run(args: &[String]) -> Result<(), String> {
     let mut ready = Vec::new();
     let (mut ops, mut lost, mut stale, mut bad) = (0u64, 0u64, 0u64, 0u64);
     let mut next_seq = 1u64;
+    let mut rng = Rng::new(clock.now() ^ u64::from(std::process::id()));
     let start = clock.now();
     let end = start + (duration * 1e9) as u64;
     let mut last = start;
@@ -188,6 +200,8 @@ fn client_run(args: &[String]) -> Result<(), String> {
                 r[0..4].copy_from_slice(&MAGIC.to_le_bytes());
                 r[4..8].copy_from_slice(&(s as u32).to_le_bytes());
                 r[8..16].copy_from_slice(&seq[s].to_le_bytes());
+                let block = rng.next() % (SERVER_REGION / REPLY_LEN) as u64;
+                r[HDR_LEN..OFF_END].copy_from_slice(&(block * REPLY_LEN as u64).to_le_bytes());
             }
             let batch: Vec<TxDatagram<'_>> = slots
                 .iter()
