@@ -7,7 +7,7 @@
 # 1. read_bw 4K qd 32            vs udp_read qd 32 (UdpPort, same batching, no reliability)  >= 0.8
 # 2. send_bw 4K qd 32            vs ucx_perftest tag_bw 4K, UCX_TLS=tcp                     >= 1.5
 # 3. read_lat 4K, poll_mode=busy (client and server) p50                                  <= 20 us
-# 4. read_bw 4K qd 32 with soft_drop_ratio=0.001 on both sides vs lossless                 >= 0.7, 0 errors
+# 4. read_bw 4K qd 32 with soft_drop_ratio=0.001 on both sides, every READ verified, vs lossless  >= 0.7, 0 errors
 # 5. progress=inline (the default, chosen from these numbers) vs progress=thread, read_bw and read_lat
 #
 # Exits 0 when every run completed (a missed target is reported as BELOW, not a failure),
@@ -184,7 +184,7 @@ line "3 read_lat 4K poll_mode=busy p50 us" "$LAT_BUSY" "-" "-" "<= 20" "$(verdic
 echo "    p99 ${LAT_BUSY_P99} us; busy on the client only (server default): p50 ${LAT_BUSY1} us"
 
 # 4. read_bw with loss injection on both sides.
-run read_bw_loss read_bw --connect "$RDMX_LOSS" "${CLIENT[@]}" --qd 32 --set soft_drop_ratio=0.001
+run read_bw_loss read_bw --connect "$RDMX_LOSS" "${CLIENT[@]}" --qd 32 --set soft_drop_ratio=0.001 --verify 1
 LOSS_BW=$(field "$JSON" ops_per_sec)
 LOSS_ERR=$(field "$JSON" errors)
 LOSS_RTX=$(field "$JSON" retransmits)

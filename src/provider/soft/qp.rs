@@ -343,8 +343,17 @@ impl SoftQp {
                 return;
             }
             let full = pkts.len() == TX_BATCH;
-            // 2. Loss injection and the ICRC, which covers the IP/UDP headers.
+            // 2. Loss injection and the ICRC, which covers the IP/UDP headers. The next
+            // packet's payload (often cold memory: a READ's source block) is prefetched
+            // while this one's CRC runs, so the fetches overlap.
+            let lent: Vec<&[u8]> = pkts.iter().map(|p| p.1).collect();
+            if let Some(first) = lent.first() {
+                crate::rc::vec_memory::prefetch_bytes(first);
+            }
             for (i, (hl, payload, tl, keep)) in pkts.iter_mut().enumerate() {
+                if let Some(next) = lent.get(i + 1) {
+                    crate::rc::vec_memory::prefetch_bytes(next);
+                }
                 if self.drop_ppb > 0 {
                     *drop_state ^= *drop_state << 13;
                     *drop_state ^= *drop_state >> 7;
