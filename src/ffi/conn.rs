@@ -145,6 +145,12 @@ pub unsafe extern "C" fn rdmx_listener_port(l: *const rdmx_listener) -> u16 {
 /// Waits up to `timeout_ms` (-1 = forever) for a connection and sets it up; RDMX_TIMEOUT
 /// when none came. `*out` receives a connection the caller owns.
 ///
+/// Post receives right after accepting: the peer may SEND as soon as its `rdmx_connect`
+/// returns, and until a receive is posted its SENDs are RNR-NAKed and retried `rnr_retry`
+/// times, `min_rnr_timer` apart (defaults: 2 x 0.64 ms), after which they fail with status
+/// 13 (RNR_RETRY_EXC_ERR) and the connection breaks. If receives come later, raise
+/// `rnr_retry` (7 = retry forever) or have the client wait for the server's first message.
+///
 /// # Safety
 /// `l` NULL or live; `out` NULL or writable.
 #[unsafe(no_mangle)]
