@@ -9,6 +9,7 @@ PKGS=(
   libclang-dev clang               # bindgen (rdma-sys) needs libclang
   valgrind                         # ffi-tests under valgrind
   iproute2 nftables iptables       # network namespaces, veth, black-hole rules (failover tests)
+  ethtool                          # GSO test: software segmentation on lo in a namespace
   tshark tcpdump                   # capture check: decode the soft provider as RRoCE
   ucx-utils                        # ucx_perftest, the send_bw comparison in bench/soft.sh
 )

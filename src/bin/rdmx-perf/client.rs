@@ -31,7 +31,7 @@ use crate::server::empty_wc;
 pub const TESTS: &[&str] = &["read_bw", "write_bw", "send_bw", "read_lat", "send_lat"];
 
 pub const USAGE: &str = "usage: rdmx-perf {read_bw|write_bw|send_bw|read_lat|send_lat} --connect ADDR:PORT \
-     [--size BYTES (4096)] [--qd N (bw: 32, lat: 1)] [--duration SECONDS (5)] [--batch N (1)] \
+     [--size BYTES (4096)] [--qd N (bw: 32, lat: 1)] [--duration SECONDS (5)] [--batch N (config post_batch, 32)] \
      [--verify N (bw: 16, lat: 1)] [--set KEY=VALUE]... [--profile NAME] [--json]";
 
 /// How long to wait for the connection.
@@ -82,14 +82,15 @@ impl Test {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Args {
     test: Test,
     connect: String,
     size: usize,
     qd: usize,
     duration: f64,
-    batch: usize,
+    /// WRs per post call; None = the config's `post_batch` (the seed: 32 per call beat 16).
+    batch: Option<usize>,
     /// Check every Nth READ's content against the server's pattern (1 = every READ).
     verify: u64,
     json: bool,
@@ -97,12 +98,19 @@ struct Args {
     sets: Vec<(String, String)>,
 }
 
+impl Args {
+    /// WRs per post call (resolved from the config in `run`).
+    fn batch(&self) -> usize {
+        self.batch.unwrap_or(1)
+    }
+}
+
 fn parse(test: Test, args: &[String]) -> Result<Args, String> {
     let mut connect = None;
     let mut size = 4096;
     let mut qd = None;
     let mut duration = 5.0;
-    let mut batch = 1;
+    let mut batch = None;
     let mut verify = None;
     let mut json = false;
     let mut profile = None;
@@ -122,7 +130,7 @@ fn parse(test: Test, args: &[String]) -> Result<Args, String> {
             "--connect" => connect = Some(value()?),
             "--size" => size = parse_size(&value()?).map_err(|e| format!("--size: {e}"))?,
             "--qd" => qd = Some(num(flag, &value()?)?),
-            "--batch" => batch = num(flag, &value()?)?,
+            "--batch" => batch = Some(num(flag, &value()?)?),
             "--verify" => verify = Some(num(flag, &value()?)?),
             "--duration" => {
                 let v = value()?;
@@ -146,7 +154,7 @@ fn parse(test: Test, args: &[String]) -> Result<Args, String> {
     // Checking the pattern costs about as much as the copy itself; a bandwidth run
     // samples (a wrong byte anywhere still shows within 16 READs), latency runs check all.
     let verify = verify.unwrap_or(if test.is_lat() { 1 } else { 16 });
-    if qd == 0 || batch == 0 || verify == 0 {
+    if qd == 0 || batch == Some(0) || verify == 0 {
         return Err(format!(
             "--qd, --batch and --verify must be at least 1\n{USAGE}"
         ));
@@ -165,7 +173,7 @@ fn parse(test: Test, args: &[String]) -> Result<Args, String> {
         size,
         qd,
         duration,
-        batch: batch.min(qd),
+        batch,
         verify: verify as u64,
         json,
         profile,
@@ -273,6 +281,10 @@ fn run(a: &Args) -> Result<(Report, Outcome), String> {
     let cfg = build_config(a.profile.as_deref(), &a.sets, &extra)?;
     let ctx = Context::new(&cfg).map_err(|e| format!("context: {e}"))?;
     let s = ctx.settings().clone();
+    let a = &Args {
+        batch: Some(a.batch.unwrap_or(s.post_batch as usize).clamp(1, a.qd)),
+        ..a.clone()
+    };
     if (s.max_send_wr as usize) < a.qd {
         return Err(format!(
             "--qd {} is more than max_send_wr = {}: set --set max_send_wr={}",
@@ -364,7 +376,7 @@ fn run(a: &Args) -> Result<(Report, Outcome), String> {
     );
     r.int("size", a.size as u64);
     r.int("qd", a.qd as u64);
-    r.int("batch", a.batch as u64);
+    r.int("batch", a.batch() as u64);
     r.int("path_mtu", u64::from(s.path_mtu.bytes()));
     r.num("duration_s", secs, 3);
     r.int("ops", out.ops);
@@ -450,7 +462,7 @@ fn ops_loop(
     let mut check_this = vec![false; a.qd];
     let mut posted_reads = 0u64;
     let mut free: Vec<usize> = (0..a.qd).rev().collect();
-    let mut wrs: Vec<SendReq> = Vec::with_capacity(a.batch);
+    let mut wrs: Vec<SendReq> = Vec::with_capacity(a.batch());
     let mut wcs = vec![empty_wc(); 64];
     let mut out = Outcome::default();
     let start = clock.now();
@@ -476,7 +488,7 @@ fn ops_loop(
         // Post: every free slot, `batch` WRs per call.
         while !stopping && !free.is_empty() {
             wrs.clear();
-            let k = free.len().min(a.batch);
+            let k = free.len().min(a.batch());
             for _ in 0..k {
                 let slot = free.pop().unwrap_or_default();
                 let off = if rlen > 0 {

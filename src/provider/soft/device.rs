@@ -22,8 +22,14 @@ use super::qp::SoftQp;
 use super::sys::{self, EventFd};
 use super::udp::{self, RxBatch, UdpPort};
 
-/// Datagrams per recvmmsg call.
+/// Messages per recvmmsg call (datagrams, or GRO buffers of several).
 const RX_BATCH: usize = 64;
+/// Receive with UDP GRO: on first use the device port turns `UDP_GRO` on and its receive
+/// batch becomes [`RX_BATCH`] slots of 64 KiB (4 MiB, touched only as filled), so a GSO
+/// message from a local peer arrives as one buffer. `false`: one datagram per slot.
+const USE_GRO: bool = true;
+/// Most datagrams one progress pass takes from the socket (timers and posts must not starve).
+const RX_PASS_DATAGRAMS: usize = 16 * RX_BATCH;
 /// Longest sleep of the progress thread when no timer is armed (it also wakes on traffic,
 /// on posts that need it, and on side-channel events).
 const IDLE_SLEEP: Duration = Duration::from_millis(100);
@@ -218,8 +224,14 @@ impl Shared {
             self.rx.try_lock()
         };
         let Some(mut rx) = rx else { return };
+        if USE_GRO && rx.slot_len() < udp::MAX_RX_SLOT_LEN && self.port.enable_gro() {
+            // GRO buffers need 64 KiB slots; nothing was received since GRO went on.
+            *rx = RxBatch::for_gro(RX_BATCH);
+        }
         let mut touched: Vec<Arc<SoftQp>> = Vec::new();
-        // Bounded: at most 16 batches per pass so timers and posts are not starved.
+        // Bounded: at most 16 batches and RX_PASS_DATAGRAMS datagrams per pass so timers and
+        // posts are not starved.
+        let mut taken = 0;
         for _ in 0..16 {
             let n = match self.port.recv_batch(&mut rx) {
                 Ok(n) => n,
@@ -251,7 +263,8 @@ impl Shared {
                     touched.push(Arc::clone(qp));
                 }
             }
-            if n < rx.capacity() {
+            taken += n;
+            if rx.messages() < rx.capacity() || taken >= RX_PASS_DATAGRAMS {
                 break;
             }
         }

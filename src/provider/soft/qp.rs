@@ -21,6 +21,11 @@ use super::udp::{self, TxDatagram, UdpPort};
 /// Packets sent per sendmmsg call.
 const TX_BATCH: usize = 32;
 
+/// Send runs of equal-length packets to the peer as UDP GSO messages
+/// ([`UdpPort::send_batch_gso`]: IPv6 always, IPv4 towards locally delivered peers only).
+/// `false`: one datagram per packet, as before.
+const USE_GSO: bool = true;
+
 /// One send work request as the provider takes it (a cookie instead of a WR id).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendReq {
@@ -375,7 +380,7 @@ impl SoftQp {
                     *keep = false;
                 }
             }
-            // 3. One sendmmsg for the batch.
+            // 3. One sendmmsg for the batch (runs of equal-length packets as GSO messages).
             let batch: Vec<TxDatagram<'_>> = pkts
                 .iter()
                 .enumerate()
@@ -392,15 +397,21 @@ impl SoftQp {
         }
     }
 
-    /// Sends a batch; when the socket buffer is full (a short count), waits briefly for
-    /// room and sends the rest, so a burst is not turned into losses that only the ACK timer
-    /// would repair. Bounded: after a few tries what is left counts as lost (the engine
-    /// retransmits it), as does a datagram the kernel refuses outright.
+    /// Sends a batch (with GSO when [`USE_GSO`]); when the socket buffer is full (a short
+    /// count), waits briefly for room and sends the rest, so a burst is not turned into
+    /// losses that only the ACK timer would repair. Bounded: after a few tries what is left
+    /// counts as lost (the engine retransmits it), as does a datagram the kernel refuses
+    /// outright.
     fn send_all(&self, batch: &[TxDatagram<'_>], peer: SocketAddr) {
         let mut at = 0;
         let mut tries = 0;
         while at < batch.len() && tries < 8 {
-            match self.sock.send_batch(&batch[at..]) {
+            let r = if USE_GSO {
+                self.sock.send_batch_gso(&batch[at..])
+            } else {
+                self.sock.send_batch(&batch[at..])
+            };
+            match r {
                 Ok(n) if n > 0 => at += n,
                 Ok(_) => {
                     tries += 1;
