@@ -9,6 +9,9 @@
 //! reply has not come within [`LOSS_TIMEOUT_NS`] counts as lost and is reused (a late reply
 //! is recognised by its sequence number and ignored).
 //!
+//! Both sides use the soft provider's offloads too (GSO on send, GRO on receive), so the
+//! baseline is what the same batching can carry.
+//!
 //! Both sides wait like the soft provider's default: the server as its progress thread
 //! (drain the socket, then sleep in ppoll), the client as `poll_mode=adaptive` (spin
 //! `polling_us` = 100 us on empty receives, then sleep in ppoll).
@@ -22,9 +25,8 @@ use std::time::Duration;
 
 use crate::perf::{Clock, Histogram, Report, Rng, SERVER_REGION, fill_pattern};
 
-pub const SERVER_USAGE: &str = "usage: rdmx-perf udp_server --listen ADDR:PORT";
-pub const CLIENT_USAGE: &str =
-    "usage: rdmx-perf udp_read --connect ADDR:PORT [--qd N (32)] [--duration SECONDS (5)] [--json]";
+pub const SERVER_USAGE: &str = "usage: rdmx-perf udp_server --listen ADDR:PORT [--no-offload]";
+pub const CLIENT_USAGE: &str = "usage: rdmx-perf udp_read --connect ADDR:PORT [--qd N (32)] [--duration SECONDS (5)] [--no-offload] [--json]";
 
 const REQ_LEN: usize = 64;
 const REPLY_LEN: usize = 4096;
@@ -48,8 +50,9 @@ fn resolve(a: &str) -> Result<SocketAddr, String> {
 
 /// `udp_server --listen ADDR:PORT`: runs until killed.
 pub fn server(args: &[String]) -> Result<(), String> {
-    let listen = match args {
-        [flag, v] if flag == "--listen" => v.clone(),
+    let (listen, offload) = match args {
+        [flag, v] if flag == "--listen" => (v.clone(), true),
+        [flag, v, o] if flag == "--listen" && o == "--no-offload" => (v.clone(), false),
         _ => return Err(SERVER_USAGE.to_string()),
     };
     let addr = resolve(&listen)?;
@@ -64,7 +67,12 @@ pub fn server(args: &[String]) -> Result<(), String> {
         fill_pattern(&mut r, 0);
         r
     };
-    let mut rx = RxBatch::new(BATCH, 2048);
+    // The same offloads as the soft provider (GRO on receive, GSO on send) unless
+    // --no-offload asks for plain sendmmsg/recvmmsg only.
+    if offload {
+        port.enable_gro();
+    }
+    let mut rx = RxBatch::for_gro(BATCH);
     let mut ready = Vec::new();
     let mut hdrs: Vec<([u8; HDR_LEN], usize, SocketAddr)> = Vec::with_capacity(BATCH);
     loop {
@@ -97,7 +105,12 @@ pub fn server(args: &[String]) -> Result<(), String> {
             if sent == batch.len() {
                 break;
             }
-            match port.send_batch(&batch[sent..]) {
+            let r = if offload {
+                port.send_batch_gso(&batch[sent..])
+            } else {
+                port.send_batch(&batch[sent..])
+            };
+            match r {
                 Ok(0) => std::thread::yield_now(),
                 Ok(k) => sent += k,
                 Err(_) => sent += 1, // that datagram cannot be sent: drop it
@@ -122,6 +135,7 @@ fn client_run(args: &[String]) -> Result<(), String> {
     let mut qd = 32usize;
     let mut duration = 5.0f64;
     let mut json = false;
+    let mut offload = true;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -148,6 +162,7 @@ fn client_run(args: &[String]) -> Result<(), String> {
                     })?
             }
             "--json" => json = true,
+            "--no-offload" => offload = false,
             other => return Err(format!("usage: unknown option '{other}'\n{CLIENT_USAGE}")),
         }
     }
@@ -171,7 +186,10 @@ fn client_run(args: &[String]) -> Result<(), String> {
     let mut in_flight = vec![false; qd];
     let mut free: Vec<usize> = (0..qd).rev().collect();
     let mut reqs = vec![[0u8; REQ_LEN]; qd];
-    let mut rx = RxBatch::new(BATCH, REPLY_LEN + 64);
+    if offload {
+        port.enable_gro();
+    }
+    let mut rx = RxBatch::for_gro(BATCH);
     let mut ready = Vec::new();
     let (mut ops, mut lost, mut stale, mut bad) = (0u64, 0u64, 0u64, 0u64);
     let mut next_seq = 1u64;
@@ -210,7 +228,12 @@ fn client_run(args: &[String]) -> Result<(), String> {
                     parts: [&reqs[s][..], &[], &[]],
                 })
                 .collect();
-            let sent = port.send_batch(&batch).map_err(|e| format!("send: {e}"))?;
+            let sent = if offload {
+                port.send_batch_gso(&batch)
+            } else {
+                port.send_batch(&batch)
+            }
+            .map_err(|e| format!("send: {e}"))?;
             let t = clock.now();
             for &s in &slots[..sent] {
                 posted_at[s] = t;
@@ -265,6 +288,10 @@ fn client_run(args: &[String]) -> Result<(), String> {
     r.str("server", server.to_string());
     r.int("size", REPLY_LEN as u64);
     r.int("request_size", REQ_LEN as u64);
+    r.str(
+        "offload",
+        if offload { "gso+gro" } else { "none" }.to_string(),
+    );
     r.int("qd", qd as u64);
     r.num("duration_s", secs, 3);
     r.int("ops", ops);
