@@ -122,6 +122,18 @@ static int server(int port_fd) {
 
 /* ---- client (parent process) ---- */
 
+struct hook_arg {
+  rdmx_sge sge;
+  int calls;
+};
+
+/* On-connect hook: posts the first receive while the peer is still held back. */
+static int32_t post_first_recv(void *user, rdmx_conn *conn) {
+  struct hook_arg *a = (struct hook_arg *)user;
+  a->calls++;
+  return rdmx_post_recv(conn, &a->sge, 1, 11) == RDMX_OK ? 0 : 1;
+}
+
 static rdmx_conn *dial(rdmx_context *ctx, uint16_t port, rdmx_remote_region *rw, rdmx_remote_region *rdonly) {
   char addr[64];
   snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)port);
@@ -149,11 +161,14 @@ static int client(uint16_t port) {
   rdmx_remote_region rw = {0}, rdonly = {0};
   rdmx_completion wc[4];
 
-  /* 1. Echo: SEND 8000 bytes, receive 6000 with immediate data. */
+  /* 1. Echo: SEND 8000 bytes, receive 6000 with immediate data. The receive for the
+   * server's reply is posted by the on-connect hook, before the server may send. */
+  struct hook_arg ha = {{(uint64_t)(uintptr_t)(buf + 32768), 6000, m.lkey}, 0};
+  CHECK_STATUS(rdmx_context_set_on_connect(ctx, post_first_recv, &ha), RDMX_OK);
   rdmx_conn *c = dial(ctx, port, &rw, &rdonly);
+  CHECK(ha.calls == 1);
+  CHECK_STATUS(rdmx_context_set_on_connect(ctx, NULL, NULL), RDMX_OK);
   CHECK(rw.length == SRV_LEN && rdonly.length == RO_LEN && rw.rkey != rdonly.rkey);
-  rdmx_sge rcv = {(uint64_t)(uintptr_t)(buf + 32768), 6000, m.lkey};
-  CHECK_STATUS(rdmx_post_recv(c, &rcv, 1, 11), RDMX_OK);
   rdmx_sge s = {(uint64_t)(uintptr_t)buf, 8000, m.lkey};
   CHECK_STATUS(rdmx_post_send(c, &s, 1, 10, 0), RDMX_OK);
   CHECK(wait_for(c, wc, 2) == 2);

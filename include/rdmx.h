@@ -14,6 +14,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+/**
+ * One RC connection. Opaque; free with `rdmx_conn_free`. Posting and polling may happen
+ * from different threads; `rdmx_conn_close`/`_free` must not race other calls on it.
+ */
+typedef struct rdmx_conn rdmx_conn;
 
 /**
  * Wait for the previous RDMA READs to complete before this WR (IBV_SEND_FENCE).
@@ -130,12 +135,6 @@ typedef enum {
 typedef struct rdmx_config rdmx_config;
 
 /**
- * One RC connection. Opaque; free with `rdmx_conn_free`. Posting and polling may happen
- * from different threads; `rdmx_conn_close`/`_free` must not race other calls on it.
- */
-typedef struct rdmx_conn rdmx_conn;
-
-/**
  * An rdmx context: the chosen provider, its device and the registered memory. Opaque;
  * create with `rdmx_context_new`, free with `rdmx_context_free` after every listener and
  * connection made from it. Safe to use from several threads.
@@ -146,6 +145,14 @@ typedef struct rdmx_context rdmx_context;
  * Accepts connections. Opaque; free with `rdmx_listener_free`.
  */
 typedef struct rdmx_listener rdmx_listener;
+
+/**
+ * Called for every new connection (accepted or initiated) once its QP can receive and
+ * before the peer is told it may send: post the first receives here. `conn` is borrowed
+ * for the call (do not free or close it; the accept/connect call returns it afterwards).
+ * Return 0 to go on; anything else fails the accept/connect (RDMX_CLOSED).
+ */
+typedef int32_t (*rdmx_on_connect)(void *user_data, rdmx_conn *conn);
 
 /**
  * A region the peer exposed for RDMA READ/WRITE.
@@ -320,6 +327,17 @@ rdmx_status rdmx_config_validate(const rdmx_config *cfg);
  * As `rdmx_config_get`.
  */
 rdmx_status rdmx_config_dump(const rdmx_config *cfg, char *buf, size_t len, size_t *out_len);
+
+/**
+ * Sets (or, with a NULL `hook`, clears) the hook run on every new connection of `ctx`
+ * before the peer may send (see `rdmx_on_connect`). Without it, post receives right after
+ * accept/connect and mind the RNR budget (see `rdmx_listener_accept`). `user_data` is
+ * passed back untouched and must stay valid while the hook is set.
+ *
+ * # Safety
+ * `ctx` NULL or live.
+ */
+rdmx_status rdmx_context_set_on_connect(rdmx_context *ctx, rdmx_on_connect hook, void *user_data);
 
 /**
  * Listens on `addr` ("IP:PORT"; port 0 = any free port, see `rdmx_listener_port`).

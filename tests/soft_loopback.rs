@@ -271,3 +271,68 @@ fn closed_peer_flushes_outstanding_work_and_refuses_posts() {
     assert_eq!(e.kind(), rdmx::ErrorKind::Closed);
     a.deregister(m.lkey).unwrap();
 }
+
+#[test]
+fn on_connect_hook_posts_receives_before_the_peer_may_send() {
+    let (a, b) = (ctx(&[]), ctx(&[]));
+    let mut a_buf = vec![9u8; 4096];
+    let mut b_buf = vec![0u8; 4096];
+    // SAFETY: buffers outlive the use.
+    let ma = unsafe { a.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
+    let mb = unsafe { b.register(b_buf.as_mut_ptr(), b_buf.len(), access::LOCAL_WRITE) }.unwrap();
+    let (addr, lkey) = (mb.addr, mb.lkey);
+    b.set_on_connect(Some(std::sync::Arc::new(move |c: &Connection| {
+        c.post_recv(&[(
+            77,
+            vec![Sge {
+                addr,
+                length: 4096,
+                lkey,
+            }],
+        )])
+        .map(|_| ())
+    })));
+    let l = b.listen("127.0.0.1:0").unwrap();
+    let port = l.local_addr().port();
+    let t = std::thread::spawn(move || l.accept(Some(Duration::from_secs(10))).unwrap());
+    // rnr_retry 0 on the sender: a single RNR NAK would fail the SEND.
+    let mut cfg = Config::new();
+    cfg.set("soft_port", "0").unwrap();
+    cfg.set("rnr_retry", "0").unwrap();
+    let a2 = Context::new(&cfg).unwrap();
+    drop(a);
+    // SAFETY: as above.
+    let ma2 = unsafe { a2.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
+    let ca = a2
+        .connect(&format!("127.0.0.1:{port}"), Duration::from_secs(10))
+        .unwrap();
+    let sge = Sge {
+        addr: ma2.addr,
+        length: 1000,
+        lkey: ma2.lkey,
+    };
+    ca.post_send(&[send(1, WrOpcode::Send, sge, 0, 0)]).unwrap(); // at once
+    let c = wait(&ca, 1);
+    assert_eq!((c[0].cookie, c[0].status), (1, WcStatus::Success));
+    let cb = t.join().unwrap();
+    let r = wait(&cb, 1);
+    assert_eq!(
+        (r[0].cookie, r[0].status, r[0].byte_len),
+        (77, WcStatus::Success, 1000)
+    );
+    assert_eq!(ca.counters().rnr_naks_received, 0);
+    assert_eq!(b_buf[..1000], [9u8; 1000]);
+    let _ = ma;
+    // A hook that fails abandons the connection on that side.
+    b.set_on_connect(Some(std::sync::Arc::new(|_c: &Connection| {
+        Err(rdmx::Error::new(rdmx::ErrorKind::InvalidValue, "no"))
+    })));
+    let l = b.listen("127.0.0.1:0").unwrap();
+    let port = l.local_addr().port();
+    let t = std::thread::spawn(move || l.accept(Some(Duration::from_secs(10))));
+    assert!(
+        a2.connect(&format!("127.0.0.1:{port}"), Duration::from_secs(10))
+            .is_err()
+    );
+    assert!(t.join().unwrap().is_err());
+}

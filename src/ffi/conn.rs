@@ -6,12 +6,14 @@ use super::boundary::{self, handle, handle_mut};
 use super::context::{addr_arg, rdmx_context};
 use super::status::rdmx_status;
 use crate::error::{Error, ErrorKind, Result};
-use crate::msgr::{Connection, Listener};
+use crate::msgr::{Connection, Listener, OnConnect};
 use crate::provider::soft::cq::Wc;
 use crate::provider::soft::qp::SendReq;
 use crate::rc::verbs::{WcStatus, WrOpcode, send_flags};
 use crate::rc::{Sge, WcOpcode};
 use std::ffi::c_char;
+use std::ffi::c_void;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Wait for the previous RDMA READs to complete before this WR (IBV_SEND_FENCE).
@@ -32,9 +34,77 @@ pub struct rdmx_listener {
 
 /// One RC connection. Opaque; free with `rdmx_conn_free`. Posting and polling may happen
 /// from different threads; `rdmx_conn_close`/`_free` must not race other calls on it.
+///
+/// `repr(transparent)` so that the on-connect hook can hand C a `rdmx_conn *` for a
+/// connection that is still being set up (see `rdmx_context_set_on_connect`). The header's
+/// opaque typedef comes from cbindgen.toml (cbindgen would print a typedef of the field).
 #[allow(non_camel_case_types)]
+#[repr(transparent)]
 pub struct rdmx_conn {
     inner: Connection,
+}
+
+/// Called for every new connection (accepted or initiated) once its QP can receive and
+/// before the peer is told it may send: post the first receives here. `conn` is borrowed
+/// for the call (do not free or close it; the accept/connect call returns it afterwards).
+/// Return 0 to go on; anything else fails the accept/connect (RDMX_CLOSED).
+#[allow(non_camel_case_types)]
+pub type rdmx_on_connect =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, conn: *mut rdmx_conn) -> i32>;
+
+/// The user's pointer for the on-connect hook.
+struct HookData(*mut c_void);
+impl HookData {
+    // A method (not `.0`) so closures capture the whole Send/Sync wrapper.
+    fn ptr(&self) -> *mut c_void {
+        self.0
+    }
+}
+// SAFETY: rdmx never dereferences the pointer; the caller of rdmx_context_set_on_connect
+// promises (header docs) that the hook may run on any thread that accepts or connects.
+unsafe impl Send for HookData {}
+// SAFETY: as above; rdmx only copies the pointer value.
+unsafe impl Sync for HookData {}
+
+/// Sets (or, with a NULL `hook`, clears) the hook run on every new connection of `ctx`
+/// before the peer may send (see `rdmx_on_connect`). Without it, post receives right after
+/// accept/connect and mind the RNR budget (see `rdmx_listener_accept`). `user_data` is
+/// passed back untouched and must stay valid while the hook is set.
+///
+/// # Safety
+/// `ctx` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_context_set_on_connect(
+    ctx: *mut rdmx_context,
+    hook: rdmx_on_connect,
+    user_data: *mut c_void,
+) -> rdmx_status {
+    boundary::call("rdmx_context_set_on_connect", || {
+        // SAFETY: forwarded contract.
+        let ctx = unsafe { handle(ctx, "ctx") }?;
+        let h: Option<OnConnect> = hook.map(|cb| {
+            let user = HookData(user_data);
+            let f: OnConnect = Arc::new(move |c: &Connection| {
+                // `rdmx_conn` is repr(transparent) over `Connection`: the same address is a
+                // valid handle for the duration of the call.
+                let p = (c as *const Connection).cast_mut().cast::<rdmx_conn>();
+                // SAFETY: the caller's function pointer with the documented signature; the
+                // handle is valid for the call, the hook must not free it.
+                let rc = unsafe { cb(user.ptr(), p) };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(Error::new(
+                        ErrorKind::Closed,
+                        format!("the on-connect hook returned {rc}: connection abandoned"),
+                    ))
+                }
+            });
+            f
+        });
+        ctx.inner.set_on_connect(h);
+        Ok(())
+    })
 }
 
 /// A scatter/gather element: `length` bytes at `addr` inside the region with `lkey`.

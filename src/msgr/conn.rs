@@ -209,7 +209,6 @@ impl Connection {
                     access: access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ,
                 },
             )?;
-            setup::ready(&mut tcp, HANDSHAKE)?;
             Ok(n.peer_regions)
         })();
         let peer_regions = match result {
@@ -219,9 +218,7 @@ impl Connection {
                 return Err(e);
             }
         };
-        dev.watch(tcp.as_raw_fd(), qp.qpn());
-        log::info!(target: "rdmx::msgr", "connected to {peer}: QP {:#x}, {} peer region(s)", qp.qpn(), peer_regions.len());
-        Ok(Connection {
+        let mut conn = Connection {
             ctx,
             tcp,
             qp,
@@ -231,7 +228,23 @@ impl Connection {
             peer_regions,
             peer,
             closed: false,
-        })
+        };
+        // The QP can receive now; the peer sends only after `ready`. In between, the
+        // application's hook posts its first receives (dropping `conn` on error cleans up).
+        let hook = conn.ctx.shared.on_connect.read().clone();
+        if let Some(hook) = hook {
+            hook(&conn)?;
+        }
+        setup::ready(&mut conn.tcp, HANDSHAKE)?;
+        let dev = &conn.ctx.shared.dev;
+        dev.watch(conn.tcp.as_raw_fd(), conn.qp.qpn());
+        log::info!(
+            target: "rdmx::msgr",
+            "connected to {peer}: QP {:#x}, {} peer region(s)",
+            conn.qp.qpn(),
+            conn.peer_regions.len()
+        );
+        Ok(conn)
     }
 
     fn check_open(&self, what: &str) -> Result<()> {

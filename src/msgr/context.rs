@@ -6,12 +6,25 @@ use crate::provider::{self, soft::device::SoftDevice};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
+/// Runs on every new connection (accepted or initiated) after its QP is ready to receive
+/// and before the peer is told so: the place to post the first receives.
+pub type OnConnect = Arc<dyn Fn(&super::Connection) -> Result<()> + Send + Sync>;
+
 /// What listeners and connections share.
-#[derive(Debug)]
 pub(crate) struct Shared {
     pub settings: Settings,
     pub dev: SoftDevice,
     pub provider: provider::Kind,
+    pub on_connect: parking_lot::RwLock<Option<OnConnect>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("provider", &self.provider)
+            .field("dev", &self.dev)
+            .finish()
+    }
 }
 
 /// An rdmx context. Cheap to clone (shared).
@@ -42,8 +55,15 @@ impl Context {
                 settings,
                 dev,
                 provider,
+                on_connect: parking_lot::RwLock::new(None),
             }),
         })
+    }
+
+    /// Sets (or clears) the hook run on every new connection before the peer may send:
+    /// post the first receives there, so the peer's first SENDs are not RNR-NAKed.
+    pub fn set_on_connect(&self, hook: Option<OnConnect>) {
+        *self.shared.on_connect.write() = hook;
     }
 
     /// "soft" or "verbs".

@@ -6,4 +6,4 @@ pub mod context;
 pub mod setup;
 
 pub use conn::{Connection, Listener};
-pub use context::Context;
+pub use context::{Context, OnConnect};

@@ -358,11 +358,16 @@ fn progress_thread(s: &Shared) {
             std::thread::sleep(Duration::from_millis(10));
         }
         s.wake.clear();
-        // Inline: skip if the caller is at it (try-lock); thread: wait for the lock.
-        s.progress_once(!inline);
-        // After receiving: a peer that answers (e.g. with a NAK) and then closes must have
-        // its answer processed before its EOF fails the QP.
         let readable: Vec<RawFd> = ready.iter().map(|&i| fds[i]).collect();
+        let side_channel_event = {
+            let w = s.watches.lock();
+            readable.iter().any(|fd| w.contains_key(fd))
+        };
+        // Inline: skip if the caller is at it (try-lock); thread: wait for the lock. Before
+        // acting on a side-channel event always receive first (waiting for the lock): a peer
+        // that answers (e.g. with a NAK) and then closes must have its answer processed
+        // before its EOF fails the QP.
+        s.progress_once(!inline || side_channel_event);
         s.check_watches(&readable);
     }
 }
