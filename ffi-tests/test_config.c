@@ -63,6 +63,7 @@ static void test_version_and_status(void) {
   CHECK_STREQ(rdmx_status_str(RDMX_TIMEOUT), "RDMX_TIMEOUT");
   CHECK_STREQ(rdmx_status_str(RDMX_UNSUPPORTED), "RDMX_UNSUPPORTED");
   CHECK_STREQ(rdmx_status_str(RDMX_FULL), "RDMX_FULL");
+  CHECK_STREQ(rdmx_status_str(RDMX_RESOURCE_LIMIT), "RDMX_RESOURCE_LIMIT");
   CHECK_STREQ(rdmx_status_str(-1), "RDMX_UNKNOWN_STATUS");
   CHECK_STREQ(rdmx_status_str(1000), "RDMX_UNKNOWN_STATUS");
   CHECK(rdmx_last_error() != NULL);

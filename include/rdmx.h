@@ -113,6 +113,10 @@ typedef enum {
    * A queue is full (e.g. more WRs than max_send_wr outstanding); poll, then retry.
    */
   RDMX_FULL = 13,
+  /**
+   * A system limit would be exceeded (e.g. RLIMIT_MEMLOCK: `ulimit -l`).
+   */
+  RDMX_RESOURCE_LIMIT = 14,
 } rdmx_status;
 
 /**

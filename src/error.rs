@@ -32,6 +32,8 @@ pub enum ErrorKind {
     Unsupported,
     /// A queue or pool is full; retry after completions free room.
     Full,
+    /// A system resource limit would be exceeded (e.g. RLIMIT_MEMLOCK for pinned memory).
+    ResourceLimit,
 }
 
 /// An error with a human-readable message (what `rdmx_last_error()` returns in C).

@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod ffi;
 pub mod logging;
+pub mod mem;
 pub mod msgr;
 pub mod provider;
 pub mod rc;

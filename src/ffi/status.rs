@@ -37,6 +37,8 @@ pub enum rdmx_status {
     RDMX_UNSUPPORTED = 12,
     /// A queue is full (e.g. more WRs than max_send_wr outstanding); poll, then retry.
     RDMX_FULL = 13,
+    /// A system limit would be exceeded (e.g. RLIMIT_MEMLOCK: `ulimit -l`).
+    RDMX_RESOURCE_LIMIT = 14,
 }
 
 impl From<ErrorKind> for rdmx_status {
@@ -55,6 +57,7 @@ impl From<ErrorKind> for rdmx_status {
             ErrorKind::Timeout => rdmx_status::RDMX_TIMEOUT,
             ErrorKind::Unsupported => rdmx_status::RDMX_UNSUPPORTED,
             ErrorKind::Full => rdmx_status::RDMX_FULL,
+            ErrorKind::ResourceLimit => rdmx_status::RDMX_RESOURCE_LIMIT,
         }
     }
 }
@@ -79,6 +82,7 @@ pub extern "C" fn rdmx_status_str(status: i32) -> *const c_char {
         11 => b"RDMX_TIMEOUT\0",
         12 => b"RDMX_UNSUPPORTED\0",
         13 => b"RDMX_FULL\0",
+        14 => b"RDMX_RESOURCE_LIMIT\0",
         _ => b"RDMX_UNKNOWN_STATUS\0",
     };
     s.as_ptr().cast()
@@ -125,11 +129,12 @@ mod tests {
             (rdmx_status::RDMX_TIMEOUT, "RDMX_TIMEOUT"),
             (rdmx_status::RDMX_UNSUPPORTED, "RDMX_UNSUPPORTED"),
             (rdmx_status::RDMX_FULL, "RDMX_FULL"),
+            (rdmx_status::RDMX_RESOURCE_LIMIT, "RDMX_RESOURCE_LIMIT"),
         ] {
             assert_eq!(s(rdmx_status_str(st as i32)), name);
         }
         assert_eq!(s(rdmx_status_str(-1)), "RDMX_UNKNOWN_STATUS");
-        assert_eq!(s(rdmx_status_str(14)), "RDMX_UNKNOWN_STATUS");
+        assert_eq!(s(rdmx_status_str(15)), "RDMX_UNKNOWN_STATUS");
     }
 
     #[test]

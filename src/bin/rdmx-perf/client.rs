@@ -279,6 +279,8 @@ fn run(a: &Args) -> Result<(Report, Outcome), String> {
         extra.push(("max_send_wr", a.qd.to_string()));
     }
     let cfg = build_config(a.profile.as_deref(), &a.sets, &extra)?;
+    // Best effort; if pinning is refused, registration says so.
+    crate::perf::ensure_memlock((a.qd * a.size) as u64 + (16 << 20));
     let ctx = Context::new(&cfg).map_err(|e| format!("context: {e}"))?;
     let s = ctx.settings().clone();
     let a = &Args {

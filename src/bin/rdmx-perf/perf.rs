@@ -409,6 +409,35 @@ fn escape(s: &str) -> String {
     o
 }
 
+/// Makes room for pinning `bytes` more (registration pins memory, within RLIMIT_MEMLOCK, as
+/// on a NIC): raises the soft limit, and the hard one when permitted (root), like running
+/// perftest after `ulimit -l unlimited`. Best effort: without the right to raise it,
+/// pinning still works with CAP_IPC_LOCK, and a refused registration says what to do.
+pub fn ensure_memlock(bytes: u64) {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
+        return;
+    }
+    if r.rlim_cur == libc::RLIM_INFINITY || r.rlim_cur >= bytes {
+        return;
+    }
+    let want = bytes.saturating_add(16 << 20);
+    let new = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: if r.rlim_max == libc::RLIM_INFINITY {
+            r.rlim_max
+        } else {
+            r.rlim_max.max(want)
+        },
+    };
+    // SAFETY: setrlimit reads the struct we pass; failure leaves the limit as it was.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &new) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,6 +75,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
         &a.sets,
         &[("max_recv_wr", SERVER_RECV_WR.to_string())],
     )?;
+    // Best effort; if pinning is refused, registration says so.
+    crate::perf::ensure_memlock(SERVER_REGION as u64 + (64 << 20));
     let ctx = Context::new(&cfg).map_err(|e| format!("context: {e}"))?;
     // The region lives as long as the process (the server runs until killed).
     let region: &'static mut [u8] = Box::leak(vec![0u8; SERVER_REGION].into_boxed_slice());

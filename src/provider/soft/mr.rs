@@ -4,12 +4,16 @@
 //! Contract with the caller (stated in the header too): registered memory stays valid and
 //! mapped until `deregister` returns, and a region cannot be deregistered while work
 //! requests that name it are in flight (`Busy`).
+//!
+//! Registration costs what it costs on a NIC: the pages are pinned (mlock) within
+//! RLIMIT_MEMLOCK, and unpinned on deregistration. Pins are counted per page, so regions
+//! that share pages (overlapping or adjacent buffers) keep them pinned until the last goes.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::rc::memory::{Key, MemError, Memory};
 use crate::rc::verbs::access;
 use parking_lot::{RwLock, RwLockReadGuard};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -35,6 +39,119 @@ pub struct Region {
 struct Tables {
     by_lkey: HashMap<u32, Arc<Region>>,
     by_rkey: HashMap<u32, Arc<Region>>,
+    /// Registrations pinning each page (page number -> count); a page is mlocked while > 0.
+    pins: BTreeMap<u64, u32>,
+}
+
+fn page_size() -> u64 {
+    // SAFETY: plain sysconf query.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as u64 } else { 4096 }
+}
+
+/// The pages [first, end) that `[addr, addr + len)` touches.
+fn pages(addr: u64, len: u64) -> (u64, u64) {
+    let ps = page_size();
+    (addr / ps, (addr + len).div_ceil(ps))
+}
+
+/// Runs of consecutive pages among `pages`, as (first, end).
+fn runs(pages: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &p in pages {
+        match out.last_mut() {
+            Some((_, end)) if *end == p => *end = p + 1,
+            _ => out.push((p, p + 1)),
+        }
+    }
+    out
+}
+
+/// The RLIMIT_MEMLOCK soft limit in bytes; None when unlimited.
+fn memlock_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0
+        || r.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    Some(r.rlim_cur)
+}
+
+impl Tables {
+    fn pinned_bytes(&self) -> u64 {
+        self.pins.len() as u64 * page_size()
+    }
+
+    /// Pins the pages of `[addr, addr + len)` (mlock of those not pinned yet), within
+    /// RLIMIT_MEMLOCK. All or nothing.
+    fn pin(&mut self, addr: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (first, end) = pages(addr, len);
+        let fresh: Vec<u64> = (first..end)
+            .filter(|p| !self.pins.contains_key(p))
+            .collect();
+        let ps = page_size();
+        // The kernel enforces RLIMIT_MEMLOCK on mlock exactly as it does when a NIC driver
+        // pins pages for ibv_reg_mr (and lifts it for CAP_IPC_LOCK): let it judge, and say
+        // clearly what was asked when it refuses.
+        let want = self.pinned_bytes() + fresh.len() as u64 * ps;
+        let runs = runs(&fresh);
+        for (i, &(a, b)) in runs.iter().enumerate() {
+            // SAFETY: mlock only pins pages; the range is the caller's registered memory.
+            if unsafe { libc::mlock((a * ps) as *const libc::c_void, ((b - a) * ps) as usize) } != 0
+            {
+                let e = std::io::Error::last_os_error();
+                for &(a2, b2) in &runs[..i] {
+                    // SAFETY: undoes the mlock just done above.
+                    unsafe {
+                        libc::munlock((a2 * ps) as *const libc::c_void, ((b2 - a2) * ps) as usize)
+                    };
+                }
+                let limit =
+                    memlock_limit().map_or("unlimited".to_string(), |l| format!("{l} bytes"));
+                return Err(Error::new(
+                    ErrorKind::ResourceLimit,
+                    format!(
+                        "registering {len} bytes would pin {want} bytes in all: mlock refused ({e}); RLIMIT_MEMLOCK is {limit}: raise it (ulimit -l), or register less (pools reuse one registration)"
+                    ),
+                ));
+            }
+        }
+        for p in first..end {
+            *self.pins.entry(p).or_insert(0) += 1;
+        }
+        Ok(())
+    }
+
+    /// Drops this registration's pin on its pages; munlocks pages nobody pins any more.
+    fn unpin(&mut self, addr: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let (first, end) = pages(addr, len);
+        let mut freed = Vec::new();
+        for p in first..end {
+            if let Some(c) = self.pins.get_mut(&p) {
+                *c -= 1;
+                if *c == 0 {
+                    self.pins.remove(&p);
+                    freed.push(p);
+                }
+            }
+        }
+        let ps = page_size();
+        for (a, b) in runs(&freed) {
+            // SAFETY: unpins pages this table pinned and nobody else pins.
+            unsafe { libc::munlock((a * ps) as *const libc::c_void, ((b - a) * ps) as usize) };
+        }
+    }
 }
 
 /// All regions of one device.
@@ -75,6 +192,7 @@ impl MrTable {
             ));
         }
         let mut t = self.tables.write();
+        t.pin(addr as u64, len as u64)?;
         let fresh = |m: &HashMap<u32, Arc<Region>>| loop {
             let k = random_u32();
             if k != 0 && !m.contains_key(&k) {
@@ -114,10 +232,16 @@ impl MrTable {
                 ),
             ));
         }
-        let rkey = r.rkey;
+        let (rkey, addr, len) = (r.rkey, r.addr, r.len);
         t.by_lkey.remove(&lkey);
         t.by_rkey.remove(&rkey);
+        t.unpin(addr, len);
         Ok(())
+    }
+
+    /// Bytes this table keeps pinned (pages shared by regions counted once).
+    pub fn pinned_bytes(&self) -> u64 {
+        self.tables.read().pinned_bytes()
     }
 
     /// Marks the regions of `lkeys` as named by one more (`up`) or one fewer work request.
@@ -154,6 +278,25 @@ impl MrTable {
         MemView {
             t: self.tables.read(),
         }
+    }
+}
+
+impl crate::mem::Registrar for MrTable {
+    unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: u32,
+    ) -> Result<crate::mem::MrKeys> {
+        let r = MrTable::register(self, addr, len, access)?;
+        Ok(crate::mem::MrKeys {
+            lkey: r.lkey,
+            rkey: r.rkey,
+        })
+    }
+
+    fn deregister(&self, lkey: u32) -> Result<()> {
+        MrTable::deregister(self, lkey)
     }
 }
 
@@ -301,6 +444,30 @@ mod tests {
             t.deregister(r.lkey).unwrap_err().kind(),
             ErrorKind::InvalidArgument
         );
+    }
+
+    #[test]
+    fn pages_are_pinned_once_and_unpinned_by_the_last_region() {
+        let t = MrTable::default();
+        let ps = page_size() as usize;
+        let mut buf = vec![0u8; 4 * ps];
+        let base = buf.as_mut_ptr();
+        let start = base as usize;
+        let aligned = start.div_ceil(ps) * ps - start; // first page boundary in buf
+        // SAFETY: offsets stay inside `buf`.
+        let p0 = unsafe { base.add(aligned) };
+        let a = t.register(p0, ps, access::LOCAL_WRITE).unwrap();
+        assert_eq!(t.pinned_bytes(), ps as u64);
+        // Overlapping the same page and the next: one more page pinned, not two.
+        // SAFETY: inside `buf`.
+        let b = t
+            .register(unsafe { p0.add(ps / 2) }, ps, access::LOCAL_WRITE)
+            .unwrap();
+        assert_eq!(t.pinned_bytes(), 2 * ps as u64);
+        t.deregister(a.lkey).unwrap();
+        assert_eq!(t.pinned_bytes(), 2 * ps as u64, "b still pins both pages");
+        t.deregister(b.lkey).unwrap();
+        assert_eq!(t.pinned_bytes(), 0);
     }
 
     fn unsafe_offset(buf: &mut [u8], at: usize) -> *mut u8 {
