@@ -22,3 +22,7 @@ pub trait Registrar: Send + Sync {
     /// Removes the registration with `lkey` (`Busy` while work requests name it).
     fn deregister(&self, lkey: u32) -> Result<()>;
 }
+
+pub mod arena;
+pub mod pool;
+pub mod rcache;
