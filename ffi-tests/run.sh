@@ -41,7 +41,7 @@ build() { # build NAME SOURCE EXTRA_FLAGS...
            c++ -std=c++17 $cflags "$@" -o "$out/$name" "$here/$src" $ldlibs ;;
   esac
 }
-tests=(test_config.c test_config.cpp test_conn.c)
+tests=(test_config.c test_config.cpp test_conn.c test_mem.c)
 
 echo "== ffi-tests: ASan+UBSan"
 for t in "${tests[@]}"; do
@@ -59,7 +59,7 @@ vg=(valgrind -q --error-exitcode=99 --leak-check=full --trace-children=yes
 for t in "${tests[@]}"; do
   name="${t%.*}_${t##*.}"
   build "$name" "$t" -O1
-  if [ "$t" = test_conn.c ]; then
+  if [ "$t" = test_conn.c ] || [ "$t" = test_mem.c ]; then
     # valgrind slows everything ~30x: give the RC ACK timer room (timeout 16 = 268 ms
     # instead of the default 4.2 ms), or retransmission timeouts would fail connections.
     RDMX_TIMEOUT=16 "${vg[@]}" "$out/$name"

@@ -56,6 +56,21 @@ typedef struct rdmx_conn rdmx_conn;
 #define RDMX_ACCESS_REMOTE_READ 4
 
 /**
+ * Arena backing: how the pool's memory is mapped (weakest of its arenas).
+ */
+#define RDMX_BACKING_PLAIN 0
+
+/**
+ * Transparent huge pages (madvise).
+ */
+#define RDMX_BACKING_THP 1
+
+/**
+ * MAP_HUGETLB 2 MiB pages.
+ */
+#define RDMX_BACKING_HUGETLB 2
+
+/**
  * Result of every fallible rdmx call. 0 is success; on any other value
  * `rdmx_last_error()` holds a message naming what was wrong.
  */
@@ -149,6 +164,12 @@ typedef struct rdmx_context rdmx_context;
  * Accepts connections. Opaque; free with `rdmx_listener_free`.
  */
 typedef struct rdmx_listener rdmx_listener;
+
+/**
+ * A pool of fixed-size chunks carved from 2 MiB-aligned arenas, each arena registered
+ * once. Opaque; create with `rdmx_pool_new`, free with `rdmx_pool_free`. Thread-safe.
+ */
+typedef struct rdmx_pool rdmx_pool;
 
 /**
  * Called for every new connection (accepted or initiated) once its QP can receive and
@@ -248,6 +269,69 @@ typedef struct {
  * call only. May be called from any rdmx thread. Must not call `rdmx_log_set_callback`.
  */
 typedef void (*rdmx_log_callback)(void *user_data, rdmx_log_level level, const char *message);
+
+/**
+ * One chunk: `length` bytes at `addr`, usable in SGEs with `lkey` and by peers with `rkey`
+ * (if the pool was created with remote access).
+ */
+typedef struct {
+  void *addr;
+  uint64_t length;
+  uint32_t lkey;
+  uint32_t rkey;
+} rdmx_chunk;
+
+/**
+ * Pool statistics.
+ */
+typedef struct {
+  uint64_t chunk_size;
+  /**
+   * Chunks carved so far (grows arena by arena up to `chunks_cap`).
+   */
+  uint32_t chunks_total;
+  uint32_t chunks_in_use;
+  uint32_t chunks_cap;
+  uint32_t arenas;
+  uint64_t bytes_mapped;
+  /**
+   * RDMX_BACKING_*.
+   */
+  uint32_t backing;
+  /**
+   * The pool's own bookkeeping.
+   */
+  uint64_t metadata_bytes;
+} rdmx_pool_stats;
+
+/**
+ * A registration made through the cache (plain data; give it back to `rdmx_mem_dereg`).
+ */
+typedef struct {
+  /**
+   * The registered region (it covers the range asked for, maybe more).
+   */
+  uint64_t addr;
+  uint64_t length;
+  uint32_t lkey;
+  uint32_t rkey;
+  /**
+   * Identifies this registration for `rdmx_mem_dereg`.
+   */
+  uint64_t id;
+} rdmx_mem;
+
+/**
+ * Registration cache statistics.
+ */
+typedef struct {
+  uint64_t hits;
+  uint64_t misses;
+  uint64_t evictions;
+  uint64_t invalidations;
+  uint64_t entries;
+  uint64_t registered_bytes;
+} rdmx_rcache_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -630,6 +714,108 @@ uint64_t rdmx_ack_timeout_ns(uint8_t code);
  * the callback may run on any thread. RDMX_INVALID_ARGUMENT for a level outside 0..5.
  */
 rdmx_status rdmx_log_set_callback(rdmx_log_callback callback, int32_t level, void *user_data);
+
+/**
+ * Creates a pool of `chunk_size`-byte chunks (0: the config's `chunk_size`, default 4096)
+ * holding at most `max_chunks` (0: `pool_chunks`) registered with `access`
+ * (RDMX_ACCESS_* bits). Arenas are 2 MiB-aligned, mapped per the config's `hugepages`
+ * (`on` without reserved huge pages fails with RDMX_UNSUPPORTED, naming
+ * /proc/sys/vm/nr_hugepages). The first arena is mapped and registered here; the pool
+ * grows arena by arena as chunks are taken, never beyond `max_chunks`.
+ *
+ * # Safety
+ * `ctx` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_pool_new(rdmx_context *ctx,
+                          size_t chunk_size,
+                          uint32_t max_chunks,
+                          uint32_t access,
+                          rdmx_pool **out);
+
+/**
+ * Frees a pool: deregisters and unmaps its arenas. NULL is a no-op. Chunks still out
+ * become invalid (a warning is logged); an arena that work requests in flight still name
+ * is left mapped (and an error logged) rather than unmapped under I/O, so close the
+ * connections that use the pool first.
+ *
+ * # Safety
+ * `pool` NULL or from `rdmx_pool_new`, not freed before.
+ */
+void rdmx_pool_free(rdmx_pool *pool);
+
+/**
+ * Takes a chunk. RDMX_FULL when the pool holds `max_chunks` chunks and all are out.
+ *
+ * # Safety
+ * `pool` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_chunk_get(rdmx_pool *pool, rdmx_chunk *out);
+
+/**
+ * Gives a chunk back by its address. A pointer that is not the start of a chunk of this
+ * pool, or a chunk already given back, is rejected (RDMX_INVALID_ARGUMENT, saying which)
+ * and the pool is left unchanged.
+ *
+ * # Safety
+ * `pool` NULL or live.
+ */
+rdmx_status rdmx_chunk_put(rdmx_pool *pool, const void *addr);
+
+/**
+ * The pool's statistics.
+ *
+ * # Safety
+ * `pool` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_pool_get_stats(const rdmx_pool *pool, rdmx_pool_stats *out);
+
+/**
+ * Registers `[addr, addr + len)` with at least `access` through the registration cache:
+ * a cached registration that covers the range with those rights is reused (no
+ * registration cost), else a new one is made (pinning the pages, within RLIMIT_MEMLOCK:
+ * RDMX_RESOURCE_LIMIT when refused). `*out` carries the keys; the registered region may
+ * be larger than asked (whole pages).
+ *
+ * Release with `rdmx_mem_dereg`: the registration stays cached for the next use of the
+ * same memory until it is evicted (beyond `rcache_entries`, least recently used first) or
+ * invalidated. BEFORE YOU UNMAP OR FREE MEMORY registered through the cache: let work
+ * requests naming it complete, `rdmx_mem_dereg` every handle on it, then
+ * `rdmx_mem_invalidate` the range. A cached registration of freed memory would otherwise
+ * keep pages pinned and stay reachable by its rkey.
+ *
+ * # Safety
+ * `ctx` NULL or live; `addr` valid for `len` bytes until invalidated as above; `out` NULL
+ * or writable.
+ */
+rdmx_status rdmx_mem_reg(rdmx_context *ctx, void *addr, size_t len, uint32_t access, rdmx_mem *out);
+
+/**
+ * Releases a registration from `rdmx_mem_reg` (it stays cached; see there). A handle
+ * released twice or never issued: RDMX_INVALID_ARGUMENT.
+ *
+ * # Safety
+ * `ctx` NULL or live; `m` NULL or a live `rdmx_mem`.
+ */
+rdmx_status rdmx_mem_dereg(rdmx_context *ctx, const rdmx_mem *m);
+
+/**
+ * Removes every cached registration overlapping `[addr, addr + len)` from the cache:
+ * later `rdmx_mem_reg` calls register afresh; registrations still held are deregistered
+ * when their last handle is released. Call it before unmapping memory (see
+ * `rdmx_mem_reg`).
+ *
+ * # Safety
+ * `ctx` NULL or live.
+ */
+rdmx_status rdmx_mem_invalidate(rdmx_context *ctx, const void *addr, size_t len);
+
+/**
+ * The registration cache's statistics.
+ *
+ * # Safety
+ * `ctx` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_mem_cache_stats(const rdmx_context *ctx, rdmx_rcache_stats *out);
 
 /**
  * A static, NUL-terminated name for a status code, e.g. "RDMX_INVALID_VALUE";

@@ -21,6 +21,35 @@ pub const RDMX_ACCESS_REMOTE_READ: u32 = 4;
 #[allow(non_camel_case_types)]
 pub struct rdmx_context {
     pub(crate) inner: Context,
+    /// Registration-cache handles given to C as ids (`rdmx_mem.id`).
+    mem: parking_lot::Mutex<(
+        u64,
+        std::collections::HashMap<u64, crate::mem::rcache::Handle>,
+    )>,
+}
+
+impl rdmx_context {
+    pub(crate) fn keep_handle(&self, h: crate::mem::rcache::Handle) -> u64 {
+        let mut g = self.mem.lock();
+        g.0 += 1;
+        let id = g.0;
+        g.1.insert(id, h);
+        id
+    }
+
+    pub(crate) fn take_handle(&self, id: u64) -> Option<crate::mem::rcache::Handle> {
+        self.mem.lock().1.remove(&id)
+    }
+}
+
+impl Drop for rdmx_context {
+    fn drop(&mut self) {
+        // Handles C never released go back to the cache before it is dropped.
+        let handles: Vec<_> = self.mem.get_mut().1.drain().map(|(_, h)| h).collect();
+        for h in handles {
+            let _ = self.inner.rcache().put(h);
+        }
+    }
 }
 
 /// A registered memory region (plain data; the region is identified by `lkey`).
@@ -66,6 +95,7 @@ pub unsafe extern "C" fn rdmx_context_new(
         };
         let ctx = Box::new(rdmx_context {
             inner: Context::new(config)?,
+            mem: parking_lot::Mutex::new((0, std::collections::HashMap::new())),
         });
         // SAFETY: as above.
         unsafe { out.write(Box::into_raw(ctx)) };

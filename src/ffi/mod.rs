@@ -10,6 +10,7 @@ pub mod conn;
 pub mod context;
 pub mod encoding;
 pub mod log;
+pub mod mem;
 pub mod status;
 
 pub use status::rdmx_status;

@@ -2,6 +2,9 @@
 
 use crate::config::{Config, Settings};
 use crate::error::{Error, ErrorKind, Result};
+use crate::mem::Registrar;
+use crate::mem::pool::Pool;
+use crate::mem::rcache::{RegCache, RegCacheOptions};
 use crate::provider::{self, soft::device::SoftDevice};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -16,6 +19,8 @@ pub(crate) struct Shared {
     pub dev: SoftDevice,
     pub provider: provider::Kind,
     pub on_connect: parking_lot::RwLock<Option<OnConnect>>,
+    /// Registrations of caller buffers (`rcache_entries`).
+    pub rcache: RegCache,
 }
 
 impl std::fmt::Debug for Shared {
@@ -50,12 +55,20 @@ impl Context {
         let provider = provider::choose(&settings)?;
         // IPv4 for now: the soft provider's ICRC and sockets are IPv4-only (IPv6 is a later step).
         let dev = SoftDevice::open(&settings, IpAddr::V4(Ipv4Addr::UNSPECIFIED))?;
+        // No merging on the soft provider: a merged region would stay valid over a
+        // neighbour's buffer after that buffer was invalidated and unmapped, and soft
+        // regions with remote access are offered to peers.
+        let mut opts = RegCacheOptions::new(settings.rcache_entries as usize);
+        opts.merge = false;
+        let registrar: Arc<dyn Registrar> = dev.mrs_arc();
+        let rcache = RegCache::with_options(registrar, opts)?;
         Ok(Context {
             shared: Arc::new(Shared {
                 settings,
                 dev,
                 provider,
                 on_connect: parking_lot::RwLock::new(None),
+                rcache,
             }),
         })
     }
@@ -99,6 +112,28 @@ impl Context {
     /// Deregisters the region with `lkey`; `Busy` while work requests name it.
     pub fn deregister(&self, lkey: u32) -> Result<()> {
         self.shared.dev.mrs().deregister(lkey)
+    }
+
+    /// A pool of `chunk_size` chunks (0 = the config's `chunk_size`), at most `max_chunks`
+    /// (0 = `pool_chunks`), registered with `access`, in arenas per `hugepages`.
+    pub fn pool(&self, chunk_size: usize, max_chunks: u32, access: u32) -> Result<Pool> {
+        let s = &self.shared.settings;
+        let size = if chunk_size == 0 {
+            s.chunk_size as usize
+        } else {
+            chunk_size
+        };
+        let cap = if max_chunks == 0 {
+            s.pool_chunks
+        } else {
+            max_chunks
+        };
+        Pool::new(self.shared.dev.mrs_arc(), size, cap, access, s.hugepages)
+    }
+
+    /// The registration cache for caller buffers.
+    pub fn rcache(&self) -> &RegCache {
+        &self.shared.rcache
     }
 
     /// Kernel drops on the device's UDP receive queue.

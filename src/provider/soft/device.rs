@@ -36,7 +36,7 @@ const IDLE_SLEEP: Duration = Duration::from_millis(100);
 
 struct Shared {
     settings: Settings,
-    mrs: MrTable,
+    mrs: Arc<MrTable>,
     port: UdpPort,
     qps: RwLock<HashMap<u32, Arc<SoftQp>>>,
     /// TCP side channels to watch for EOF: fd -> QP.
@@ -82,7 +82,7 @@ impl SoftDevice {
         })?;
         let shared = Arc::new(Shared {
             settings: settings.clone(),
-            mrs: MrTable::default(),
+            mrs: Arc::new(MrTable::default()),
             port,
             qps: RwLock::new(HashMap::new()),
             watches: Mutex::new(HashMap::new()),
@@ -114,6 +114,11 @@ impl SoftDevice {
     /// The UDP address peers send to.
     pub fn udp_addr(&self) -> SocketAddr {
         self.shared.port.local_addr()
+    }
+
+    /// The memory region table as a shared registrar (for pools and the registration cache).
+    pub fn mrs_arc(&self) -> Arc<MrTable> {
+        Arc::clone(&self.shared.mrs)
     }
 
     pub fn mrs(&self) -> &MrTable {
