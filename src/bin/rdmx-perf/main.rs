@@ -15,6 +15,7 @@
 mod client;
 mod engine_bench;
 mod perf;
+mod reg_bench;
 mod server;
 mod udp_baseline;
 
@@ -110,6 +111,7 @@ fn main() -> ExitCode {
     let first = args.first().map(String::as_str);
     match first {
         Some("engine_bench") => return engine_bench::main(&args[1..]),
+        Some("reg_bench") => return reg_bench::main(&args[1..]),
         Some("server") => return report(server::main(&args[1..])),
         Some("udp_server") => return report(udp_baseline::server(&args[1..])),
         Some("udp_read") => return udp_baseline::client(&args[1..]),
