@@ -5,7 +5,9 @@ mod common;
 
 use common::{Faults, Params, Sim};
 use rdmx::rc::verbs::{access, send_flags};
-use rdmx::rc::{Completion, QpCaps, QpState, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
+use rdmx::rc::{
+    Completion, QpCaps, QpState, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode, smallvec,
+};
 
 const A_BUF: u32 = 1;
 const B_RO: u32 = 2; // exposed read-only (rkey 0x200)
@@ -46,7 +48,7 @@ fn wr(opcode: WrOpcode, lkey: u32, remote_addr: u64, rkey: u32, len: u32) -> Sen
         wr_id: 7,
         opcode,
         flags: send_flags::SIGNALED,
-        sges: vec![Sge {
+        sges: smallvec![Sge {
             addr: 0x1000,
             length: len,
             lkey,
@@ -176,7 +178,7 @@ fn send_larger_than_the_receive_buffer_fails_both_sides() {
         .qp
         .post_recv(RecvWr {
             wr_id: 50,
-            sges: vec![Sge {
+            sges: smallvec![Sge {
                 addr: 0x20_0000,
                 length: 100,
                 lkey: B_RW,
@@ -187,7 +189,7 @@ fn send_larger_than_the_receive_buffer_fails_both_sides() {
         .qp
         .post_recv(RecvWr {
             wr_id: 51,
-            sges: vec![Sge {
+            sges: smallvec![Sge {
                 addr: 0x20_0100,
                 length: 100,
                 lkey: B_RW,
@@ -215,7 +217,7 @@ fn send_with_imm_and_write_with_imm_deliver_the_immediate() {
             .qp
             .post_recv(RecvWr {
                 wr_id: 60 + k,
-                sges: vec![Sge {
+                sges: smallvec![Sge {
                     addr: 0x20_0000,
                     length: 64,
                     lkey: B_RW,
@@ -282,7 +284,7 @@ fn posting_beyond_the_queue_or_sge_limits_is_refused() {
     let b = &mut s.nodes[1].qp;
     let rwr = RecvWr {
         wr_id: 1,
-        sges: vec![],
+        sges: smallvec![],
     };
     b.post_recv(rwr.clone()).unwrap();
     let e = b.post_recv(rwr).unwrap_err();

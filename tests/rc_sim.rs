@@ -8,7 +8,7 @@ mod common;
 
 use common::{Faults, Params, Rng, Sim};
 use rdmx::rc::verbs::{access, send_flags};
-use rdmx::rc::{QpCaps, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
+use rdmx::rc::{QpCaps, RecvWr, SendWr, Sge, SgeList, WcOpcode, WcStatus, WrOpcode, smallvec};
 
 // Node A's regions: SRC (what A sends/writes), DST (where A's READs land).
 const A_SRC: u32 = 1;
@@ -133,7 +133,7 @@ fn run(seed: u64) -> Result<(), String> {
         let cut1 = rng.below(len + 1);
         let cut2 = cut1 + rng.below(len - cut1 + 1);
         let base = addr(A_BASE, local, i);
-        let sges: Vec<Sge> = [(0, cut1), (cut1, cut2), (cut2, len)]
+        let sges: SgeList = [(0, cut1), (cut1, cut2), (cut2, len)]
             .iter()
             .filter(|(s, e)| e > s)
             .map(|&(s, e)| Sge {
@@ -189,7 +189,7 @@ fn run(seed: u64) -> Result<(), String> {
             .qp
             .post_recv(RecvWr {
                 wr_id: 5000 + k as u64,
-                sges: vec![Sge {
+                sges: smallvec![Sge {
                     addr: a,
                     length: SLOT as u32,
                     lkey: B_RECV,
@@ -361,7 +361,7 @@ fn permanent_partition_ends_in_retry_exc_err_and_flushes_the_rest() {
                 wr_id: i,
                 opcode: WrOpcode::Send,
                 flags: 0,
-                sges: vec![sge],
+                sges: smallvec![sge],
                 remote_addr: 0,
                 rkey: 0,
                 imm: 0,

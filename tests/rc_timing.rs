@@ -9,7 +9,7 @@ mod common;
 use common::{Faults, Params, Sim};
 use rdmx::config::encoding::{ack_timeout_ns, rnr_timer_ns};
 use rdmx::rc::verbs::access;
-use rdmx::rc::{QpCaps, QpState, SendWr, Sge, WcStatus, WrOpcode};
+use rdmx::rc::{QpCaps, QpState, SendWr, Sge, WcStatus, WrOpcode, smallvec};
 
 /// One "tick" of tolerance: the simulator jumps straight to deadlines, so timers fire
 /// exactly on time; 1 us covers any rounding a change might introduce.
@@ -37,7 +37,7 @@ fn post_sends(sim: &mut Sim, n: u64) {
                 wr_id: i,
                 opcode: WrOpcode::Send,
                 flags,
-                sges: vec![sge],
+                sges: smallvec![sge],
                 remote_addr: 0,
                 rkey: 0,
                 imm: 0,

@@ -13,7 +13,7 @@ use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
-use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode};
+use rdmx::rc::{Sge, SgeList, WcOpcode, WcStatus, WrOpcode, smallvec};
 use rdmx::wire::icrc;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -153,7 +153,7 @@ fn wr(cookie: u64, opcode: WrOpcode, sge: Sge, remote_addr: u64, rkey: u32) -> S
         cookie,
         opcode,
         flags: send_flags::SIGNALED,
-        sges: vec![sge],
+        sges: smallvec![sge],
         remote_addr,
         rkey,
         imm: 0,
@@ -366,8 +366,8 @@ fn capture_decodes_as_rroce_with_expected_opcodes_psns_syndromes_and_icrc() {
         lkey: mb.lkey,
     };
     // 1. Three SEND_ONLY into three posted receives.
-    let recvs: Vec<(u64, Vec<Sge>)> = (0..3)
-        .map(|i| (100 + i, vec![sb(32768 + i * 4096, 4096)]))
+    let recvs: Vec<(u64, SgeList)> = (0..3)
+        .map(|i| (100 + i, smallvec![sb(32768 + i * 4096, 4096)]))
         .collect();
     cb.post_recv(&recvs).unwrap();
     let sends: Vec<SendReq> = (0..3)
@@ -422,7 +422,7 @@ fn capture_decodes_as_rroce_with_expected_opcodes_psns_syndromes_and_icrc() {
     while ca.counters().rnr_naks_received < naks0 + 2 && Instant::now() < end {
         std::thread::sleep(Duration::from_micros(100));
     }
-    cb.post_recv(&[(103, vec![sb(49152, 4096)])]).unwrap();
+    cb.post_recv(&[(103, smallvec![sb(49152, 4096)])]).unwrap();
     let c = wait(&ca, 1);
     assert_eq!(
         c.first().map(|w| (w.cookie, w.status)),

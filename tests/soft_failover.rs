@@ -18,7 +18,7 @@ mod support;
 
 use rdmx::config::encoding::{ack_timeout_ns, rnr_timer_ns};
 use rdmx::rc::verbs::QpState;
-use rdmx::rc::{WcOpcode, WcStatus, WrOpcode};
+use rdmx::rc::{WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::time::{Duration, Instant};
 use support::{
     Local, NetnsPair, Peer, PeerSpec, UdpBlackHole, field, in_netns, pattern, serial,
@@ -89,8 +89,8 @@ fn killed_peer(net: &Net) {
             "READ moved the peer's bytes"
         );
 
-        let recvs: Vec<(u64, Vec<_>)> = (0..3)
-            .map(|i| (100 + i, vec![l.sge(8192 + i * 4096, 4096)]))
+        let recvs: Vec<(u64, rdmx::rc::SgeList)> = (0..3)
+            .map(|i| (100 + i, smallvec![l.sge(8192 + i * 4096, 4096)]))
             .collect();
         assert_eq!(l.conn.post_recv(&recvs).unwrap(), 3);
         peer.stop();
@@ -134,7 +134,10 @@ fn killed_peer(net: &Net) {
             .unwrap_err();
         assert_eq!(e.kind(), rdmx::ErrorKind::Closed, "{e}");
         assert!(e.message().contains("side channel closed"), "{e}");
-        let e = l.conn.post_recv(&[(103, vec![l.sge(0, 64)])]).unwrap_err();
+        let e = l
+            .conn
+            .post_recv(&[(103, smallvec![l.sge(0, 64)])])
+            .unwrap_err();
         assert_eq!(e.kind(), rdmx::ErrorKind::Closed, "{e}");
         assert!(
             l.wait(1, Duration::from_millis(20)).is_empty(),
@@ -203,7 +206,7 @@ fn black_hole(net: &Net, profile: &str, hole: Hole, extra: &[(&str, &str)]) {
         peer.expect("WC cookie=1000 status=Success opcode=Recv len=64", 5 * SEC);
         let before = l.conn.counters();
         l.conn
-            .post_recv(&[(200, vec![l.sge(32768, 4096)])])
+            .post_recv(&[(200, smallvec![l.sge(32768, 4096)])])
             .unwrap();
 
         let (rule, down) = match (hole, net.peer_ns, net.pair) {

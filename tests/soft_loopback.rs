@@ -6,7 +6,7 @@ use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
-use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode};
+use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::time::{Duration, Instant};
 
 fn ctx(extra: &[(&str, &str)]) -> Context {
@@ -58,7 +58,7 @@ fn send(cookie: u64, opcode: WrOpcode, sge: Sge, remote_addr: u64, rkey: u32) ->
         cookie,
         opcode,
         flags: send_flags::SIGNALED,
-        sges: vec![sge],
+        sges: smallvec![sge],
         remote_addr,
         rkey,
         imm: 7,
@@ -134,7 +134,7 @@ fn send_recv_read_write_move_the_right_bytes() {
     // SEND b -> a into a posted receive, with immediate data.
     ca.post_recv(&[(
         10,
-        vec![Sge {
+        smallvec![Sge {
             addr: ma.addr + 30_000,
             length: 5000,
             lkey: ma.lkey,
@@ -235,7 +235,7 @@ fn closed_peer_flushes_outstanding_work_and_refuses_posts() {
     // A receive that will never be matched, then the peer goes away.
     ca.post_recv(&[(
         5,
-        vec![Sge {
+        smallvec![Sge {
             addr: m.addr,
             length: 4096,
             lkey: m.lkey,
@@ -284,7 +284,7 @@ fn on_connect_hook_posts_receives_before_the_peer_may_send() {
     b.set_on_connect(Some(std::sync::Arc::new(move |c: &Connection| {
         c.post_recv(&[(
             77,
-            vec![Sge {
+            smallvec![Sge {
                 addr,
                 length: 4096,
                 lkey,

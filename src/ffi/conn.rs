@@ -10,7 +10,7 @@ use crate::msgr::{Connection, Listener, OnConnect};
 use crate::provider::soft::cq::Wc;
 use crate::provider::soft::qp::SendReq;
 use crate::rc::verbs::{WcStatus, WrOpcode, send_flags};
-use crate::rc::{Sge, WcOpcode};
+use crate::rc::{Sge, SgeList, WcOpcode};
 use std::ffi::c_char;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -375,9 +375,9 @@ fn out_ptr<T>(p: *mut T) -> Result<*mut T> {
 ///
 /// # Safety
 /// `sges` NULL (with `n == 0`) or valid for `n` elements.
-unsafe fn sge_list(sges: *const rdmx_sge, n: usize) -> Result<Vec<Sge>> {
+unsafe fn sge_list(sges: *const rdmx_sge, n: usize) -> Result<SgeList> {
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(SgeList::new());
     }
     if sges.is_null() {
         return Err(Error::new(

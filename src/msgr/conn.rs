@@ -9,7 +9,7 @@ use crate::provider::soft::cq::{Cq, Wc};
 use crate::provider::soft::qp::{Remote, SendReq, SoftQp, Timers};
 use crate::provider::soft::sys::EventFd;
 use crate::rc::verbs::{QpState, access};
-use crate::rc::{Counters, QpCaps, Sge};
+use crate::rc::{Counters, QpCaps, SgeList};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -277,7 +277,7 @@ impl Connection {
     }
 
     /// Posts a chain of receive WRs (cookie, SGEs).
-    pub fn post_recv(&self, wrs: &[(u64, Vec<Sge>)]) -> Result<usize> {
+    pub fn post_recv(&self, wrs: &[(u64, SgeList)]) -> Result<usize> {
         self.check_open("post_recv")?;
         let (n, err) = self.qp.post_recv(self.ctx.shared.dev.mrs(), wrs);
         match err {

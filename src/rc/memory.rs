@@ -52,6 +52,11 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// A work request's SGE list: up to two inline (no allocation per WR), more on the heap.
+/// Build one with `smallvec![..]` (re-exported as `rdmx::rc::smallvec`), `SgeList::new()`
+/// and `push`, or `from(vec)`.
+pub type SgeList = smallvec::SmallVec<[Sge; 2]>;
+
 /// Total bytes an SGE list covers.
 pub fn sge_total(sges: &[Sge]) -> u64 {
     sges.iter().map(|s| u64::from(s.length)).sum()

@@ -56,22 +56,30 @@ pub fn max_packet_len(path_mtu: u32) -> usize {
 
 /// Refuses a post when the queue is full or the WR has more SGEs than the QP allows.
 /// `queue` = (name, length, limit, limit's name); `sges` = (count, limit, limit's name).
+/// Inline with the error built out of line: it runs on every post.
+#[inline]
 fn check_room(verb: &str, queue: (&str, usize, u32, &str), sges: (usize, u32, &str)) -> Result<()> {
+    if queue.1 >= queue.2 as usize || sges.0 > sges.1 as usize {
+        return Err(room_error(verb, queue, sges));
+    }
+    Ok(())
+}
+
+#[cold]
+fn room_error(verb: &str, queue: (&str, usize, u32, &str), sges: (usize, u32, &str)) -> Error {
     let (qname, len, max_wr, wr_key) = queue;
     let (n, max_sge, sge_key) = sges;
     if len >= max_wr as usize {
-        return Err(Error::new(
+        Error::new(
             ErrorKind::Full,
             format!("{verb}: {qname} full ({len} WRs outstanding = {wr_key})"),
-        ));
-    }
-    if n > max_sge as usize {
-        return Err(Error::new(
+        )
+    } else {
+        Error::new(
             ErrorKind::InvalidArgument,
             format!("{verb}: {n} SGEs exceed {sge_key} {max_sge}"),
-        ));
+        )
     }
-    Ok(())
 }
 
 /// One RC queue pair.

@@ -1,7 +1,7 @@
 //! Work requests in and completions out, shaped like `ibv_send_wr`, `ibv_recv_wr` and
 //! `ibv_wc`.
 
-use super::memory::Sge;
+use super::memory::SgeList;
 use super::verbs::{WcOpcode, WcStatus, WrOpcode};
 
 /// A send-queue work request.
@@ -12,7 +12,7 @@ pub struct SendWr {
     /// `send_flags` bits (`verbs::send_flags`).
     pub flags: u32,
     /// Local buffers: gathered for SEND/WRITE, scattered into for READ.
-    pub sges: Vec<Sge>,
+    pub sges: SgeList,
     /// Remote address and key for RDMA READ/WRITE.
     pub remote_addr: u64,
     pub rkey: u32,
@@ -24,7 +24,7 @@ pub struct SendWr {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
     pub wr_id: u64,
-    pub sges: Vec<Sge>,
+    pub sges: SgeList,
 }
 
 /// A work completion (`ibv_wc`). For statuses other than Success only `wr_id`, `status`

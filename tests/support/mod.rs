@@ -17,7 +17,7 @@ use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
-use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode};
+use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
@@ -203,7 +203,7 @@ pub fn peer_main() {
                 length: PEER_RECV_LEN,
                 lkey: mr.lkey,
             };
-            conn.post_recv(&[(1000 + *next, vec![sge])])
+            conn.post_recv(&[(1000 + *next, smallvec![sge])])
                 .expect("peer post_recv");
             *next += 1;
         }
@@ -527,7 +527,7 @@ impl Local {
             cookie,
             opcode,
             flags: if signaled { send_flags::SIGNALED } else { 0 },
-            sges: vec![self.sge(off, len)],
+            sges: smallvec![self.sge(off, len)],
             remote_addr: raddr + remote_off,
             rkey,
             imm: 0,

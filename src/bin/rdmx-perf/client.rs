@@ -18,7 +18,7 @@ use rdmx::config::Settings;
 use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
-use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode};
+use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -407,7 +407,7 @@ fn wait_ready(conn: &Connection, buf: &Local<'_>) -> Result<(), String> {
     const READY: u64 = u64::MAX;
     conn.post_recv(&[(
         READY,
-        vec![Sge {
+        smallvec![Sge {
             addr: buf.addr,
             length: 64,
             lkey: buf.lkey,
@@ -515,7 +515,7 @@ fn ops_loop(
                     cookie: slot as u64,
                     opcode,
                     flags: send_flags::SIGNALED,
-                    sges: vec![Sge {
+                    sges: smallvec![Sge {
                         addr: src,
                         length: a.size as u32,
                         lkey: local.lkey,
@@ -640,7 +640,7 @@ fn send_lat(
     let size = a.size as u64;
     let recv = (
         RECV,
-        vec![Sge {
+        smallvec![Sge {
             addr: local.addr + size,
             length: a.size as u32,
             lkey: local.lkey,
@@ -650,7 +650,7 @@ fn send_lat(
         cookie: SEND,
         opcode: WrOpcode::Send,
         flags: send_flags::SIGNALED,
-        sges: vec![Sge {
+        sges: smallvec![Sge {
             addr: local.addr,
             length: a.size as u32,
             lkey: local.lkey,

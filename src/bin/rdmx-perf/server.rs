@@ -17,7 +17,7 @@ use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
-use rdmx::rc::{QpState, Sge, WcOpcode, WcStatus, WrOpcode};
+use rdmx::rc::{QpState, Sge, SgeList, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -190,13 +190,13 @@ fn run(
     base: *mut u8,
 ) -> Result<(u64, u64), String> {
     let s = ctx.settings();
-    let recv_sge = vec![Sge {
+    let recv_sge = smallvec![Sge {
         addr,
         length: MAX_SEND as u32,
         lkey,
     }];
     let nrecv = s.max_recv_wr as usize;
-    let wrs: Vec<(u64, Vec<Sge>)> = (0..nrecv as u64)
+    let wrs: Vec<(u64, SgeList)> = (0..nrecv as u64)
         .map(|i| (RECV_TAG | i, recv_sge.clone()))
         .collect();
     let mut posted = 0;
@@ -213,7 +213,7 @@ fn run(
         cookie: PONG_TAG,
         opcode: WrOpcode::Send,
         flags: send_flags::SIGNALED,
-        sges: vec![Sge {
+        sges: smallvec![Sge {
             addr: addr + MAX_SEND as u64,
             length: 1,
             lkey,
@@ -230,7 +230,7 @@ fn run(
     let mut waiter = Waiter::new(s);
     let mut wcs = vec![empty_wc(); s.poll_batch.max(16) as usize];
     let (mut recvs, mut pings) = (0u64, 0u64);
-    let mut reposts: Vec<(u64, Vec<Sge>)> = Vec::with_capacity(wcs.len());
+    let mut reposts: Vec<(u64, SgeList)> = Vec::with_capacity(wcs.len());
     // Answers not yet posted (the send queue was full) are posted first on the next pass.
     loop {
         if !answers.is_empty() {
@@ -285,7 +285,7 @@ fn run(
                     cookie: PONG_TAG,
                     opcode: WrOpcode::Send,
                     flags: send_flags::SIGNALED,
-                    sges: vec![Sge {
+                    sges: smallvec![Sge {
                         addr: addr + MAX_SEND as u64,
                         length: wc.byte_len,
                         lkey,

@@ -4,7 +4,7 @@
 //! regions pinned while WRs name them.
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::rc::memory::Sge;
+use crate::rc::memory::SgeList;
 use crate::rc::verbs::{QpState, WcStatus, WrOpcode, attr_mask as m, send_flags};
 use crate::rc::{Counters, QpAttr, QpCaps, RecvWr, SendWr, max_packet_len};
 use parking_lot::Mutex;
@@ -32,7 +32,7 @@ pub struct SendReq {
     pub cookie: u64,
     pub opcode: WrOpcode,
     pub flags: u32,
-    pub sges: Vec<Sge>,
+    pub sges: SgeList,
     pub remote_addr: u64,
     pub rkey: u32,
     pub imm: u32,
@@ -251,7 +251,7 @@ impl SoftQp {
     }
 
     /// Posts a chain of receive WRs (cookie, SGEs).
-    pub fn post_recv(&self, mrs: &MrTable, wrs: &[(u64, Vec<Sge>)]) -> (usize, Option<Error>) {
+    pub fn post_recv(&self, mrs: &MrTable, wrs: &[(u64, SgeList)]) -> (usize, Option<Error>) {
         let mut g = self.inner.lock();
         let mut posted = 0;
         let mut err = None;
