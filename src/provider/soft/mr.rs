@@ -13,7 +13,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::rc::memory::{Key, MemError, Memory};
 use crate::rc::verbs::access;
 use parking_lot::{RwLock, RwLockReadGuard};
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 

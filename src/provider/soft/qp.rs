@@ -8,7 +8,8 @@ use crate::rc::memory::SgeList;
 use crate::rc::verbs::{QpState, WcStatus, WrOpcode, attr_mask as m, send_flags};
 use crate::rc::{Counters, QpAttr, QpCaps, RecvWr, SendWr, max_packet_len};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,7 +64,7 @@ pub struct Timers {
 #[derive(Debug)]
 struct Pending {
     cookie: u64,
-    lkeys: Vec<u32>,
+    lkeys: SmallVec<[u32; 2]>,
     /// The caller asked for a success completion (errors are always reported).
     signaled: bool,
 }
@@ -117,7 +118,7 @@ impl SoftQp {
                 qp: crate::rc::Qp::new(qpn, caps),
                 peer: None,
                 next_id: 1,
-                pending: HashMap::new(),
+                pending: HashMap::default(),
                 heads: (0..TX_BATCH)
                     .map(|_| vec![0u8; max_packet_len(4096)])
                     .collect(),
@@ -207,7 +208,7 @@ impl SoftQp {
         let mut posted = 0;
         let mut err = None;
         for w in wrs {
-            let lkeys: Vec<u32> = w.sges.iter().map(|s| s.lkey).collect();
+            let lkeys: SmallVec<[u32; 2]> = w.sges.iter().map(|s| s.lkey).collect();
             let id = g.next_id;
             g.next_id += 1;
             mrs.hold(&lkeys, true);
@@ -256,7 +257,7 @@ impl SoftQp {
         let mut posted = 0;
         let mut err = None;
         for (cookie, sges) in wrs {
-            let lkeys: Vec<u32> = sges.iter().map(|s| s.lkey).collect();
+            let lkeys: SmallVec<[u32; 2]> = sges.iter().map(|s| s.lkey).collect();
             let id = g.next_id;
             g.next_id += 1;
             mrs.hold(&lkeys, true);
@@ -350,14 +351,16 @@ impl SoftQp {
             let full = pkts.len() == TX_BATCH;
             // 2. Loss injection and the ICRC, which covers the IP/UDP headers. The next
             // packet's payload (often cold memory: a READ's source block) is prefetched
-            // while this one's CRC runs, so the fetches overlap.
+            // while this one's CRC runs, so the fetches overlap. Every line is hinted: the
+            // CRC is long enough to hide the fetch (measured ~5% more read_bw than hinting
+            // the first line only, which suits the engine bench's copy-bound loop better).
             let lent: Vec<&[u8]> = pkts.iter().map(|p| p.1).collect();
             if let Some(first) = lent.first() {
-                crate::rc::vec_memory::prefetch_bytes(first);
+                crate::rc::vec_memory::prefetch_lines(first);
             }
             for (i, (hl, payload, tl, keep)) in pkts.iter_mut().enumerate() {
                 if let Some(next) = lent.get(i + 1) {
-                    crate::rc::vec_memory::prefetch_bytes(next);
+                    crate::rc::vec_memory::prefetch_lines(next);
                 }
                 if self.drop_ppb > 0 {
                     *drop_state ^= *drop_state << 13;
