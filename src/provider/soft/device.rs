@@ -194,10 +194,13 @@ impl SoftDevice {
     /// One pass of progress from the caller's thread (progress=inline, or busy polling):
     /// receive what is queued, run due timers. Skipped if another thread is at it.
     pub fn progress_inline(&self) {
-        self.shared
-            .last_app_poll
-            .store(self.shared.now(), Ordering::Relaxed);
-        self.shared.progress_once(false);
+        // The pass reads the clock anyway; reuse its reading (a poll loop calls this
+        // millions of times a second).
+        let now = match self.shared.progress_once(false) {
+            Some(now) => now,
+            None => self.shared.now(),
+        };
+        self.shared.last_app_poll.store(now, Ordering::Relaxed);
     }
 
     pub fn progress_mode(&self) -> Progress {
@@ -222,13 +225,14 @@ impl Shared {
 
     /// Receives queued datagrams (up to a bound), runs due timers, checks watched side
     /// channels. `wait` = block on the receive lock instead of skipping when it is busy.
-    fn progress_once(&self, wait: bool) {
+    /// Returns the time the pass ran at, or None if it skipped (the lock was busy).
+    fn progress_once(&self, wait: bool) -> Option<u64> {
         let rx = if wait {
             Some(self.rx.lock())
         } else {
             self.rx.try_lock()
         };
-        let Some(mut rx) = rx else { return };
+        let Some(mut rx) = rx else { return None };
         if USE_GRO && rx.slot_len() < udp::MAX_RX_SLOT_LEN && self.port.enable_gro() {
             // GRO buffers need 64 KiB slots; nothing was received since GRO went on.
             *rx = RxBatch::for_gro(RX_BATCH);
@@ -286,6 +290,7 @@ impl Shared {
         for qp in touched.iter().chain(due.iter()) {
             qp.drive(&self.mrs, now);
         }
+        Some(now)
     }
 
     /// Side channels among `fds` that poll reported readable: a closed one means the peer
