@@ -7,7 +7,7 @@
 use super::memory::{self, Memory};
 use super::packet::{Hdr, op, syndrome};
 use super::psn;
-use super::qp::Qp;
+use super::qp::{Qp, whole_packets};
 use super::verbs::WcStatus;
 use super::wr::Completion;
 
@@ -61,7 +61,7 @@ impl Qp {
                 // An ACK beyond the READ's next expected response: those responses were lost.
                 let expected = psn::add(
                     w.first_psn,
-                    (w.read_received / u64::from(self.attr.path_mtu)) as u32,
+                    whole_packets(w.read_received, self.attr.path_mtu),
                 );
                 read_lost = psn::diff(upto, expected) > 0;
                 break;
@@ -158,7 +158,10 @@ impl Qp {
         if !w.is_read() || !w.started {
             return;
         }
-        let expected = psn::add(w.first_psn, (w.read_received / mtu) as u32);
+        let expected = psn::add(
+            w.first_psn,
+            whole_packets(w.read_received, self.attr.path_mtu),
+        );
         if hdr.psn != expected {
             return; // duplicate or ahead of a gap: ignored, the timer or a retry recovers
         }

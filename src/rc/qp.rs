@@ -54,6 +54,22 @@ pub fn max_packet_len(path_mtu: u32) -> usize {
     path_mtu as usize + 32 + 3 + ICRC_LEN
 }
 
+/// Packets a message of `len` bytes takes at path MTU `mtu` (at least one: a zero-length
+/// message is one packet). `mtu` is a power of two (`modify` admits 256..4096 only), so
+/// this shifts instead of dividing: it runs several times per operation.
+#[inline]
+pub(super) fn packets_for(len: u64, mtu: u32) -> u32 {
+    debug_assert!(mtu.is_power_of_two());
+    (len.saturating_add(u64::from(mtu) - 1) >> mtu.trailing_zeros()).max(1) as u32
+}
+
+/// Whole packets in `bytes` at path MTU `mtu` (a power of two, as for `packets_for`).
+#[inline]
+pub(super) fn whole_packets(bytes: u64, mtu: u32) -> u32 {
+    debug_assert!(mtu.is_power_of_two());
+    (bytes >> mtu.trailing_zeros()) as u32
+}
+
 /// Refuses a post when the queue is full or the WR has more SGEs than the QP allows.
 /// `queue` = (name, length, limit, limit's name); `sges` = (count, limit, limit's name).
 /// Inline with the error built out of line: it runs on every post.

@@ -8,7 +8,7 @@ use super::emit::{PayloadSrc, TxParts};
 use super::memory::{self, Memory, sge_total};
 use super::packet::{Hdr, Reth, op};
 use super::psn;
-use super::qp::Qp;
+use super::qp::{Qp, packets_for};
 use super::verbs::{QpState, WcStatus, WrOpcode, access, send_flags};
 use super::wr::SendWr;
 use crate::error::{Error, ErrorKind, Result};
@@ -82,7 +82,7 @@ impl Requester {
                 format!("post_send: message of {len} bytes exceeds 2^31"),
             ));
         }
-        let npkts = len.div_ceil(u64::from(mtu)).max(1) as u32;
+        let npkts = packets_for(len, mtu);
         self.sq.push_back(SendWqe {
             wr,
             len,
@@ -201,7 +201,7 @@ impl Qp {
                 rkey: w.wr.rkey,
                 len: remaining as u32,
             });
-            let pkts = remaining.div_ceil(u64::from(mtu)).max(1) as u32;
+            let pkts = packets_for(remaining, mtu);
             let t = self
                 .emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored)
                 .ok()?;

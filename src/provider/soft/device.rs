@@ -232,7 +232,7 @@ impl Shared {
         } else {
             self.rx.try_lock()
         };
-        let Some(mut rx) = rx else { return None };
+        let mut rx = rx?;
         if USE_GRO && rx.slot_len() < udp::MAX_RX_SLOT_LEN && self.port.enable_gro() {
             // GRO buffers need 64 KiB slots; nothing was received since GRO went on.
             *rx = RxBatch::for_gro(RX_BATCH);
