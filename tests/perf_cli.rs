@@ -26,9 +26,14 @@ impl Drop for Proc {
 /// Starts `rdmx-perf <kind> --listen 127.0.0.1:0 <extra>` and reads the address it
 /// listens on from its first stdout line.
 fn start(kind: &str, extra: &[&str]) -> Proc {
+    start_on(kind, "127.0.0.1:0", extra)
+}
+
+/// As `start`, listening on `listen`.
+fn start_on(kind: &str, listen: &str, extra: &[&str]) -> Proc {
     let mut child = Command::new(BIN)
         .arg(kind)
-        .args(["--listen", "127.0.0.1:0"])
+        .args(["--listen", listen])
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -203,6 +208,20 @@ fn reads_stay_correct_under_injected_loss_on_both_sides() {
     assert!(field(&j, "ops_per_sec").unwrap_or(0.0) > 0.0, "{j}");
     assert!(field(&j, "injected_drops").unwrap_or(0.0) > 0.0, "{j}");
     assert!(field(&j, "retransmits").unwrap_or(0.0) > 0.0, "{j}");
+}
+
+/// The soft provider over IPv6 loopback, every READ's content checked.
+#[test]
+fn reads_over_ipv6_are_correct() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("skipping: this host has no IPv6 loopback");
+        return;
+    }
+    let server = start_on("server", "[::1]:0", &[]);
+    assert!(server.addr.starts_with("[::1]:"), "{}", server.addr);
+    let j = client(&server, "read_bw", &["--qd", "8", "--verify", "1"]);
+    assert_eq!(field(&j, "errors"), Some(0.0), "{j}");
+    assert!(field(&j, "verified").unwrap_or(0.0) > 0.0, "{j}");
 }
 
 #[test]

@@ -49,13 +49,12 @@ fn resolve(addr: &str) -> Result<SocketAddr> {
             format!("address '{addr}': {e} (expected HOST:PORT, e.g. 127.0.0.1:18515)"),
         )
     })?;
-    let a = it.find(SocketAddr::is_ipv4).ok_or_else(|| {
+    it.next().ok_or_else(|| {
         Error::new(
             ErrorKind::InvalidArgument,
-            format!("address '{addr}': no IPv4 address (the soft provider is IPv4-only for now)"),
+            format!("address '{addr}': resolves to no address"),
         )
-    })?;
-    Ok(a)
+    })
 }
 
 impl Context {
@@ -172,7 +171,12 @@ impl Connection {
                 flags: 0,
                 qpn: qp.qpn(),
                 psn: setup::random_psn(),
-                udp: dev.udp_addr(),
+                udp: dev.udp_addr_for(local_ip).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Unsupported,
+                        format!("soft provider: no UDP port for {local_ip}'s family on this host"),
+                    )
+                })?,
                 path_mtu: s.path_mtu.bytes(),
                 max_rd_atomic: s.max_rd_atomic,
                 max_dest_rd_atomic: s.max_dest_rd_atomic,

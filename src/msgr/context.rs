@@ -6,7 +6,7 @@ use crate::mem::Registrar;
 use crate::mem::pool::Pool;
 use crate::mem::rcache::{RegCache, RegCacheOptions};
 use crate::provider::{self, soft::device::SoftDevice};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 /// Runs on every new connection (accepted or initiated) after its QP is ready to receive
@@ -53,8 +53,14 @@ impl Context {
     pub fn new(config: &Config) -> Result<Context> {
         let settings = config.settings()?;
         let provider = provider::choose(&settings)?;
-        // IPv4 for now: the soft provider's ICRC and sockets are IPv4-only (IPv6 is a later step).
-        let dev = SoftDevice::open(&settings, IpAddr::V4(Ipv4Addr::UNSPECIFIED))?;
+        // One receiving port per family; IPv6 only where the host has it.
+        let dev = SoftDevice::open(
+            &settings,
+            &[
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            ],
+        )?;
         // No merging on the soft provider: a merged region would stay valid over a
         // neighbour's buffer after that buffer was invalidated and unmapped, and soft
         // regions with remote access are offered to peers.
@@ -91,6 +97,12 @@ impl Context {
     /// The soft device's UDP address.
     pub fn udp_addr(&self) -> std::net::SocketAddr {
         self.shared.dev.udp_addr()
+    }
+
+    /// The soft provider's UDP address for peers of `ip`'s family, if it has a port for
+    /// that family (IPv6 only where the host has it).
+    pub fn udp_addr_for(&self, ip: IpAddr) -> Option<std::net::SocketAddr> {
+        self.shared.dev.udp_addr_for(ip)
     }
 
     /// Registers `[addr, addr + len)`; see `provider::soft::mr` for the rules.

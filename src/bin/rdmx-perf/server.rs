@@ -99,7 +99,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
         "rdmx-perf server listening on {} (provider {}, UDP {}, region {} MiB rkey {:#x}, path_mtu {}, progress {:?}, poll_mode {:?})",
         listener.local_addr(),
         ctx.provider(),
-        ctx.udp_addr(),
+        ctx.udp_addr_for(listener.local_addr().ip())
+            .map_or_else(|| "none".to_string(), |u| u.to_string()),
         SERVER_REGION >> 20,
         mr.rkey,
         s.path_mtu.bytes(),

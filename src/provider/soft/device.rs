@@ -1,4 +1,5 @@
-//! The soft device: one UDP port that receives every QP's RoCEv2 traffic, the memory
+//! The soft device: a UDP port per IP family (IPv4, and IPv6 where the host has it) that
+//! receives every QP's RoCEv2 traffic of that family, the memory
 //! regions, the QPs, and the progress engine that feeds received packets to QPs, fires
 //! their timers (whether or not the application polls) and notices dead peers (TCP EOF on
 //! a watched side channel).
@@ -12,7 +13,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -34,10 +35,18 @@ const RX_PASS_DATAGRAMS: usize = 16 * RX_BATCH;
 /// on posts that need it, and on side-channel events).
 const IDLE_SLEEP: Duration = Duration::from_millis(100);
 
+/// A receiving UDP port (one per IP family) and how many QPs of its family exist: a port
+/// without QPs is not polled, so an unused family costs no syscalls.
+struct RxPort {
+    sock: UdpPort,
+    qps: AtomicUsize,
+}
+
 struct Shared {
     settings: Settings,
     mrs: Arc<MrTable>,
-    port: UdpPort,
+    /// The IPv4 port, then the IPv6 one if the host has IPv6.
+    ports: Vec<RxPort>,
     qps: RwLock<HashMap<u32, Arc<SoftQp>>>,
     /// TCP side channels to watch for EOF: fd -> QP.
     watches: Mutex<HashMap<RawFd, u32>>,
@@ -62,28 +71,54 @@ pub struct SoftDevice {
 impl std::fmt::Debug for SoftDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SoftDevice")
-            .field("udp", &self.shared.port.local_addr())
+            .field("udp", &self.udp_addrs())
             .finish()
     }
 }
 
 impl SoftDevice {
-    /// Opens the device: binds the UDP port (`soft_port` on `bind_ip`; 0 = any free port)
-    /// and starts the progress thread.
-    pub fn open(settings: &Settings, bind_ip: IpAddr) -> Result<SoftDevice> {
-        let addr = SocketAddr::new(bind_ip, settings.soft_port);
-        let port = UdpPort::bind(addr).map_err(|e| {
-            Error::new(
-                ErrorKind::Io,
-                format!(
-                    "soft provider: cannot bind UDP {addr}: {e} (another rdmx process on this host? set soft_port=0 for any free port)"
-                ),
-            )
-        })?;
+    /// Opens the device: binds the UDP ports (`soft_port` on each of `bind_ips`, at most
+    /// one per IP family; 0 = any free port) and starts the progress thread. The first
+    /// address must bind; a later one that cannot (say, IPv6 on a host without it) is
+    /// logged and left out, and QPs of its family are refused.
+    pub fn open(settings: &Settings, bind_ips: &[IpAddr]) -> Result<SoftDevice> {
+        let mut ports: Vec<RxPort> = Vec::new();
+        for (i, ip) in bind_ips.iter().enumerate() {
+            if ports
+                .iter()
+                .any(|p| p.sock.local_addr().is_ipv4() == ip.is_ipv4())
+            {
+                continue;
+            }
+            let addr = SocketAddr::new(*ip, settings.soft_port);
+            match UdpPort::bind(addr) {
+                Ok(sock) => ports.push(RxPort {
+                    sock,
+                    qps: AtomicUsize::new(0),
+                }),
+                Err(e) if i > 0 => {
+                    log::info!(target: "rdmx::soft", "soft provider: no UDP port on {addr} ({e}); connections over that family are refused");
+                }
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::Io,
+                        format!(
+                            "soft provider: cannot bind UDP {addr}: {e} (another rdmx process on this host? set soft_port=0 for any free port)"
+                        ),
+                    ));
+                }
+            }
+        }
+        if ports.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "soft provider: no address to bind",
+            ));
+        }
         let shared = Arc::new(Shared {
             settings: settings.clone(),
             mrs: Arc::new(MrTable::default()),
-            port,
+            ports,
             qps: RwLock::new(HashMap::new()),
             watches: Mutex::new(HashMap::new()),
             wake: EventFd::new()?,
@@ -100,20 +135,38 @@ impl SoftDevice {
             .name("rdmx-progress".into())
             .spawn(move || progress_thread(&s))
             .map_err(|e| Error::new(ErrorKind::Io, format!("progress thread: {e}")))?;
-        log::info!(target: "rdmx::soft", "soft device on UDP {}", shared.port.local_addr());
-        Ok(SoftDevice {
+        let dev = SoftDevice {
             shared,
             thread: Some(thread),
-        })
+        };
+        log::info!(target: "rdmx::soft", "soft device on UDP {:?}", dev.udp_addrs());
+        Ok(dev)
     }
 
     pub fn settings(&self) -> &Settings {
         &self.shared.settings
     }
 
-    /// The UDP address peers send to.
+    /// The UDP address peers send to: the first port's (IPv4 unless the device was opened
+    /// for IPv6 only).
     pub fn udp_addr(&self) -> SocketAddr {
-        self.shared.port.local_addr()
+        self.shared.ports[0].sock.local_addr()
+    }
+
+    /// The UDP address peers of this family send to, if the device has a port for it.
+    pub fn udp_addr_for(&self, ip: IpAddr) -> Option<SocketAddr> {
+        self.shared
+            .port_for(ip)
+            .map(|i| self.shared.ports[i].sock.local_addr())
+    }
+
+    /// Every receiving UDP address (one per family).
+    pub fn udp_addrs(&self) -> Vec<SocketAddr> {
+        self.shared
+            .ports
+            .iter()
+            .map(|p| p.sock.local_addr())
+            .collect()
     }
 
     /// The memory region table as a shared registrar (for pools and the registration cache).
@@ -132,7 +185,11 @@ impl SoftDevice {
 
     /// Kernel receive-queue drops on the device's UDP port (SO_RXQ_OVFL).
     pub fn kernel_drops(&self) -> u64 {
-        self.shared.port.kernel_drops()
+        self.shared
+            .ports
+            .iter()
+            .map(|p| p.sock.kernel_drops())
+            .sum()
     }
 
     /// Creates a QP (RESET) whose packets leave from `local_ip`, with its CQs.
@@ -143,22 +200,39 @@ impl SoftDevice {
         send_cq: Arc<Cq>,
         recv_cq: Arc<Cq>,
     ) -> Result<Arc<SoftQp>> {
+        let ip = local_ip.to_canonical();
+        let Some(port) = self.shared.port_for(ip) else {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "soft provider: no {} UDP port on this device (the host refused to bind one)",
+                    if ip.is_ipv4() { "IPv4" } else { "IPv6" }
+                ),
+            ));
+        };
         let qpn = self.shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00FF_FFFF;
         let qp = Arc::new(SoftQp::new(
             qpn,
             caps,
-            local_ip,
+            ip,
             send_cq,
             recv_cq,
             self.shared.settings.soft_drop_ppb,
         )?);
         self.shared.qps.write().insert(qpn, Arc::clone(&qp));
+        self.shared.ports[port].qps.fetch_add(1, Ordering::AcqRel);
+        // The progress thread may be asleep without watching this port yet.
+        self.shared.wake.signal();
         Ok(qp)
     }
 
     /// Forgets a QP (after it was drained): its packets are dropped from now on.
     pub fn destroy_qp(&self, qpn: u32) {
-        self.shared.qps.write().remove(&qpn);
+        if let Some(qp) = self.shared.qps.write().remove(&qpn)
+            && let Some(port) = self.shared.port_for(qp.local_udp().ip())
+        {
+            self.shared.ports[port].qps.fetch_sub(1, Ordering::AcqRel);
+        }
         self.shared.watches.lock().retain(|_, q| *q != qpn);
     }
 
@@ -219,6 +293,14 @@ impl Drop for SoftDevice {
 }
 
 impl Shared {
+    /// Index of the receiving port for `ip`'s family.
+    fn port_for(&self, ip: IpAddr) -> Option<usize> {
+        let v4 = ip.to_canonical().is_ipv4();
+        self.ports
+            .iter()
+            .position(|p| p.sock.local_addr().is_ipv4() == v4)
+    }
+
     fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }
@@ -233,19 +315,50 @@ impl Shared {
             self.rx.try_lock()
         };
         let mut rx = rx?;
-        if USE_GRO && rx.slot_len() < udp::MAX_RX_SLOT_LEN && self.port.enable_gro() {
-            // GRO buffers need 64 KiB slots; nothing was received since GRO went on.
-            *rx = RxBatch::for_gro(RX_BATCH);
+        if USE_GRO && rx.slot_len() < udp::MAX_RX_SLOT_LEN {
+            let mut gro = false;
+            for p in &self.ports {
+                gro |= p.sock.enable_gro();
+            }
+            if gro {
+                // GRO buffers need 64 KiB slots; nothing was received since GRO went on.
+                *rx = RxBatch::for_gro(RX_BATCH);
+            }
         }
         let mut touched: Vec<Arc<SoftQp>> = Vec::new();
-        // Bounded: at most 16 batches and RX_PASS_DATAGRAMS datagrams per pass so timers and
-        // posts are not starved.
+        for port in self
+            .ports
+            .iter()
+            .filter(|p| p.qps.load(Ordering::Acquire) > 0)
+        {
+            self.receive_from(&port.sock, &mut rx, &mut touched);
+        }
+        drop(rx);
+        let now = self.now();
+        // Responses for what arrived, and every due timer.
+        let due: Vec<Arc<SoftQp>> = self
+            .qps
+            .read()
+            .values()
+            .filter(|q| q.next_deadline().is_some_and(|d| d <= now))
+            .cloned()
+            .collect();
+        for qp in touched.iter().chain(due.iter()) {
+            qp.drive(&self.mrs, now);
+        }
+        Some(now)
+    }
+
+    /// Receives from `port` (bounded: at most 16 batches and RX_PASS_DATAGRAMS datagrams,
+    /// so timers and posts are not starved) and feeds each datagram to its QP; the QPs fed
+    /// are added to `touched`.
+    fn receive_from(&self, port: &UdpPort, rx: &mut RxBatch, touched: &mut Vec<Arc<SoftQp>>) {
         let mut taken = 0;
         for _ in 0..16 {
-            let n = match self.port.recv_batch(&mut rx) {
+            let n = match port.recv_batch(rx) {
                 Ok(n) => n,
                 Err(e) => {
-                    log::warn!(target: "rdmx::soft", "recv on {}: {e}", self.port.local_addr());
+                    log::warn!(target: "rdmx::soft", "recv on {}: {e}", port.local_addr());
                     0
                 }
             };
@@ -277,20 +390,6 @@ impl Shared {
                 break;
             }
         }
-        drop(rx);
-        let now = self.now();
-        // Responses for what arrived, and every due timer.
-        let due: Vec<Arc<SoftQp>> = self
-            .qps
-            .read()
-            .values()
-            .filter(|q| q.next_deadline().is_some_and(|d| d <= now))
-            .cloned()
-            .collect();
-        for qp in touched.iter().chain(due.iter()) {
-            qp.drive(&self.mrs, now);
-        }
-        Some(now)
     }
 
     /// Side channels among `fds` that poll reported readable: a closed one means the peer
@@ -345,7 +444,12 @@ fn progress_thread(s: &Shared) {
         fds.clear();
         fds.push(s.wake.raw_fd());
         if !app_polling {
-            fds.push(s.port.raw_fd());
+            fds.extend(
+                s.ports
+                    .iter()
+                    .filter(|p| p.qps.load(Ordering::Acquire) > 0)
+                    .map(|p| p.sock.raw_fd()),
+            );
         }
         fds.extend(s.watches.lock().keys().copied());
         // Announce the longest sleep first, then look at the deadlines: a post between the
