@@ -67,7 +67,7 @@ fn send(cookie: u64, opcode: WrOpcode, sge: Sge, remote_addr: u64, rkey: u32) ->
 
 #[test]
 fn send_recv_read_write_move_the_right_bytes() {
-    move_the_right_bytes("127.0.0.1");
+    move_the_right_bytes("127.0.0.1", "127.0.0.1");
 }
 
 /// The same over IPv6 loopback: IPv6 sockets, the IPv6 ICRC pseudo-header on both sides.
@@ -77,10 +77,22 @@ fn send_recv_read_write_move_the_right_bytes_over_ipv6() {
         eprintln!("skipping: this host has no IPv6 loopback");
         return;
     }
-    move_the_right_bytes("[::1]");
+    move_the_right_bytes("[::1]", "[::1]");
 }
 
-fn move_the_right_bytes(host: &str) {
+/// A listener on the IPv6 wildcard (dual stack) takes an IPv4 client: the side channel's
+/// IPv4-mapped addresses are recognized and the QPs use IPv4 UDP and the IPv4 ICRC.
+#[test]
+fn dual_stack_listener_takes_an_ipv4_client() {
+    if std::net::TcpListener::bind("[::]:0").is_err() {
+        eprintln!("skipping: this host has no IPv6");
+        return;
+    }
+    move_the_right_bytes("[::]", "127.0.0.1");
+}
+
+/// Connects a client on `host` to a listener on `listen` and moves bytes every way.
+fn move_the_right_bytes(listen: &str, host: &str) {
     let mut a_buf = vec![0u8; 64 << 10];
     let mut b_buf: Vec<u8> = (0..64u32 << 10).map(|i| (i * 7 + 3) as u8).collect();
     let mut b_ro = vec![0xABu8; 4096];
@@ -96,7 +108,7 @@ fn move_the_right_bytes(host: &str) {
     }
     .unwrap();
     let mro = unsafe { b.register(b_ro.as_mut_ptr(), b_ro.len(), access::REMOTE_READ) }.unwrap();
-    let l = b.listen(&format!("{host}:0")).unwrap();
+    let l = b.listen(&format!("{listen}:0")).unwrap();
     let port = l.local_addr().port();
     let t = std::thread::spawn(move || l.accept(Some(Duration::from_secs(10))).unwrap());
     let ca = a
