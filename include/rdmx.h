@@ -428,7 +428,8 @@ rdmx_status rdmx_config_dump(const rdmx_config *cfg, char *buf, size_t len, size
 rdmx_status rdmx_context_set_on_connect(rdmx_context *ctx, rdmx_on_connect hook, void *user_data);
 
 /**
- * Listens on `addr` ("IP:PORT"; port 0 = any free port, see `rdmx_listener_port`).
+ * Listens on `addr` ("IP:PORT", IPv4 or bracketed IPv6 such as "[::1]:18515"; "[::]:PORT"
+ * also takes IPv4 clients; port 0 = any free port, see `rdmx_listener_port`).
  *
  * # Safety
  * `ctx` NULL or live; `addr` NULL or NUL-terminated; `out` NULL or writable.
