@@ -485,3 +485,74 @@ fn progress_thread(s: &Shared) {
         s.check_watches(&readable);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn settings() -> Settings {
+        let mut c = Config::new();
+        c.set("soft_port", "0").unwrap();
+        c.settings().unwrap()
+    }
+
+    fn cq() -> Arc<Cq> {
+        Arc::new(Cq::new(4, Arc::new(EventFd::new().unwrap())))
+    }
+
+    #[test]
+    fn a_family_without_a_port_is_refused_clearly_and_ports_count_their_qps() {
+        let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let dev = SoftDevice::open(&settings(), &[IpAddr::V4(Ipv4Addr::UNSPECIFIED)]).unwrap();
+        assert_eq!(dev.udp_addrs().len(), 1);
+        assert!(dev.udp_addr_for(IpAddr::V6(Ipv6Addr::LOCALHOST)).is_none());
+        let e = dev
+            .create_qp(
+                QpCaps::default(),
+                IpAddr::V6(Ipv6Addr::LOCALHOST),
+                cq(),
+                cq(),
+            )
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported);
+        assert!(e.message().contains("no IPv6 UDP port"), "{e}");
+        // An IPv4-mapped address is IPv4.
+        let mapped = IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped());
+        let qp = dev
+            .create_qp(QpCaps::default(), mapped, cq(), cq())
+            .unwrap();
+        assert!(qp.local_udp().is_ipv4());
+        let qp2 = dev.create_qp(QpCaps::default(), v4, cq(), cq()).unwrap();
+        assert_eq!(dev.shared.ports[0].qps.load(Ordering::Acquire), 2);
+        dev.destroy_qp(qp.qpn());
+        dev.destroy_qp(qp2.qpn());
+        dev.destroy_qp(qp2.qpn()); // twice: no underflow
+        assert_eq!(dev.shared.ports[0].qps.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn opening_needs_the_first_address_only() {
+        // A second address of the same family is skipped; a later one that cannot bind is
+        // logged and left out (its family is then refused); the first one must bind.
+        let s = settings();
+        let dev = SoftDevice::open(
+            &s,
+            &[
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                // Documentation prefix, not on this host: cannot bind.
+                "2001:db8::1".parse().unwrap(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(dev.udp_addrs().len(), 1);
+        assert!(dev.udp_addr().ip().is_loopback());
+        assert!(dev.udp_addr_for("::1".parse().unwrap()).is_none());
+        let e = SoftDevice::open(&s, &["192.0.2.1".parse().unwrap()]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io);
+        let e = SoftDevice::open(&s, &[]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    }
+}
