@@ -12,7 +12,7 @@ mod support;
 use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;
-use rdmx::rc::verbs::{access, send_flags};
+use rdmx::rc::verbs::send_flags;
 use rdmx::rc::{Sge, SgeList, WcOpcode, WcStatus, WrOpcode, smallvec};
 use rdmx::wire::icrc;
 use std::io::{BufRead, BufReader};
@@ -317,15 +317,40 @@ fn read_pcap(bytes: &[u8]) -> Vec<Frame> {
     frames
 }
 
-#[test]
-fn capture_decodes_as_rroce_with_expected_opcodes_psns_syndromes_and_icrc() {
-    let _g = support::serial();
+/// Whether tshark and tcpdump are both installed; says which is missing otherwise.
+fn have_capture_tools() -> bool {
     for tool in ["tshark", "tcpdump"] {
         if !have(tool) {
             println!("skipping capture check: {tool} is not installed");
             eprintln!("skipping capture check: {tool} is not installed");
-            return;
+            return false;
         }
+    }
+    true
+}
+
+/// Starts a capture of UDP to `ports` into a temporary `NAME-PID.pcap` and lets tcpdump
+/// settle; None (with the reason printed) when capturing is not possible here.
+fn start_capture(name: &str, ports: &[u16]) -> Option<(Capture, PathBuf)> {
+    let file = std::env::temp_dir().join(format!("{name}-{}.pcap", std::process::id()));
+    match Capture::start(&file, ports) {
+        Ok(c) => {
+            std::thread::sleep(Duration::from_millis(50));
+            Some((c, file))
+        }
+        Err(why) => {
+            println!("skipping capture check: {why}");
+            eprintln!("skipping capture check: {why}");
+            None
+        }
+    }
+}
+
+#[test]
+fn capture_decodes_as_rroce_with_expected_opcodes_psns_syndromes_and_icrc() {
+    let _g = support::serial();
+    if !have_capture_tools() {
+        return;
     }
     // timeout 18 (1.07 s): on a loaded machine a 4 ms ACK timer (the default) can expire
     // while the receiver's thread waits for a core, and the spurious go-back-N retransmits
@@ -341,32 +366,13 @@ fn capture_decodes_as_rroce_with_expected_opcodes_psns_syndromes_and_icrc() {
     let mut b_buf: Vec<u8> = (0..64usize << 10).map(support::pattern).collect();
     // SAFETY: the buffers outlive the connections (dropped at the end of the test, after
     // the connections are closed).
-    let ma = unsafe { a.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
-    let mb = unsafe {
-        b.register(
-            b_buf.as_mut_ptr(),
-            b_buf.len(),
-            access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
-        )
-    }
-    .unwrap();
-    let l = b.listen("127.0.0.1:0").unwrap();
-    let port = l.local_addr().port();
-    let t = std::thread::spawn(move || l.accept(Some(10 * SEC)).unwrap());
-    let mut ca = a.connect(&format!("127.0.0.1:{port}"), 10 * SEC).unwrap();
-    let mut cb = t.join().unwrap();
+    let (ma, mb) = unsafe { support::register_pair(&a, &mut a_buf, &b, &mut b_buf) };
+    let (mut ca, mut cb) = support::connect_pair(&a, &b, "127.0.0.1", "127.0.0.1");
     let (pa, pb) = (a.udp_addr().port(), b.udp_addr().port());
 
-    let file = std::env::temp_dir().join(format!("rdmx-capture-{}.pcap", std::process::id()));
-    let mut cap = match Capture::start(&file, &[pa, pb]) {
-        Ok(c) => c,
-        Err(why) => {
-            println!("skipping capture check: {why}");
-            eprintln!("skipping capture check: {why}");
-            return;
-        }
+    let Some((mut cap, file)) = start_capture("rdmx-capture", &[pa, pb]) else {
+        return;
     };
-    std::thread::sleep(Duration::from_millis(50));
 
     let sa = |off: u64, len: u32| Sge {
         addr: ma.addr + off,
@@ -640,11 +646,8 @@ fn capture_decodes_as_rroce_with_expected_opcodes_psns_syndromes_and_icrc() {
 #[test]
 fn ipv6_capture_has_a_correct_icrc_on_every_frame() {
     let _g = support::serial();
-    for tool in ["tshark", "tcpdump"] {
-        if !have(tool) {
-            println!("skipping IPv6 capture check: {tool} is not installed");
-            return;
-        }
+    if !have_capture_tools() {
+        return;
     }
     if std::net::UdpSocket::bind("[::1]:0").is_err() {
         println!("skipping IPv6 capture check: this host has no IPv6 loopback");
@@ -656,34 +659,16 @@ fn ipv6_capture_has_a_correct_icrc_on_every_frame() {
     let mut a_buf = vec![0u8; 16 << 10];
     let mut b_buf: Vec<u8> = (0..16usize << 10).map(support::pattern).collect();
     // SAFETY: the buffers outlive the connections (closed before the end of the test).
-    let ma = unsafe { a.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
-    let mb = unsafe {
-        b.register(
-            b_buf.as_mut_ptr(),
-            b_buf.len(),
-            access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
-        )
-    }
-    .unwrap();
-    let l = b.listen("[::1]:0").unwrap();
-    let port = l.local_addr().port();
-    let t = std::thread::spawn(move || l.accept(Some(10 * SEC)).unwrap());
-    let ca = a.connect(&format!("[::1]:{port}"), 10 * SEC).unwrap();
-    let cb = t.join().unwrap();
+    let (ma, mb) = unsafe { support::register_pair(&a, &mut a_buf, &b, &mut b_buf) };
+    let (ca, cb) = support::connect_pair(&a, &b, "[::1]", "[::1]");
     let v6 = "::1".parse().unwrap();
     let (pa, pb) = (
         a.udp_addr_for(v6).expect("IPv6 port").port(),
         b.udp_addr_for(v6).expect("IPv6 port").port(),
     );
-    let file = std::env::temp_dir().join(format!("rdmx-capture6-{}.pcap", std::process::id()));
-    let mut cap = match Capture::start(&file, &[pa, pb]) {
-        Ok(c) => c,
-        Err(why) => {
-            println!("skipping IPv6 capture check: {why}");
-            return;
-        }
+    let Some((mut cap, file)) = start_capture("rdmx-capture6", &[pa, pb]) else {
+        return;
     };
-    std::thread::sleep(Duration::from_millis(50));
     let sa = |off: u64, len: u32| Sge {
         addr: ma.addr + off,
         length: len,

@@ -9,6 +9,8 @@ use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::time::{Duration, Instant};
 
+mod support;
+
 fn ctx(extra: &[(&str, &str)]) -> Context {
     let mut c = Config::new();
     c.set("soft_port", "0").unwrap();
@@ -21,13 +23,7 @@ fn ctx(extra: &[(&str, &str)]) -> Context {
 
 fn pair(extra: &[(&str, &str)]) -> (Context, Context, Connection, Connection) {
     let (a, b) = (ctx(extra), ctx(extra));
-    let l = b.listen("127.0.0.1:0").unwrap();
-    let port = l.local_addr().port();
-    let t = std::thread::spawn(move || l.accept(Some(Duration::from_secs(10))).unwrap());
-    let ca = a
-        .connect(&format!("127.0.0.1:{port}"), Duration::from_secs(10))
-        .unwrap();
-    let cb = t.join().unwrap();
+    let (ca, cb) = support::connect_pair(&a, &b, "127.0.0.1", "127.0.0.1");
     (a, b, ca, cb)
 }
 
@@ -98,23 +94,10 @@ fn move_the_right_bytes(listen: &str, host: &str) {
     let mut b_ro = vec![0xABu8; 4096];
     let (a, b) = (ctx(&[]), ctx(&[]));
     // SAFETY: the buffers outlive the contexts' use of them (deregistered at the end).
-    let ma = unsafe { a.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
-    let mb = unsafe {
-        b.register(
-            b_buf.as_mut_ptr(),
-            b_buf.len(),
-            access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
-        )
-    }
-    .unwrap();
+    let (ma, mb) = unsafe { support::register_pair(&a, &mut a_buf, &b, &mut b_buf) };
+    // SAFETY: as above.
     let mro = unsafe { b.register(b_ro.as_mut_ptr(), b_ro.len(), access::REMOTE_READ) }.unwrap();
-    let l = b.listen(&format!("{listen}:0")).unwrap();
-    let port = l.local_addr().port();
-    let t = std::thread::spawn(move || l.accept(Some(Duration::from_secs(10))).unwrap());
-    let ca = a
-        .connect(&format!("{host}:{port}"), Duration::from_secs(10))
-        .unwrap();
-    let cb = t.join().unwrap();
+    let (ca, cb) = support::connect_pair(&a, &b, listen, host);
     assert_eq!(a.provider(), "soft");
     let v6 = host.starts_with('[');
     assert_eq!(ca.peer().is_ipv6(), v6, "side channel family");

@@ -86,6 +86,33 @@ impl Icrc {
     }
 }
 
+/// Sets the IPv4 header fields the ICRC does not cover to all ones (§7.1): ToS (DSCP and
+/// ECN), TTL, header checksum. `ip` must hold at least the 20-byte fixed header.
+pub fn mask_ipv4(ip: &mut [u8]) {
+    ip[1] = 0xFF;
+    ip[8] = 0xFF;
+    ip[10..12].fill(0xFF);
+}
+
+/// Sets the IPv6 header fields the ICRC does not cover to all ones: traffic class and flow
+/// label (the version nibble is kept), hop limit.
+pub fn mask_ipv6(ip: &mut [u8; IPV6_HEADER_LEN]) {
+    ip[0] |= 0x0F;
+    ip[1..4].fill(0xFF);
+    ip[7] = 0xFF;
+}
+
+/// Sets the UDP checksum to all ones, as the ICRC covers it.
+pub fn mask_udp(udp: &mut [u8; UDP_HEADER_LEN]) {
+    udp[6..8].fill(0xFF);
+}
+
+/// Sets BTH byte 4 (FECN, BECN, Resv6a) to all ones, as the ICRC covers it. `bth` must
+/// hold the BTH.
+pub fn mask_bth(bth: &mut [u8]) {
+    bth[bth::RESV8A_OFFSET] = 0xFF;
+}
+
 /// ICRC of the masked IP header `ip` followed by `udp_header` (checksum masked) and the IB
 /// part of `ib_packet` (BTH byte 4 masked; the trailing ICRC excluded). IP, UDP and BTH go
 /// through the CRC as one buffer: fed as small pieces they cost as much as the SIMD pass
@@ -100,11 +127,12 @@ fn finish_with_udp_ib(ip: &[u8], udp_header: &[u8], ib_packet: &[u8]) -> Result<
     let mut pre = [0u8; IPV4_MAX_HEADER_LEN + UDP_HEADER_LEN + bth::HEADER_LEN];
     let n = ip.len();
     pre[..n].copy_from_slice(ip);
-    pre[n..n + UDP_HEADER_LEN].copy_from_slice(udp);
-    pre[n + 6..n + 8].fill(0xFF);
+    let mut udp = *udp;
+    mask_udp(&mut udp);
+    pre[n..n + UDP_HEADER_LEN].copy_from_slice(&udp);
     let b = n + UDP_HEADER_LEN;
     pre[b..b + bth::HEADER_LEN].copy_from_slice(&ib_packet[..bth::HEADER_LEN]);
-    pre[b + bth::RESV8A_OFFSET] = 0xFF;
+    mask_bth(&mut pre[b..]);
     let mut crc = Icrc::new();
     crc.update(&pre[..b + bth::HEADER_LEN]);
     crc.update(&ib_packet[bth::HEADER_LEN..ib_packet.len() - ICRC_LEN]);
@@ -136,9 +164,7 @@ pub fn compute_ipv4(ip_header: &[u8], udp_header: &[u8], ib_packet: &[u8]) -> Re
     let mut ip = [0u8; IPV4_MAX_HEADER_LEN];
     let ip = &mut ip[..len];
     ip.copy_from_slice(ip_header);
-    ip[1] = 0xFF; // ToS (DSCP + ECN)
-    ip[8] = 0xFF; // TTL
-    ip[10..12].fill(0xFF); // header checksum
+    mask_ipv4(ip);
     finish_with_udp_ib(ip, udp_header, ib_packet)
 }
 
@@ -155,10 +181,7 @@ pub fn compute_ipv6(ip_header: &[u8], udp_header: &[u8], ib_packet: &[u8]) -> Re
         }
     })?;
     let mut ip = *ip;
-    // Version (4 bits) kept; traffic class (8) and flow label (20) all ones.
-    ip[0] |= 0x0F;
-    ip[1..4].fill(0xFF);
-    ip[7] = 0xFF; // hop limit
+    mask_ipv6(&mut ip);
     finish_with_udp_ib(&ip, udp_header, ib_packet)
 }
 

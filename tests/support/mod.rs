@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 use rdmx::config::Config;
+use rdmx::msgr::context::MrInfo;
 use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;
@@ -38,6 +39,49 @@ pub const PEER_LIFETIME: Duration = Duration::from_secs(60);
 pub const PEER_REGION: usize = 64 << 10;
 /// Receive buffer size the peer posts.
 pub const PEER_RECV_LEN: u32 = 4096;
+
+/// Registers `a_buf` on `a` with local write, and `b_buf` on `b` with local write and remote
+/// read and write: the layout of the in-process tests (a reads from and writes to b).
+///
+/// # Safety
+/// Both buffers must outlive their registrations: the caller deregisters them after the
+/// connections naming them are closed.
+pub unsafe fn register_pair(
+    a: &Context,
+    a_buf: &mut [u8],
+    b: &Context,
+    b_buf: &mut [u8],
+) -> (MrInfo, MrInfo) {
+    // SAFETY: the caller keeps both buffers alive past their deregistration.
+    let ma = unsafe { a.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
+    // SAFETY: as above.
+    let mb = unsafe {
+        b.register(
+            b_buf.as_mut_ptr(),
+            b_buf.len(),
+            access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
+        )
+    }
+    .unwrap();
+    (ma, mb)
+}
+
+/// Connects `a` to a listener of `b` on `listen` ("IP", IPv6 in brackets; port 0), dialing
+/// it at `host`; returns (a's connection, b's). Bounded: 10 s.
+pub fn connect_pair(
+    a: &Context,
+    b: &Context,
+    listen: &str,
+    host: &str,
+) -> (Connection, Connection) {
+    let l = b.listen(&format!("{listen}:0")).unwrap();
+    let port = l.local_addr().port();
+    let t = std::thread::spawn(move || l.accept(Some(Duration::from_secs(10))).unwrap());
+    let ca = a
+        .connect(&format!("{host}:{port}"), Duration::from_secs(10))
+        .unwrap();
+    (ca, t.join().unwrap())
+}
 
 /// The byte at offset `i` of the peer's region.
 pub fn pattern(i: usize) -> u8 {

@@ -92,13 +92,11 @@ pub const QP_PORT_BASE: u16 = 0xC000;
 /// Number of per-QP source ports (0xC000..=0xFFFF).
 const QP_PORT_COUNT: u32 = 0x4000;
 
-/// Offset of the BTH byte that the ICRC masks to 0xFF (FECN, BECN, Resv6a; §7.1 item 4).
-const BTH_RESV8A_OFFSET: usize = 4;
 /// IB bytes `icrc_parts` hashes together with the IP and UDP headers: the longest RC header
 /// (BTH + RETH + ImmDt = 32).
 const ICRC_PREFIX_IB: usize = 32;
 /// Its buffer: IPv6 header + UDP header + `ICRC_PREFIX_IB`.
-const ICRC_PREFIX_MAX: usize = 40 + 8 + ICRC_PREFIX_IB;
+const ICRC_PREFIX_MAX: usize = icrc::IPV6_HEADER_LEN + icrc::UDP_HEADER_LEN + ICRC_PREFIX_IB;
 
 /// Control-message space per received datagram: `in6_pktinfo` (20 B), the `SO_RXQ_OVFL`
 /// `u32` and the `UDP_GRO` `int`, each with a 16-byte header and 8-byte alignment, need 88;
@@ -836,28 +834,23 @@ pub fn icrc_parts(src: SocketAddr, dst: SocketAddr, parts: &[&[u8]]) -> io::Resu
     let mut pre = [0u8; ICRC_PREFIX_MAX];
     let mut n = match (src, dst) {
         (SocketAddr::V4(s), SocketAddr::V4(d)) => {
-            let (mut ip, udp) = icrc::ipv4_headers(s, d, 0, total).map_err(wire_err)?;
-            // Masks exactly as icrc::compute_ipv4: ToS, TTL, header checksum.
-            ip[1] = 0xFF;
-            ip[8] = 0xFF;
-            ip[10..12].fill(0xFF);
+            let (mut ip, mut udp) = icrc::ipv4_headers(s, d, 0, total).map_err(wire_err)?;
+            icrc::mask_ipv4(&mut ip);
+            icrc::mask_udp(&mut udp);
             pre[..ip.len()].copy_from_slice(&ip);
             pre[ip.len()..ip.len() + udp.len()].copy_from_slice(&udp);
             ip.len() + udp.len()
         }
         (SocketAddr::V6(s), SocketAddr::V6(d)) => {
-            let (mut ip, udp) = icrc::ipv6_headers(s, d, total).map_err(wire_err)?;
-            // Masks exactly as icrc::compute_ipv6: traffic class, flow label, hop limit.
-            ip[0] |= 0x0F;
-            ip[1..4].fill(0xFF);
-            ip[7] = 0xFF;
+            let (mut ip, mut udp) = icrc::ipv6_headers(s, d, total).map_err(wire_err)?;
+            icrc::mask_ipv6(&mut ip);
+            icrc::mask_udp(&mut udp);
             pre[..ip.len()].copy_from_slice(&ip);
             pre[ip.len()..ip.len() + udp.len()].copy_from_slice(&udp);
             ip.len() + udp.len()
         }
         _ => return Err(invalid("source and destination address families differ")),
     };
-    pre[n - 2..n].fill(0xFF); // UDP checksum
     let end = total - ICRC_LEN;
     // IB bytes taken into the prefix: at least the BTH (so the masked byte is in it).
     let ib_pre = end.min(ICRC_PREFIX_IB);
@@ -872,8 +865,7 @@ pub fn icrc_parts(src: SocketAddr, dst: SocketAddr, parts: &[&[u8]]) -> io::Resu
         pre[n..n + into_pre].copy_from_slice(&part[..into_pre]);
         n += into_pre;
         if off + into_pre == ib_pre && into_pre > 0 {
-            let ip_udp = n - ib_pre;
-            pre[ip_udp + BTH_RESV8A_OFFSET] = 0xFF;
+            icrc::mask_bth(&mut pre[n - ib_pre..]);
             crc.update(&pre[..n]);
         }
         crc.update(&part[into_pre..]);
@@ -1243,6 +1235,9 @@ fn parse_cmsgs(buf: &[u8]) -> CmsgInfo {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    /// Offset of the BTH byte that the ICRC masks to 0xFF (FECN, BECN, Resv6a; §7.1 item 4).
+    const BTH_RESV8A_OFFSET: usize = 4;
 
     /// Waits until `fd` is readable or `ms` pass; true if readable.
     fn wait_readable(fd: RawFd, ms: i32) -> bool {
