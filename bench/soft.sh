@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # rdmx soft provider on 127.0.0.1: one run, every figure next to its baseline and target.
 #
-#   bench/soft.sh            # each run DURATION=5 s; the whole script takes about 1.5 min
+#   bench/soft.sh            # each run DURATION=5 s; the whole script takes about 2 min
 #   DURATION=2 bench/soft.sh # quicker, noisier
+#   PAIRS=5 bench/soft.sh    # more alternating read_bw/udp_read pairs for target 1 (default 3)
 #
 # 1. read_bw 4K qd 32 (32 READs in flight: max_rd_atomic 32) vs udp_read qd 32 (UdpPort, same
-#    batching and offloads, no reliability): >= 0.8. Also shown against udp_read without GSO/GRO.
+#    batching and offloads, no reliability): >= 0.8, median of PAIRS alternating pairs. Also
+#    shown against udp_read without GSO/GRO.
 # 2. send_bw 4K qd 32            vs ucx_perftest tag_bw 4K, UCX_TLS=tcp                     >= 1.5
 # 3. read_lat 4K, poll_mode=busy (client and server) p50                                  <= 20 us
 # 4. read_bw 4K qd 32 with soft_drop_ratio=0.001 on both sides, every READ verified, vs lossless  >= 0.7, 0 errors
@@ -133,19 +135,37 @@ echo "  rdmx $RDMX, drop 0.001 $RDMX_LOSS, progress=thread $RDMX_THREAD, poll_mo
 echo "# runs of $DURATION s each"
 header
 
-# 1. read_bw vs the UDP baseline.
-run read_bw read_bw --connect "$RDMX" "${CLIENT[@]}" --qd 32 "${RD32[@]}"
-READ_BW=$(field "$JSON" ops_per_sec)
-READ_BW_P50=$(field "$JSON" lat_p50_us)
-READ_BW_ERR=$(field "$JSON" errors)
-run udp_read udp_read --connect "$UDP" --qd 32 --duration "$DURATION"
-UDP_OPS=$(field "$JSON" ops_per_sec)
-UDP_LOST=$(field "$JSON" lost)
+# 1. read_bw vs the UDP baseline: PAIRS runs of each, alternating (this shared host drifts by
+# 10-20% between minutes, so one pair can land on either side of the target); the verdict is
+# on the median of the per-pair ratios, and every pair is printed.
+PAIRS=${PAIRS:-3}
+PAIR_RATIOS=()
+PAIR_READ=()
+PAIR_UDP=()
+PAIR_ERR=()
+PAIR_P50=()
+for p in $(seq 1 "$PAIRS"); do
+    run "read_bw.$p" read_bw --connect "$RDMX" "${CLIENT[@]}" --qd 32 "${RD32[@]}"
+    PAIR_READ+=("$(field "$JSON" ops_per_sec)")
+    PAIR_ERR+=("$(field "$JSON" errors)")
+    PAIR_P50+=("$(field "$JSON" lat_p50_us)")
+    run "udp_read.$p" udp_read --connect "$UDP" --qd 32 --duration "$DURATION"
+    PAIR_UDP+=("$(field "$JSON" ops_per_sec)")
+    PAIR_RATIOS+=("$(ratio "${PAIR_READ[-1]}" "${PAIR_UDP[-1]}")")
+    echo "    pair $p: read_bw ${PAIR_READ[-1]} (p50 ${PAIR_P50[-1]} us, errors ${PAIR_ERR[-1]}), udp_read ${PAIR_UDP[-1]} (lost $(field "$JSON" lost)), ratio ${PAIR_RATIOS[-1]}"
+done
+# The median pair (by ratio) is the one reported; failed pairs ("n/a") sort first.
+MID=$(for i in "${!PAIR_RATIOS[@]}"; do echo "${PAIR_RATIOS[$i]} $i"; done |
+    sort -g | sed -n "$(((PAIRS + 1) / 2))p" | cut -d' ' -f2)
+READ_BW=${PAIR_READ[$MID]}
+UDP_OPS=${PAIR_UDP[$MID]}
+READ_BW_ERR=${PAIR_ERR[$MID]}
+READ_BW_P50=${PAIR_P50[$MID]}
 run udp_read_plain udp_read --connect "$UDP_PLAIN" --qd 32 --duration "$DURATION" --no-offload
 UDP_PLAIN_OPS=$(field "$JSON" ops_per_sec)
 R=$(ratio "$READ_BW" "$UDP_OPS")
 line "1 read_bw 4K qd32 ops/s vs udp_read qd32" "$READ_BW" "$UDP_OPS" "$R" ">= 0.8" "$(verdict "$R" 0.8 ge)"
-echo "    read_bw p50 ${READ_BW_P50} us, errors ${READ_BW_ERR}; udp_read lost ${UDP_LOST}"
+echo "    median of $PAIRS alternating pairs (ratios ${PAIR_RATIOS[*]}); read_bw p50 ${READ_BW_P50} us, errors ${READ_BW_ERR}"
 line "1 read_bw vs udp_read without GSO/GRO" "$READ_BW" "$UDP_PLAIN_OPS" "$(ratio "$READ_BW" "$UDP_PLAIN_OPS")" "info" "-"
 
 # 2. send_bw vs ucx_perftest tag_bw over TCP.
