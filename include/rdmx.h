@@ -428,7 +428,7 @@ rdmx_status rdmx_config_dump(const rdmx_config *cfg, char *buf, size_t len, size
 rdmx_status rdmx_context_set_on_connect(rdmx_context *ctx, rdmx_on_connect hook, void *user_data);
 
 /**
- * Listens on `addr` ("IP:PORT", IPv4 or bracketed IPv6 such as "[::1]:18515"; "[::]:PORT"
+ * Listens on `addr` ("IP:PORT", IPv4 or bracketed IPv6 such as `"[::1]:18515"`; `"[::]:PORT"`
  * also takes IPv4 clients; port 0 = any free port, see `rdmx_listener_port`).
  *
  * # Safety

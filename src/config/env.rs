@@ -1,5 +1,5 @@
 //! Environment variables: `RDMX_<KEY>` (upper-case key, e.g. RDMX_RNR_RETRY, also
-//! RDMX_MS_ASYNC_RDMA_<NAME> for Ceph names).
+//! `RDMX_MS_ASYNC_RDMA_<NAME>` for Ceph names).
 
 use crate::error::{Error, ErrorKind, Result};
 

@@ -175,7 +175,7 @@ fn timeout_of(ms: i32) -> Option<Duration> {
     (ms >= 0).then(|| Duration::from_millis(ms as u64))
 }
 
-/// Listens on `addr` ("IP:PORT", IPv4 or bracketed IPv6 such as "[::1]:18515"; "[::]:PORT"
+/// Listens on `addr` ("IP:PORT", IPv4 or bracketed IPv6 such as `"[::1]:18515"`; `"[::]:PORT"`
 /// also takes IPv4 clients; port 0 = any free port, see `rdmx_listener_port`).
 ///
 /// # Safety
