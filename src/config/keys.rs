@@ -279,7 +279,7 @@ pub static KEYS: &[KeySpec] = &[
         "progress",
         Kind::Words(&["thread", "inline"]),
         "inline",
-        "soft provider: who receives: the caller's poll (a thread runs timers, and receives when the caller stops polling), or a progress thread (measured: inline 2.2x read_bw)",
+        "soft provider: who receives: the caller's poll (a thread runs timers, and receives when the caller stops polling), or a progress thread (2 cores shared by client and server: inline 2.7x read_bw; thread with poll_mode=busy, where the caller's poll receives too, matches inline)",
     ),
     // --- profiles ---
     key(
