@@ -9,7 +9,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::rc::QpCaps;
 use crate::wire::{BTH_LEN, Bth};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -34,6 +35,9 @@ const RX_PASS_DATAGRAMS: usize = 16 * RX_BATCH;
 /// Longest sleep of the progress thread when no timer is armed (it also wakes on traffic,
 /// on posts that need it, and on side-channel events).
 const IDLE_SLEEP: Duration = Duration::from_millis(100);
+
+/// QPs one progress pass drives (inline: a pass runs per poll, so no heap allocation).
+type Touched = SmallVec<[Arc<SoftQp>; 4]>;
 
 /// A receiving UDP port (one per IP family) and how many QPs of its family exist: a port
 /// without QPs is not polled, so an unused family costs no syscalls.
@@ -119,8 +123,8 @@ impl SoftDevice {
             settings: settings.clone(),
             mrs: Arc::new(MrTable::default()),
             ports,
-            qps: RwLock::new(HashMap::new()),
-            watches: Mutex::new(HashMap::new()),
+            qps: RwLock::new(HashMap::default()),
+            watches: Mutex::new(HashMap::default()),
             wake: EventFd::new()?,
             stop: AtomicBool::new(false),
             rx: Mutex::new(RxBatch::new(RX_BATCH, crate::rc::max_packet_len(4096) + 64)),
@@ -325,7 +329,7 @@ impl Shared {
                 *rx = RxBatch::for_gro(RX_BATCH);
             }
         }
-        let mut touched: Vec<Arc<SoftQp>> = Vec::new();
+        let mut touched: Touched = SmallVec::new();
         for port in self
             .ports
             .iter()
@@ -336,7 +340,7 @@ impl Shared {
         drop(rx);
         let now = self.now();
         // Responses for what arrived, and every due timer.
-        let due: Vec<Arc<SoftQp>> = self
+        let due: Touched = self
             .qps
             .read()
             .values()
@@ -352,7 +356,7 @@ impl Shared {
     /// Receives from `port` (bounded: at most 16 batches and RX_PASS_DATAGRAMS datagrams,
     /// so timers and posts are not starved) and feeds each datagram to its QP; the QPs fed
     /// are added to `touched`.
-    fn receive_from(&self, port: &UdpPort, rx: &mut RxBatch, touched: &mut Vec<Arc<SoftQp>>) {
+    fn receive_from(&self, port: &UdpPort, rx: &mut RxBatch, touched: &mut Touched) {
         let mut taken = 0;
         for _ in 0..16 {
             let n = match port.recv_batch(rx) {
