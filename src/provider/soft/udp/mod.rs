@@ -522,8 +522,8 @@ impl UdpPort {
         }
         rx.prepare();
         let n = loop {
-            // SAFETY: `prepare` pointed every header at this batch's own name, control and
-            // data buffers (iovec lengths = slot_len, controllen = RX_CTRL_LEN, namelen =
+            // SAFETY: `prepare` left every header pointing at this batch's own name, control
+            // and data buffers (iovec lengths = slot_len, controllen = RX_CTRL_LEN, namelen =
             // size of sockaddr_storage), which stay alive and unaliased for the call since
             // `rx` is borrowed mutably. `rx.slots` ≤ MAX_RX_SLOTS fits c_uint.
             let r = unsafe {
@@ -536,8 +536,11 @@ impl UdpPort {
                 )
             };
             if r >= 0 {
-                break (r as usize).min(rx.slots);
+                let n = (r as usize).min(rx.slots);
+                rx.dirty = n;
+                break n;
             }
+            rx.dirty = rx.slots; // be safe: reset every header before the next call
             let e = io::Error::last_os_error();
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,

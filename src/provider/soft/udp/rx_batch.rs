@@ -35,10 +35,16 @@ pub struct RxBatch {
     pub(super) iovs: Vec<libc::iovec>,
     pub(super) hdrs: Vec<libc::mmsghdr>,
     pub(super) meta: Vec<RxMeta>,
+    /// The headers and iovecs point at this batch's buffers (set once: the kernel never
+    /// changes the pointers, and the vectors are never resized, so they stay valid).
+    pointed: bool,
+    /// Headers whose length and flag fields the last `recvmmsg` may have changed.
+    pub(super) dirty: usize,
 }
 
 // SAFETY: the raw pointers in `iovs` and `hdrs` only ever point into this batch's own heap
-// buffers, are rewritten by `prepare` before each `recvmmsg`, and are never dereferenced by
+// buffers (set by `point` before the first `recvmmsg`; the vectors are never resized, so
+// moving the batch does not move them), and are never dereferenced by
 // Rust code; everything else is owned plain data. Moving the batch to another thread or
 // sharing `&RxBatch` (which only reads `buf` and `meta`) is therefore sound.
 unsafe impl Send for RxBatch {}
@@ -71,6 +77,8 @@ impl RxBatch {
             // SAFETY: mmsghdr is plain data; all-zero bytes (null pointers) are valid.
             hdrs: vec![unsafe { mem::zeroed() }; slots],
             meta: Vec::with_capacity(slots),
+            pointed: false,
+            dirty: 0,
         }
     }
 
@@ -131,8 +139,26 @@ impl RxBatch {
         (0..self.filled).filter_map(|i| self.get(i))
     }
 
-    /// Points every header at its slot's buffers.
+    /// Makes every header ready for `recvmmsg`: on first use points them at their slot's
+    /// buffers; later only resets the fields the kernel wrote in the headers it filled last
+    /// time (`dirty`), so an empty poll costs no writes.
     pub(super) fn prepare(&mut self) {
+        if !self.pointed {
+            self.point();
+            self.pointed = true;
+            self.dirty = self.slots;
+        }
+        for h in &mut self.hdrs[..self.dirty] {
+            h.msg_len = 0;
+            h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = RX_CTRL_LEN as _;
+            h.msg_hdr.msg_flags = 0;
+        }
+        self.dirty = 0;
+    }
+
+    /// Points every header at its slot's name, control and data buffers.
+    fn point(&mut self) {
         // `wrapping_add` keeps this free of `unsafe`; every offset is in bounds (i < slots,
         // each vector holds `slots` elements, buf.len() == slots * slot_len). One base
         // pointer per vector, so no later borrow invalidates the pointers handed out.
@@ -147,14 +173,10 @@ impl RxBatch {
         let ctrl = self.ctrl.as_mut_ptr();
         let iovs = self.iovs.as_mut_ptr();
         for (i, h) in self.hdrs.iter_mut().enumerate() {
-            h.msg_len = 0;
             h.msg_hdr.msg_name = names.wrapping_add(i).cast();
-            h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             h.msg_hdr.msg_iov = iovs.wrapping_add(i);
             h.msg_hdr.msg_iovlen = 1;
             h.msg_hdr.msg_control = ctrl.wrapping_add(i).cast();
-            h.msg_hdr.msg_controllen = RX_CTRL_LEN as _;
-            h.msg_hdr.msg_flags = 0;
         }
     }
 }

@@ -1161,3 +1161,57 @@ fn gso_software_segments_match_the_plain_datagrams() {
     });
     t.join().unwrap();
 }
+
+#[test]
+fn a_reused_batch_gets_full_control_space_after_a_small_receive() {
+    // The kernel shrinks msg_controllen to what a receive used (one plain datagram: just
+    // PKTINFO). The next receive into the same batch must offer the full space again, or a
+    // GRO buffer's UDP_GRO segment size is cut off and the buffer is not split.
+    let a = UdpPort::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let b = UdpPort::bind("0.0.0.0:0".parse().unwrap()).unwrap();
+    assert!(b.enable_gro(), "UDP_GRO");
+    let to: SocketAddr = (Ipv4Addr::LOCALHOST, b.local_addr().port()).into();
+    let mut rx = RxBatch::for_gro(4);
+    let mut rng = Rng(0x5EED_0001);
+    let one = sealed_of_lens(&mut rng, a.local_addr(), to, &[300]);
+    send_all(&a, &[dgram(to, &one[0])]);
+    let got = recv_all(&b, &mut rx, 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1, to, "PKTINFO gives the real destination");
+    let burst = sealed_of_lens(&mut rng, a.local_addr(), to, &[1000; 8]);
+    let batch: Vec<_> = burst.iter().map(|p| dgram(to, p)).collect();
+    let mut done = 0;
+    for _ in 0..1000 {
+        if done == batch.len() {
+            break;
+        }
+        done += a.send_batch_gso(&batch[done..]).expect("send_batch_gso");
+    }
+    assert_eq!(done, batch.len());
+    let mut got = Vec::new();
+    let mut messages = 0;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while got.len() < burst.len() && Instant::now() < deadline {
+        if !wait_readable(b.raw_fd(), 100) {
+            continue;
+        }
+        b.recv_batch(&mut rx).expect("recv_batch");
+        messages += rx.messages();
+        for d in rx.iter() {
+            assert_eq!(d.dst, to, "PKTINFO gives the real destination");
+            got.push(d.data.to_vec());
+        }
+    }
+    let want: Vec<Vec<u8>> = burst
+        .iter()
+        .map(|(h, p, t)| [h.as_slice(), p, t].concat())
+        .collect();
+    assert!(
+        got == want,
+        "the GRO buffer is split into the datagrams sent"
+    );
+    assert!(
+        messages < want.len(),
+        "the burst was coalesced ({messages} messages)"
+    );
+}
