@@ -271,12 +271,8 @@ impl UdpPort {
         let gso = gso && self.gso_usable();
         let mut sent = 0;
         for chunk in batch.chunks(SEND_CHUNK) {
-            // Chunks too short for a GSO run take the plain path (fewer arrays to set up).
-            let r = if gso && chunk.len() >= GSO_MIN_SEGMENTS {
-                self.send_chunk_gso(chunk)
-            } else {
-                self.send_chunk(chunk)
-            };
+            // Chunks too short for a GSO run go as plain datagrams.
+            let r = self.send_chunk(chunk, gso && chunk.len() >= GSO_MIN_SEGMENTS);
             let n = match r {
                 Ok(n) => n,
                 // The error belongs to chunk[0]; it is retried (and reported) next call.
@@ -330,59 +326,9 @@ impl UdpPort {
         }
     }
 
-    fn send_chunk(&self, chunk: &[TxDatagram<'_>]) -> io::Result<usize> {
-        debug_assert!(chunk.len() <= SEND_CHUNK);
-        if chunk.is_empty() {
-            return Ok(0);
-        }
-        // SAFETY: sockaddr_in6, iovec and mmsghdr are plain C structs for which all-zero bytes
-        // are a valid value (null pointers, zero lengths).
-        let mut names: [SockAddrBuf; SEND_CHUNK] = unsafe { mem::zeroed() };
-        // SAFETY: as above.
-        let mut iovs: [libc::iovec; SEND_CHUNK * 3] = unsafe { mem::zeroed() };
-        // SAFETY: as above.
-        let mut hdrs: [libc::mmsghdr; SEND_CHUNK] = unsafe { mem::zeroed() };
-
-        // Fill the addresses and iovecs first, then point the headers at them through one
-        // base pointer each (no later `&mut` borrow invalidates the pointers).
-        let v4 = self.local.is_ipv4();
-        let mut count = chunk.len();
-        let mut namelens = [0 as libc::socklen_t; SEND_CHUNK];
-        let mut niovs = [0usize; SEND_CHUNK];
-        for (i, d) in chunk.iter().enumerate() {
-            if d.dst.is_ipv4() != v4 {
-                if i == 0 {
-                    return Err(invalid(
-                        "destination address family differs from the port's",
-                    ));
-                }
-                // Send the ones before it; the caller meets the error on its next call.
-                count = i;
-                break;
-            }
-            namelens[i] = write_sockaddr(&d.dst, &mut names[i]);
-            for part in d.parts.iter().filter(|p| !p.is_empty()) {
-                iovs[i * 3 + niovs[i]] = libc::iovec {
-                    iov_base: part.as_ptr() as *mut libc::c_void,
-                    iov_len: part.len(),
-                };
-                niovs[i] += 1;
-            }
-        }
-        let names_base = names.as_mut_ptr();
-        let iovs_base = iovs.as_mut_ptr();
-        for (i, hdr) in hdrs[..count].iter_mut().enumerate() {
-            let h = &mut hdr.msg_hdr;
-            h.msg_name = names_base.wrapping_add(i).cast();
-            h.msg_namelen = namelens[i];
-            h.msg_iov = iovs_base.wrapping_add(i * 3);
-            h.msg_iovlen = niovs[i] as _;
-        }
-        self.sendmmsg(&mut hdrs[..count])
-    }
-
-    /// `send_chunk` with GSO runs (`gso_run`) as single messages.
-    fn send_chunk_gso(&self, chunk: &[TxDatagram<'_>]) -> io::Result<usize> {
+    /// One `sendmmsg` for up to [`SEND_CHUNK`] datagrams; with `gso`, runs (`gso_run`) go as
+    /// single GSO messages, otherwise every datagram is its own message.
+    fn send_chunk(&self, chunk: &[TxDatagram<'_>], gso: bool) -> io::Result<usize> {
         debug_assert!(chunk.len() <= SEND_CHUNK);
         if chunk.is_empty() {
             return Ok(0);
@@ -436,7 +382,11 @@ impl UdpPort {
         let mut nctrl = 0;
         let mut i = 0;
         while i < count {
-            let run = gso_run(&chunk[i..count], &lens[i..count], |d| self.gso_dst_ok(d));
+            let run = if gso {
+                gso_run(&chunk[i..count], &lens[i..count], |d| self.gso_dst_ok(d))
+            } else {
+                1
+            };
             namelens[nmsg] = write_sockaddr(&chunk[i].dst, &mut names[nmsg]);
             msgs[nmsg] = (i, run, nctrl);
             if run > 1 {
@@ -468,7 +418,7 @@ impl UdpPort {
                 // that works, GSO itself was the problem (no checksum offload on the route,
                 // xfrm, an old kernel): off for this port. If the plain send fails too (e.g.
                 // EMSGSIZE: the datagrams exceed the path MTU), that is the caller's error.
-                let plain = self.send_chunk(&chunk[..count]);
+                let plain = self.send_chunk(&chunk[..count], false);
                 if matches!(plain, Ok(n) if n > 0) {
                     self.gso_failed(&e);
                 }

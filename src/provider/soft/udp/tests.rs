@@ -503,45 +503,7 @@ fn kernel_drops_counts_receive_queue_overflow() {
 fn capture_check(src_bind: SocketAddr, dst_bind: SocketAddr) {
     let a = UdpPort::bind(src_bind).unwrap();
     let b = UdpPort::bind(dst_bind).unwrap();
-    // SAFETY: plain syscall; returns a new descriptor or -1.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_PACKET,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            i32::from((libc::ETH_P_ALL as u16).to_be()),
-        )
-    };
-    if raw < 0 {
-        eprintln!(
-            "skipping capture test: AF_PACKET socket: {}",
-            io::Error::last_os_error()
-        );
-        return;
-    }
-    // SAFETY: fresh descriptor owned by nothing else.
-    let cap = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: NUL-terminated constant string.
-    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
-    // SAFETY: all-zero bytes are a valid sockaddr_ll.
-    let mut sll: libc::sockaddr_ll = unsafe { mem::zeroed() };
-    sll.sll_family = libc::AF_PACKET as u16;
-    sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-    sll.sll_ifindex = lo as i32;
-    // SAFETY: `sll` is a live sockaddr_ll of the given size.
-    let r = unsafe {
-        libc::bind(
-            cap.as_raw_fd(),
-            ptr::from_ref(&sll).cast(),
-            mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        eprintln!(
-            "skipping capture test: bind to lo: {}",
-            io::Error::last_os_error()
-        );
-        return;
-    }
+    let Some(cap) = lo_capture() else { return };
     let mut rng = Rng(7);
     let (h, p, t) = sealed_parts(&mut rng, a.local_addr(), b.local_addr(), 100);
     let sent = [h.as_slice(), &p, &t].concat();
@@ -553,69 +515,34 @@ fn capture_check(src_bind: SocketAddr, dst_bind: SocketAddr) {
         }],
     );
     let (sport, dport) = (a.local_addr().port(), b.local_addr().port());
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut frame = vec![0u8; 70_000];
-    while Instant::now() < deadline {
-        if !wait_readable(cap.as_raw_fd(), 100) {
-            continue;
-        }
-        // SAFETY: `frame` is a live writable buffer of the given length.
-        let n = unsafe {
-            libc::recv(
-                cap.as_raw_fd(),
-                frame.as_mut_ptr().cast(),
-                frame.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n <= 0 {
-            continue;
-        }
-        let pkt = &frame[..n as usize];
-        let (ip_len, proto) = match pkt.first().map(|b| b >> 4) {
-            Some(4) if pkt.len() >= 20 => (usize::from(pkt[0] & 0x0F) * 4, pkt[9]),
-            Some(6) if pkt.len() >= 40 => (40, pkt[6]),
-            _ => continue,
-        };
-        if proto != 17 || pkt.len() < ip_len + 8 {
-            continue;
-        }
-        let (ip, rest) = pkt.split_at(ip_len);
-        let (udp, ib) = rest.split_at(8);
-        let ports = (
-            u16::from_be_bytes([udp[0], udp[1]]),
-            u16::from_be_bytes([udp[2], udp[3]]),
+    let frames = captured(&cap, sport, dport, 1);
+    let Some((ip, udp, ib)) = frames.first() else {
+        panic!("our datagram was not captured on lo within 2 s");
+    };
+    assert_eq!(ib, &sent);
+    let computed = if ip[0] >> 4 == 4 {
+        let id = u16::from_be_bytes([ip[4], ip[5]]);
+        let frag = u16::from_be_bytes([ip[6], ip[7]]);
+        eprintln!(
+            "captured IPv4: id {id:#06x}, flags/frag {frag:#06x}, ttl {}, tos {:#04x}",
+            ip[8], ip[1]
         );
-        if ports != (sport, dport) {
-            continue;
-        }
-        assert_eq!(ib, sent.as_slice());
-        let computed = if ip[0] >> 4 == 4 {
-            let id = u16::from_be_bytes([ip[4], ip[5]]);
-            let frag = u16::from_be_bytes([ip[6], ip[7]]);
-            eprintln!(
-                "captured IPv4: id {id:#06x}, flags/frag {frag:#06x}, ttl {}, tos {:#04x}",
-                ip[8], ip[1]
-            );
-            assert_eq!(id, 0, "IP identification");
-            assert_eq!(frag, 0x4000, "DF set, offset 0");
-            icrc::compute_ipv4(ip, udp, ib).unwrap()
-        } else {
-            eprintln!(
-                "captured IPv6: flow/tc {:02x?}, hop limit {}",
-                &ip[0..4],
-                ip[7]
-            );
-            icrc::compute_ipv6(ip, udp, ib).unwrap()
-        };
-        assert_eq!(
-            computed,
-            icrc::received(ib).unwrap(),
-            "ICRC over the real headers"
+        assert_eq!(id, 0, "IP identification");
+        assert_eq!(frag, 0x4000, "DF set, offset 0");
+        icrc::compute_ipv4(ip, udp, ib).unwrap()
+    } else {
+        eprintln!(
+            "captured IPv6: flow/tc {:02x?}, hop limit {}",
+            &ip[0..4],
+            ip[7]
         );
-        return;
-    }
-    panic!("our datagram was not captured on lo within 2 s");
+        icrc::compute_ipv6(ip, udp, ib).unwrap()
+    };
+    assert_eq!(
+        computed,
+        icrc::received(ib).unwrap(),
+        "ICRC over the real headers"
+    );
 }
 
 #[test]
