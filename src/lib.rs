@@ -16,6 +16,9 @@ pub mod rc;
 pub mod verbs_probe;
 pub mod wire;
 
+#[cfg(test)]
+mod test_rng;
+
 pub use config::Config;
 pub use error::{Error, ErrorKind};
 

@@ -23,6 +23,7 @@
 //! The bench sets max_rd_atomic = max_dest_rd_atomic = min(qd, 16); with qd > 16 the rest
 //! of the posted READs wait in the send queue (posted but not yet on the wire), as on a NIC.
 
+use crate::perf::Rng;
 use rdmx::rc::verbs::attr_mask as m;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{
@@ -67,22 +68,6 @@ const CACHE_LINE: usize = 64;
 const RESP_HDR_LEN: usize = 16;
 /// Copies between clock reads in the baseline loop.
 const COPY_BATCH: u32 = 64;
-
-/// xorshift64* (the same generator the simulator tests use).
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
 
 /// Random `ALIGN`-aligned offsets at which `size` bytes fit in the source region.
 #[derive(Debug, Clone)]

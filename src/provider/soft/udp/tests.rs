@@ -1,4 +1,5 @@
 use super::*;
+use crate::test_rng::Rng;
 use std::time::{Duration, Instant};
 
 /// Offset of the BTH byte that the ICRC masks to 0xFF (FECN, BECN, Resv6a; §7.1 item 4).
@@ -48,23 +49,6 @@ fn send_all(port: &UdpPort, batch: &[TxDatagram<'_>]) {
         done += port.send_batch(&batch[done..]).expect("send_batch");
     }
     panic!("could not send the batch: {done}/{}", batch.len());
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
 }
 
 /// A datagram in three parts (head 12..=40 bytes, payload, tail = pad + ICRC field),
