@@ -92,6 +92,11 @@ pub(super) unsafe fn handle_mut<'a, T>(p: *mut T, what: &str) -> Result<&'a mut 
     unsafe { p.as_mut() }.ok_or_else(|| null(what))
 }
 
+/// An out-parameter pointer, or `out is NULL` (RDMX_INVALID_ARGUMENT).
+pub(super) fn out_ptr<T>(p: *mut T) -> Result<*mut T> {
+    if p.is_null() { Err(null("out")) } else { Ok(p) }
+}
+
 /// A borrowed UTF-8 string from a C string argument.
 ///
 /// # Safety

@@ -3,7 +3,6 @@
 use super::boundary::{self, handle, handle_mut, str_arg, write_str};
 use super::status::rdmx_status;
 use crate::config::Config;
-use crate::error::{Error, ErrorKind};
 use std::ffi::c_char;
 use std::path::Path;
 
@@ -33,9 +32,7 @@ impl rdmx_config {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_config_new(out: *mut *mut rdmx_config) -> rdmx_status {
     boundary::call("rdmx_config_new", || {
-        if out.is_null() {
-            return Err(Error::new(ErrorKind::InvalidArgument, "out is NULL"));
-        }
+        boundary::out_ptr(out)?;
         // SAFETY: `out` is non-NULL and writable per the contract.
         unsafe { out.write(std::ptr::null_mut()) };
         let cfg = Box::new(rdmx_config {

@@ -2,7 +2,7 @@
 //! connections with two-sided SEND/RECV and one-sided RDMA READ/WRITE, each WR carrying a
 //! caller cookie that comes back in its completion.
 
-use super::boundary::{self, handle, handle_mut};
+use super::boundary::{self, handle, handle_mut, out_ptr};
 use super::context::{addr_arg, rdmx_context};
 use super::status::rdmx_status;
 use crate::error::{Error, ErrorKind, Result};
@@ -362,14 +362,6 @@ pub unsafe extern "C" fn rdmx_conn_remote_region(
         };
         Ok(())
     })
-}
-
-fn out_ptr<T>(p: *mut T) -> Result<*mut T> {
-    if p.is_null() {
-        Err(Error::new(ErrorKind::InvalidArgument, "out is NULL"))
-    } else {
-        Ok(p)
-    }
 }
 
 /// The SGE list of a post call.

@@ -4,7 +4,6 @@ use super::boundary::{self, handle, str_arg};
 use super::config::rdmx_config;
 use super::status::rdmx_status;
 use crate::config::Config;
-use crate::error::{Error, ErrorKind};
 use crate::msgr::Context;
 use std::ffi::{c_char, c_void};
 
@@ -79,9 +78,7 @@ pub unsafe extern "C" fn rdmx_context_new(
     out: *mut *mut rdmx_context,
 ) -> rdmx_status {
     boundary::call("rdmx_context_new", || {
-        if out.is_null() {
-            return Err(Error::new(ErrorKind::InvalidArgument, "out is NULL"));
-        }
+        boundary::out_ptr(out)?;
         // SAFETY: `out` is non-NULL and writable per the contract.
         unsafe { out.write(std::ptr::null_mut()) };
         // SAFETY: forwarded contract; NULL means "no config given".
@@ -154,9 +151,7 @@ pub unsafe extern "C" fn rdmx_mr_reg(
     boundary::call("rdmx_mr_reg", || {
         // SAFETY: forwarded contract.
         let ctx = unsafe { handle(ctx, "ctx") }?;
-        if out.is_null() {
-            return Err(Error::new(ErrorKind::InvalidArgument, "out is NULL"));
-        }
+        boundary::out_ptr(out)?;
         // SAFETY: the caller promises the memory contract stated above.
         let r = unsafe { ctx.inner.register(addr.cast(), len, access) }?;
         // SAFETY: `out` is non-NULL and writable per the contract.

@@ -1,10 +1,10 @@
 //! `rdmx_pool_*`, `rdmx_chunk_*` (pooled, pre-registered chunks) and `rdmx_mem_*`
 //! (registration of caller buffers through the registration cache).
 
-use super::boundary::{self, handle};
+use super::boundary::{self, handle, out_ptr};
 use super::context::rdmx_context;
 use super::status::rdmx_status;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind};
 use crate::mem::arena::Backing;
 use crate::mem::pool::Pool;
 use crate::mem::rcache::Handle;
@@ -79,14 +79,6 @@ pub struct rdmx_rcache_stats {
     pub invalidations: u64,
     pub entries: u64,
     pub registered_bytes: u64,
-}
-
-fn out_ptr<T>(p: *mut T) -> Result<*mut T> {
-    if p.is_null() {
-        Err(Error::new(ErrorKind::InvalidArgument, "out is NULL"))
-    } else {
-        Ok(p)
-    }
 }
 
 /// Creates a pool of `chunk_size`-byte chunks (0: the config's `chunk_size`, default 4096)
