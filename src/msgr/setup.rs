@@ -567,8 +567,9 @@ fn read_hello(stream: &mut TcpStream, deadline: Instant, peer: &str) -> Result<H
             ErrorKind::Parse,
             format!(
                 "side channel to {peer}: hello length {len} out of range \
-                 {MIN_ENCODED_LEN}..={MAX_ENCODED_LEN} (prefix bytes {prefix:02x?}); \
-                 is the peer rdmx?"
+                 {MIN_ENCODED_LEN}..={MAX_ENCODED_LEN} (first bytes \"{}\"); \
+                 is the peer rdmx?",
+                prefix.escape_ascii()
             ),
         ));
     }

@@ -12,8 +12,9 @@
 //!
 //! Latency per op is post-to-completion (for the bandwidth tests too). Any non-success
 //! completion or verification mismatch counts in `errors`, stops the run (it drains what is
-//! outstanding) and makes the exit status 1.
+//! outstanding) and makes the exit status 1; a bad command line or configuration exits 2.
 
+use rdmx::Config;
 use rdmx::config::Settings;
 use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::qp::SendReq;
@@ -23,16 +24,42 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::perf::{
-    Clock, Histogram, MAX_SEND, PING, PONG, READY_IMM, READY_TIMEOUT, Report, Rng, Waiter,
+    Clock, Fail, Histogram, MAX_SEND, PING, PONG, READY_IMM, READY_TIMEOUT, Report, Rng, Waiter,
     build_config, check_pattern, fill_pattern, parse_set, parse_size, pattern_byte,
 };
 use crate::server::empty_wc;
 
-pub const TESTS: &[&str] = &["read_bw", "write_bw", "send_bw", "read_lat", "send_lat"];
-
 pub const USAGE: &str = "usage: rdmx-perf {read_bw|write_bw|send_bw|read_lat|send_lat} --connect ADDR:PORT \
      [--size BYTES (4096)] [--qd N (bw: 32, lat: 1)] [--duration SECONDS (5)] [--batch N (config post_batch, 32)] \
      [--verify N (bw: 16, lat: 1)] [--set KEY=VALUE]... [--profile NAME] [--json]";
+
+/// `rdmx-perf TEST --help`.
+pub const HELP: &str = "\
+Runs one test against `rdmx-perf server` for --duration seconds and prints its figures:
+  read_bw   RDMA READs of --size bytes at random offsets of the server's 64 MiB region,
+            --qd in flight; landed blocks are checked against the server's pattern
+  write_bw  RDMA WRITEs of --size bytes at random offsets (the same pattern, written back)
+  send_bw   SENDs of --size bytes (at most 4 MiB), --qd in flight
+  read_lat  one READ at a time (qd 1)
+  send_lat  one SEND at a time, answered by the server with a SEND of the same size
+
+options:
+  --connect ADDR:PORT  the server's address (required)
+  --size BYTES         bytes per operation; K/M/G suffixes are binary (default 4096)
+  --qd N               operations in flight, bandwidth tests (default 32; latency tests: 1);
+                       over 256 also raises max_send_wr to N unless it is set
+  --duration SECONDS   how long to run, in (0, 3600] (default 5)
+  --batch N            work requests per post call (default: the config's post_batch, 32;
+                       at most --qd)
+  --verify N           check every Nth READ's content (default: bandwidth 16, latency 1)
+  --set KEY=VALUE      a configuration knob (`rdmx-perf config` lists them); repeatable
+  --profile NAME       a configuration profile (e.g. ceph-after)
+  --json               stdout is one JSON object only; the table goes to stderr
+
+output: ops_per_sec; bw_gbit_per_sec (10^9 bits/s, perftest's Gb/sec) and bw_mib_per_sec
+(2^20 bytes/s, perftest's MB/sec); latency percentiles in us (lat_*_us); transport counters.
+exit status: 0 the run completed without errors, 1 the run failed (setup, connection,
+completion errors, mismatches), 2 usage or configuration error.";
 
 /// How long to wait for the connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -145,7 +172,6 @@ fn parse(test: Test, args: &[String]) -> Result<Args, String> {
             "--json" => json = true,
             "--profile" => profile = Some(value()?),
             "--set" => sets.push(parse_set(&value()?)?),
-            "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown option '{other}'\n{USAGE}")),
         }
     }
@@ -240,18 +266,15 @@ impl Outcome {
 }
 
 pub fn main(test_name: &str, args: &[String]) -> ExitCode {
+    let who = format!("rdmx-perf: {test_name}");
     let Some(test) = Test::parse(test_name) else {
-        eprintln!("rdmx-perf: unknown test '{test_name}'\n{USAGE}");
-        return ExitCode::from(2);
+        return Fail::Usage(format!("unknown test '{test_name}'\n{USAGE}")).exit("rdmx-perf");
     };
-    let a = match parse(test, args) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("rdmx-perf: {e}");
-            return ExitCode::from(2);
-        }
+    let (a, cfg) = match parse(test, args).and_then(|a| configure(&a).map(|cfg| (a, cfg))) {
+        Ok(x) => x,
+        Err(e) => return Fail::Usage(e).exit(&who),
     };
-    match run(&a) {
+    match run(&a, &cfg) {
         Ok((report, out)) => {
             report.print(a.json);
             if out.errors > 0 {
@@ -266,39 +289,43 @@ pub fn main(test_name: &str, args: &[String]) -> ExitCode {
                 ExitCode::SUCCESS
             }
         }
-        Err(e) => {
-            eprintln!("rdmx-perf: {}: {e}", test.name());
-            ExitCode::from(1)
-        }
+        Err(e) => Fail::Run(e).exit(&who),
     }
 }
 
-fn run(a: &Args) -> Result<(Report, Outcome), String> {
+/// The configuration of a run (errors are usage errors: the command line, the environment
+/// or the profile asks for something invalid).
+fn configure(a: &Args) -> Result<Config, String> {
     let mut extra = Vec::new();
     if a.qd > 256 {
-        extra.push(("max_send_wr", a.qd.to_string()));
+        extra.push(("max_send_wr", a.qd.to_string(), format!("--qd {}", a.qd)));
     }
     let cfg = build_config(a.profile.as_deref(), &a.sets, &extra)?;
+    let s = cfg.settings().map_err(|e| format!("configuration: {e}"))?;
+    if (s.max_send_wr as usize) < a.qd {
+        return Err(format!(
+            "--qd {} is more than max_send_wr = {} (set --set max_send_wr={} or lower --qd)",
+            a.qd, s.max_send_wr, a.qd
+        ));
+    }
+    Ok(cfg)
+}
+
+fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
     // Best effort; if pinning is refused, registration says so.
     crate::perf::ensure_memlock((a.qd * a.size) as u64 + (16 << 20));
-    let ctx = Context::new(&cfg).map_err(|e| format!("context: {e}"))?;
+    let ctx = Context::new(cfg).map_err(|e| format!("context: {e}"))?;
     let s = ctx.settings().clone();
     let a = &Args {
         batch: Some(a.batch.unwrap_or(s.post_batch as usize).clamp(1, a.qd)),
         ..a.clone()
     };
-    if (s.max_send_wr as usize) < a.qd {
-        return Err(format!(
-            "--qd {} is more than max_send_wr = {}: set --set max_send_wr={}",
-            a.qd, s.max_send_wr, a.qd
-        ));
-    }
     // The receive for the server's "ready" SEND, registered before connecting so it can be
     // posted the moment the connection is up.
     let ready_buf = Local::new(&ctx, vec![0u8; 64].into_boxed_slice())?;
     let conn = ctx
         .connect(&a.connect, CONNECT_TIMEOUT)
-        .map_err(|e| format!("connect to {}: {e}", a.connect))?;
+        .map_err(|e| once_prefixed("connect to", &a.connect, &e.to_string()))?;
     wait_ready(&conn, &ready_buf)?;
     let need = match a.test.opcode() {
         WrOpcode::RdmaRead => access::REMOTE_READ,
@@ -311,7 +338,7 @@ fn run(a: &Args) -> Result<(Report, Outcome), String> {
         .find(|r| r.access & need == need && r.len >= a.size as u64)
         .copied();
     let region = match (need, region) {
-        (0, r) => r,
+        (0, _) => None, // SENDs name no remote memory
         (_, Some(r)) => Some(r),
         (_, None) => {
             return Err(format!(
@@ -383,7 +410,7 @@ fn run(a: &Args) -> Result<(Report, Outcome), String> {
     r.num("duration_s", secs, 3);
     r.int("ops", out.ops);
     r.num("ops_per_sec", ops_per_sec, 1);
-    r.num("gbps", ops_per_sec * a.size as f64 * 8.0 / 1e9, 3);
+    r.bandwidth(ops_per_sec, a.size as u64);
     r.latency(&hist);
     r.int("retransmits", c.retransmits);
     r.int("rnr_naks", c.rnr_naks_received);
@@ -400,6 +427,16 @@ fn run(a: &Args) -> Result<(Report, Outcome), String> {
     r.int("verified", out.verified);
     r.int("errors", out.errors);
     Ok((r, out))
+}
+
+/// `"{what} {addr}: {msg}"`, or `msg` alone when it already says `what` (the library's
+/// connect and listen errors name the address they resolved).
+pub fn once_prefixed(what: &str, addr: &str, msg: &str) -> String {
+    if msg.contains(what) {
+        msg.to_string()
+    } else {
+        format!("{what} {addr}: {msg}")
+    }
 }
 
 /// Posts the receive for the server's ready message and waits for it.

@@ -37,6 +37,25 @@ use std::time::{Duration, Instant};
 pub const USAGE: &str = "usage: rdmx-perf engine_bench [--seconds S (2)] [--qd N (32)] \
                          [--size BYTES (4096)] [--source-mib M (64)] [--no-align] [--copy-link] [--verify-all] [--max-ops N] [--json]";
 
+/// `rdmx-perf engine_bench --help`.
+pub const HELP: &str = "\
+Two RC engines in one process exchange RDMA READs of --size bytes through an in-memory link
+(no NIC, no sockets), alternating with a bare copy of the same blocks; prints both rates and
+their ratio (target >= 0.5: the protocol costs no more than the copy it carries).
+
+options:
+  --seconds S       measured time per side, in (0, 3600] (default 2)
+  --qd N            READs posted, 1..=4096 (default 32; at most 16 on the wire: max_rd_atomic)
+  --size BYTES      bytes per READ, 1..=16 MiB (default 4096)
+  --source-mib M    the READ source region, 1..=4096 MiB (default 64)
+  --no-align        leave the link buffer where the allocator put it (diagnostic)
+  --copy-link       copy each payload into the link buffer first (two copies per block)
+  --verify-all      compare every landed block with the source (default: 1 in 64)
+  --max-ops N       stop each side after N operations
+  --json            stdout is one JSON object only; the table goes to stderr
+
+exit status: 0 measured (PASS or BELOW), 1 content mismatch or engine error, 2 usage error.";
+
 /// Default source region on B (READ source; the copy baseline reads the same bytes).
 const SRC_MIB: usize = 64;
 const SRC_VA: u64 = 0x0001_0000_0000;
@@ -167,7 +186,6 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--verify-all" => o.verify_all = true,
             "--no-align" => o.no_align = true,
             "--copy-link" => o.copy_link = true,
-            "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown option '{other}'\n{USAGE}")),
         }
     }
@@ -578,8 +596,18 @@ fn bench(o: &Opts) -> Result<bool, String> {
     let cb = eng.b.counters();
     let pass = ratio >= 0.5;
     let in_flight = o.qd.min(MAX_RD_ATOMIC as usize);
+    // The readable figures; with --json they go to stderr, so stdout is the JSON alone.
+    macro_rules! say {
+        ($($arg:tt)*) => {
+            if o.json {
+                eprintln!($($arg)*)
+            } else {
+                println!($($arg)*)
+            }
+        };
+    }
 
-    println!(
+    say!(
         "# rdmx engine_bench: {} B RDMA READ, qd {} ({} in flight: max_rd_atomic), path MTU {}, \
          source {} MiB, link payload {}, {:.2} s per side in {} alternating slices",
         o.size,
@@ -595,11 +623,15 @@ fn bench(o: &Opts) -> Result<bool, String> {
         o.seconds,
         slices
     );
-    println!(
+    say!(
         "{:<22} {:>14} {:>10} {:>10} {:>12}",
-        "", "ops/s", "GB/s", "ns/op", "ops"
+        "",
+        "ops/s",
+        "GB/s",
+        "ns/op",
+        "ops"
     );
-    println!(
+    say!(
         "{:<22} {:>14.0} {:>10.3} {:>10.1} {:>12}",
         "engine (RC READ)",
         e_rate,
@@ -607,7 +639,7 @@ fn bench(o: &Opts) -> Result<bool, String> {
         ns(e_rate),
         e_ops
     );
-    println!(
+    say!(
         "{:<22} {:>14.0} {:>10.3} {:>10.1} {:>12}",
         "copy (copy_from_slice)",
         c_rate,
@@ -615,12 +647,12 @@ fn bench(o: &Opts) -> Result<bool, String> {
         ns(c_rate),
         c_ops
     );
-    println!(
+    say!(
         "ratio engine/copy      {:>14.3}   target >= 0.50: {}",
         ratio,
         if pass { "PASS" } else { "BELOW" }
     );
-    println!(
+    say!(
         "verified {} of {} READs against the source: {} mismatches; \
          A tx/rx packets {}/{}, retransmits {}, ack timeouts {}; B duplicates {}, \
          out of sequence {}",

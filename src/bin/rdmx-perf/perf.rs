@@ -1,18 +1,61 @@
 //! What the NIC-style benchmarks share: command-line parsing, the configuration the tool
 //! builds (tool defaults beneath the user's values), the server buffer's pattern, a latency
-//! histogram, the waiting policy and the report (a readable table, then one JSON line).
+//! histogram, the waiting policy, the report (a readable table and one JSON object) and the
+//! exit statuses.
 
 use rdmx::Config;
 use rdmx::config::{PollMode, Progress, Settings, Source};
 use rdmx::msgr::Connection;
 use rdmx::provider::soft::sys::poll_readable;
 use std::fmt::Write as _;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// Defaults the tool puts beneath every user-given value (env, --profile, --set win):
-/// two processes on one host cannot both bind 4791, and on loopback one 4K block fits one
-/// packet.
-pub const TOOL_DEFAULTS: &[(&str, &str)] = &[("soft_port", "0"), ("path_mtu", "4096")];
+/// Defaults the tool puts beneath every user-given value (env, --profile, --set win), with
+/// why: two processes on one host cannot both bind 4791, and on loopback one 4K block fits
+/// one packet (the library clamps path_mtu per connection to the link's active MTU).
+pub const TOOL_DEFAULTS: &[(&str, &str, &str)] = &[
+    (
+        "soft_port",
+        "0",
+        "rdmx-perf default: any free port, so server and client can share a host",
+    ),
+    (
+        "path_mtu",
+        "4096",
+        "rdmx-perf default; clamped per connection to the link's active MTU",
+    ),
+];
+
+/// Why a subcommand failed, which decides its exit status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fail {
+    /// A bad command line or configuration: exit status 2.
+    Usage(String),
+    /// The run failed (setup, connection, errors during the run): exit status 1.
+    Run(String),
+}
+
+impl Fail {
+    /// Prints the message (prefixed with `who`) and returns the exit status.
+    pub fn exit(self, who: &str) -> ExitCode {
+        match self {
+            Fail::Usage(m) => {
+                eprintln!("{who}: {m}");
+                ExitCode::from(2)
+            }
+            Fail::Run(m) => {
+                eprintln!("{who}: {m}");
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+/// Exit status 0, or what `r`'s failure says.
+pub fn exit_status(r: Result<(), Fail>, who: &str) -> ExitCode {
+    r.map_or_else(|f| f.exit(who), |()| ExitCode::SUCCESS)
+}
 
 /// Size of the region the server exposes (READ source / WRITE target).
 pub const SERVER_REGION: usize = 64 << 20;
@@ -101,12 +144,12 @@ impl Rng {
 }
 
 /// Builds the configuration: `RDMX_*` environment, `--profile`, `--set`, and beneath all of
-/// them the tool defaults (a tool default only fills a key nobody else set). `extra` adds
-/// tool defaults of the caller (same rule).
+/// them the tool defaults (see [`apply_tool_defaults`]). `extra` adds tool defaults of the
+/// caller: (key, value, what asks for it, as in messages: "--qd 512").
 pub fn build_config(
     profile: Option<&str>,
     sets: &[(String, String)],
-    extra: &[(&str, String)],
+    extra: &[(&str, String, String)],
 ) -> Result<Config, String> {
     let mut cfg = Config::from_env().map_err(|e| format!("environment: {e}"))?;
     if let Some(p) = profile {
@@ -116,18 +159,30 @@ pub fn build_config(
     for (k, v) in sets {
         cfg.set(k, v).map_err(|e| format!("--set {k}={v}: {e}"))?;
     }
-    let defaults = TOOL_DEFAULTS
-        .iter()
-        .map(|&(k, v)| (k, v.to_string()))
-        .chain(extra.iter().cloned());
-    for (k, v) in defaults {
-        if cfg.source(k).map_err(|e| e.to_string())? == Source::Default {
-            cfg.set_from(k, &v, Source::File)
-                .map_err(|e| format!("tool default {k}={v}: {e}"))?;
-        }
-    }
+    apply_tool_defaults(&mut cfg, extra)?;
     cfg.validate().map_err(|e| format!("configuration: {e}"))?;
     Ok(cfg)
+}
+
+/// Sets the tool defaults ([`TOOL_DEFAULTS`], then `extra`) on every key nobody else set;
+/// returns the keys it set, with why.
+pub fn apply_tool_defaults(
+    cfg: &mut Config,
+    extra: &[(&str, String, String)],
+) -> Result<Vec<(String, String)>, String> {
+    let defaults = TOOL_DEFAULTS
+        .iter()
+        .map(|&(k, v, why)| (k, v.to_string(), why.to_string()))
+        .chain(extra.iter().map(|(k, v, why)| (*k, v.clone(), why.clone())));
+    let mut applied = Vec::new();
+    for (k, v, why) in defaults {
+        if cfg.source(k).map_err(|e| e.to_string())? == Source::Default {
+            cfg.set_from(k, &v, Source::File)
+                .map_err(|e| format!("{why} sets {k}={v}: {e}"))?;
+            applied.push((k.to_string(), why));
+        }
+    }
+    Ok(applied)
 }
 
 /// Parses `--set KEY=VALUE`.
@@ -314,7 +369,7 @@ impl Waiter {
     }
 }
 
-/// A benchmark's results, printed as a table and as one JSON object.
+/// A benchmark's results, printed as a table or as one JSON object.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
     pub test: String,
@@ -341,6 +396,16 @@ impl Report {
 
     pub fn str(&mut self, name: &'static str, v: impl Into<String>) {
         self.strs.push((name, v.into()));
+    }
+
+    /// Bandwidth fields for `ops_per_sec` operations of `size` bytes, in perftest's two units:
+    /// `bw_gbit_per_sec` is 10^9 bits/s (perftest's `BW average[Gb/sec]`, with
+    /// `--report_gbits`), `bw_mib_per_sec` is 2^20 bytes/s (perftest's `BW average[MB/sec]`,
+    /// which divides by 0x100000).
+    pub fn bandwidth(&mut self, ops_per_sec: f64, size: u64) {
+        let bytes = ops_per_sec * size as f64;
+        self.num("bw_gbit_per_sec", bytes * 8.0 / 1e9, 3);
+        self.num("bw_mib_per_sec", bytes / f64::from(1u32 << 20), 2);
     }
 
     /// Latency fields from a histogram (us).
@@ -385,11 +450,14 @@ impl Report {
         s
     }
 
-    /// Prints the table and, with `json`, the JSON object as the last line.
+    /// Prints the table on stdout, or with `json` the JSON object alone on stdout (one line,
+    /// for `| jq`) and the table on stderr.
     pub fn print(&self, json: bool) {
-        print!("{}", self.table());
         if json {
+            eprint!("{}", self.table());
             println!("{}", self.json());
+        } else {
+            print!("{}", self.table());
         }
     }
 }
@@ -484,6 +552,33 @@ mod tests {
             r.json(),
             r#"{"test":"read_bw","provider":"soft \"x\"","ops_per_sec":12.3,"errors":0}"#
         );
+    }
+
+    #[test]
+    fn bandwidth_is_in_perftest_units() {
+        let mut r = Report::new("read_bw");
+        // 2^20 ops/s of 4096 bytes: 4 GiB/s = 4096 MiB/s = 34.36 Gb/s.
+        r.bandwidth(f64::from(1u32 << 20), 4096);
+        assert_eq!(
+            r.json(),
+            r#"{"test":"read_bw","bw_gbit_per_sec":34.360,"bw_mib_per_sec":4096.00}"#
+        );
+    }
+
+    #[test]
+    fn tool_defaults_fill_only_unset_keys_and_say_why() {
+        let mut cfg = Config::new();
+        cfg.set("path_mtu", "1024").unwrap();
+        let extra = [("max_send_wr", "512".to_string(), "--qd 512".to_string())];
+        let applied = apply_tool_defaults(&mut cfg, &extra).unwrap();
+        let keys: Vec<&str> = applied.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["soft_port", "max_send_wr"]);
+        assert_eq!(cfg.get("path_mtu").unwrap(), "1024");
+        assert_eq!(cfg.get("max_send_wr").unwrap(), "512");
+        let bad = [("max_send_wr", "99999".to_string(), "--qd 99999".to_string())];
+        let e = apply_tool_defaults(&mut Config::new(), &bad).unwrap_err();
+        assert!(e.starts_with("--qd 99999 sets max_send_wr=99999: "), "{e}");
+        assert!(!e.contains("tool default"), "{e}");
     }
 
     #[test]

@@ -22,13 +22,31 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::client::once_prefixed;
 use crate::perf::{
-    Clock, MAX_SEND, PING, PONG, READY_IMM, SERVER_REGION, Waiter, build_config, fill_pattern,
-    parse_set,
+    Clock, Fail, MAX_SEND, PING, PONG, READY_IMM, SERVER_REGION, Waiter, build_config,
+    fill_pattern, parse_set,
 };
 
 pub const USAGE: &str =
     "usage: rdmx-perf server --listen ADDR:PORT [--set KEY=VALUE]... [--profile NAME]";
+
+/// `rdmx-perf server --help`.
+pub const HELP: &str = "\
+Serves read_bw, write_bw, send_bw, read_lat and send_lat clients until killed: exposes a
+64 MiB patterned region (REMOTE_READ | REMOTE_WRITE), keeps max_recv_wr receives posted per
+connection and answers send_lat pings. Its first stdout line is
+  rdmx-perf server listening on ADDR:PORT (provider ..., UDP ADDR:PORT, ...)
+and each finished connection is summed up on stderr.
+
+options:
+  --listen ADDR:PORT  where to accept connections (port 0 = any free port; required)
+  --set KEY=VALUE     a configuration knob (`rdmx-perf config` lists them); repeatable
+  --profile NAME      a configuration profile (e.g. ceph-after)
+
+rdmx-perf defaults beneath the user's values: soft_port = 0, path_mtu = 4096 and, for the
+server, max_recv_wr = 4096.
+exit status (it runs until killed): 1 setup failed, 2 usage or configuration error.";
 
 #[derive(Debug)]
 struct Args {
@@ -52,7 +70,6 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--listen" => listen = Some(value()?),
             "--profile" => profile = Some(value()?),
             "--set" => sets.push(parse_set(&value()?)?),
-            "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown option '{other}'\n{USAGE}")),
         }
     }
@@ -64,20 +81,25 @@ fn parse(args: &[String]) -> Result<Args, String> {
     })
 }
 
-/// Runs the server; returns only on a setup error.
-pub fn main(args: &[String]) -> Result<(), String> {
-    let a = parse(args)?;
+/// Runs the server; returns only on a usage or setup error.
+pub fn main(args: &[String]) -> Result<(), Fail> {
+    let a = parse(args).map_err(Fail::Usage)?;
     // Deep receive queue by default: at a few hundred thousand SENDs/s, 4096 posted
     // receives give the reposting thread ~10 ms of slack before the sender meets RNR NAKs
     // (rnr_retry = 2 by default: three late reposts in a row end the connection).
     let cfg = build_config(
         a.profile.as_deref(),
         &a.sets,
-        &[("max_recv_wr", SERVER_RECV_WR.to_string())],
-    )?;
+        &[(
+            "max_recv_wr",
+            SERVER_RECV_WR.to_string(),
+            "the rdmx-perf server's default".to_string(),
+        )],
+    )
+    .map_err(Fail::Usage)?;
     // Best effort; if pinning is refused, registration says so.
     crate::perf::ensure_memlock(SERVER_REGION as u64 + (64 << 20));
-    let ctx = Context::new(&cfg).map_err(|e| format!("context: {e}"))?;
+    let ctx = Context::new(&cfg).map_err(|e| Fail::Run(format!("context: {e}")))?;
     // The region lives as long as the process (the server runs until killed).
     let region: &'static mut [u8] = Box::leak(vec![0u8; SERVER_REGION].into_boxed_slice());
     fill_pattern(region, 0);
@@ -90,10 +112,10 @@ pub fn main(args: &[String]) -> Result<(), String> {
             access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
         )
     }
-    .map_err(|e| format!("register {} MiB: {e}", SERVER_REGION >> 20))?;
+    .map_err(|e| Fail::Run(format!("register {} MiB: {e}", SERVER_REGION >> 20)))?;
     let listener = ctx
         .listen(&a.listen)
-        .map_err(|e| format!("listen on {}: {e}", a.listen))?;
+        .map_err(|e| Fail::Run(once_prefixed("listen on", &a.listen, &e.to_string())))?;
     let s = ctx.settings();
     println!(
         "rdmx-perf server listening on {} (provider {}, UDP {}, region {} MiB rkey {:#x}, path_mtu {}, progress {:?}, poll_mode {:?})",
@@ -130,7 +152,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
 }
 
 /// The server's default receive queue depth (user-overridable).
-const SERVER_RECV_WR: u32 = 4096;
+pub const SERVER_RECV_WR: u32 = 4096;
 
 /// Per-connection memory: receives land in the first half, answers go from the second.
 const AREA: usize = 2 * MAX_SEND;

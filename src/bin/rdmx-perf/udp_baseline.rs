@@ -23,10 +23,40 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::perf::{Clock, Histogram, Report, Rng, SERVER_REGION, fill_pattern};
+use crate::perf::{Clock, Fail, Histogram, Report, Rng, SERVER_REGION, exit_status, fill_pattern};
 
 pub const SERVER_USAGE: &str = "usage: rdmx-perf udp_server --listen ADDR:PORT [--no-offload]";
 pub const CLIENT_USAGE: &str = "usage: rdmx-perf udp_read --connect ADDR:PORT [--qd N (32)] [--duration SECONDS (5)] [--no-offload] [--json]";
+
+/// `rdmx-perf udp_server --help`.
+pub const SERVER_HELP: &str = "\
+The UDP baseline's server: answers every 64-byte request with a 4096-byte reply (a block of
+a 64 MiB patterned region), with the soft provider's batching (sendmmsg/recvmmsg) and
+offloads (GSO/GRO), and no reliability. Runs until killed; its first stdout line is
+  rdmx-perf udp_server listening on ADDR:PORT (...)
+
+options:
+  --listen ADDR:PORT  the UDP address to bind (port 0 = any free port; required)
+  --no-offload        plain sendmmsg/recvmmsg, without GSO/GRO
+
+exit status (it runs until killed): 1 setup failed, 2 usage error.";
+
+/// `rdmx-perf udp_read --help`.
+pub const CLIENT_HELP: &str = "\
+The UDP baseline's client: keeps --qd 64-byte requests for random 4K blocks in flight to
+`rdmx-perf udp_server` for --duration seconds; a reply not back within 50 ms counts as lost
+(nothing is retransmitted). read_bw is compared with this.
+
+options:
+  --connect ADDR:PORT  the udp_server's address (required)
+  --qd N               requests in flight, 1..=4096 (default 32)
+  --duration SECONDS   how long to run, in (0, 3600] (default 5)
+  --no-offload         plain sendmmsg/recvmmsg, without GSO/GRO
+  --json               stdout is one JSON object only; the table goes to stderr
+
+output: as read_bw's (ops_per_sec, bw_gbit_per_sec, bw_mib_per_sec, lat_*_us), and lost,
+stale_replies, bad_replies.
+exit status: 0 replies came, 1 no reply or a socket error, 2 usage error.";
 
 const REQ_LEN: usize = 64;
 const REPLY_LEN: usize = 4096;
@@ -48,15 +78,31 @@ fn resolve(a: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("address '{a}': no IPv4 address"))
 }
 
-/// `udp_server --listen ADDR:PORT`: runs until killed.
-pub fn server(args: &[String]) -> Result<(), String> {
-    let (listen, offload) = match args {
-        [flag, v] if flag == "--listen" => (v.clone(), true),
-        [flag, v, o] if flag == "--listen" && o == "--no-offload" => (v.clone(), false),
-        _ => return Err(SERVER_USAGE.to_string()),
-    };
-    let addr = resolve(&listen)?;
-    let port = UdpPort::bind(addr).map_err(|e| format!("bind UDP {addr}: {e}"))?;
+/// `udp_server --listen ADDR:PORT`: runs until killed (returns only on a usage or setup
+/// error).
+pub fn server(args: &[String]) -> Result<(), Fail> {
+    let mut listen = None;
+    let mut offload = true;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--listen" => {
+                listen = Some(it.next().cloned().ok_or_else(|| {
+                    Fail::Usage(format!("--listen needs a value\n{SERVER_USAGE}"))
+                })?)
+            }
+            "--no-offload" => offload = false,
+            other => {
+                return Err(Fail::Usage(format!(
+                    "unknown option '{other}'\n{SERVER_USAGE}"
+                )));
+            }
+        }
+    }
+    let listen = listen
+        .ok_or_else(|| Fail::Usage(format!("--listen ADDR:PORT is required\n{SERVER_USAGE}")))?;
+    let addr = resolve(&listen).map_err(Fail::Usage)?;
+    let port = UdpPort::bind(addr).map_err(|e| Fail::Run(format!("bind UDP {addr}: {e}")))?;
     println!(
         "rdmx-perf udp_server listening on {} ({REQ_LEN}-byte requests, {REPLY_LEN}-byte replies)",
         port.local_addr()
@@ -76,7 +122,9 @@ pub fn server(args: &[String]) -> Result<(), String> {
     let mut ready = Vec::new();
     let mut hdrs: Vec<([u8; HDR_LEN], usize, SocketAddr)> = Vec::with_capacity(BATCH);
     loop {
-        let n = port.recv_batch(&mut rx).map_err(|e| format!("recv: {e}"))?;
+        let n = port
+            .recv_batch(&mut rx)
+            .map_err(|e| Fail::Run(format!("recv: {e}")))?;
         if n == 0 {
             let _ = poll_readable(&[port.raw_fd()], Duration::from_millis(100), &mut ready);
             continue;
@@ -121,16 +169,10 @@ pub fn server(args: &[String]) -> Result<(), String> {
 
 /// `udp_read --connect ADDR:PORT --qd N --duration S [--json]`.
 pub fn client(args: &[String]) -> ExitCode {
-    match client_run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rdmx-perf: udp_read: {e}");
-            ExitCode::from(if e.starts_with("usage") { 2 } else { 1 })
-        }
-    }
+    exit_status(client_run(args), "rdmx-perf: udp_read")
 }
 
-fn client_run(args: &[String]) -> Result<(), String> {
+fn client_run(args: &[String]) -> Result<(), Fail> {
     let mut connect = None;
     let mut qd = 32usize;
     let mut duration = 5.0f64;
@@ -141,7 +183,7 @@ fn client_run(args: &[String]) -> Result<(), String> {
         let mut value = || {
             it.next()
                 .cloned()
-                .ok_or_else(|| format!("usage: {flag} needs a value\n{CLIENT_USAGE}"))
+                .ok_or_else(|| Fail::Usage(format!("{flag} needs a value\n{CLIENT_USAGE}")))
         };
         match flag.as_str() {
             "--connect" => connect = Some(value()?),
@@ -150,7 +192,7 @@ fn client_run(args: &[String]) -> Result<(), String> {
                     .parse()
                     .ok()
                     .filter(|&q| (1..=4096).contains(&q))
-                    .ok_or_else(|| format!("usage: --qd must be 1..=4096\n{CLIENT_USAGE}"))?
+                    .ok_or_else(|| Fail::Usage(format!("--qd must be 1..=4096\n{CLIENT_USAGE}")))?
             }
             "--duration" => {
                 duration = value()?
@@ -158,26 +200,29 @@ fn client_run(args: &[String]) -> Result<(), String> {
                     .ok()
                     .filter(|d: &f64| d.is_finite() && *d > 0.0 && *d <= 3600.0)
                     .ok_or_else(|| {
-                        format!("usage: --duration must be in (0, 3600]\n{CLIENT_USAGE}")
+                        Fail::Usage(format!("--duration must be in (0, 3600]\n{CLIENT_USAGE}"))
                     })?
             }
             "--json" => json = true,
             "--no-offload" => offload = false,
-            other => return Err(format!("usage: unknown option '{other}'\n{CLIENT_USAGE}")),
+            other => {
+                return Err(Fail::Usage(format!(
+                    "unknown option '{other}'\n{CLIENT_USAGE}"
+                )));
+            }
         }
     }
-    let server = resolve(
-        &connect
-            .ok_or_else(|| format!("usage: --connect ADDR:PORT is required\n{CLIENT_USAGE}"))?,
-    )?;
+    let connect = connect
+        .ok_or_else(|| Fail::Usage(format!("--connect ADDR:PORT is required\n{CLIENT_USAGE}")))?;
+    let server = resolve(&connect).map_err(Fail::Usage)?;
     let local: SocketAddr = if server.ip().is_loopback() {
         "127.0.0.1:0"
     } else {
         "0.0.0.0:0"
     }
     .parse()
-    .map_err(|e| format!("{e}"))?;
-    let port = UdpPort::bind(local).map_err(|e| format!("bind UDP {local}: {e}"))?;
+    .map_err(|e| Fail::Run(format!("{e}")))?;
+    let port = UdpPort::bind(local).map_err(|e| Fail::Run(format!("bind UDP {local}: {e}")))?;
 
     let clock = Clock::new();
     let mut hist = Histogram::new();
@@ -233,7 +278,7 @@ fn client_run(args: &[String]) -> Result<(), String> {
             } else {
                 port.send_batch(&batch)
             }
-            .map_err(|e| format!("send: {e}"))?;
+            .map_err(|e| Fail::Run(format!("send: {e}")))?;
             let t = clock.now();
             for &s in &slots[..sent] {
                 posted_at[s] = t;
@@ -241,7 +286,9 @@ fn client_run(args: &[String]) -> Result<(), String> {
             }
             free.extend_from_slice(&slots[sent..]);
         }
-        let n = port.recv_batch(&mut rx).map_err(|e| format!("recv: {e}"))?;
+        let n = port
+            .recv_batch(&mut rx)
+            .map_err(|e| Fail::Run(format!("recv: {e}")))?;
         let t = clock.now();
         for d in rx.iter() {
             let b = d.data;
@@ -296,7 +343,7 @@ fn client_run(args: &[String]) -> Result<(), String> {
     r.num("duration_s", secs, 3);
     r.int("ops", ops);
     r.num("ops_per_sec", ops_per_sec, 1);
-    r.num("gbps", ops_per_sec * REPLY_LEN as f64 * 8.0 / 1e9, 3);
+    r.bandwidth(ops_per_sec, REPLY_LEN as u64);
     r.latency(&hist);
     r.int("lost", lost);
     r.int("stale_replies", stale);
@@ -304,9 +351,9 @@ fn client_run(args: &[String]) -> Result<(), String> {
     r.int("kernel_drops", port.kernel_drops());
     r.print(json);
     if ops == 0 {
-        return Err(format!(
+        return Err(Fail::Run(format!(
             "no reply from {server} (is `rdmx-perf udp_server` running there?)"
-        ));
+        )));
     }
     Ok(())
 }
