@@ -19,15 +19,47 @@ for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+# Wait up to 10 minutes for the dpkg lock when another apt/dpkg (unattended-upgrades, a
+# second install) runs, instead of failing at once.
+APT=(apt-get -o DPkg::Lock::Timeout=600)
+
+# while_locked CMD...: runs CMD; while it fails because another apt, dpkg or debconf holds a
+# lock that DPkg::Lock::Timeout does not cover (apt-get update's lists lock on older apt, the
+# debconf database), says so, waits and retries, for up to 10 minutes. Other failures are
+# returned at once. CMD's stdout passes through; its stderr is shown.
+while_locked() {
+  local err status
+  for _ in $(seq 60); do
+    status=0
+    err=$({ "$@" 2>&1 1>&3 3>&-; } 3>&1) || status=$?
+    [ -n "$err" ] && echo "$err" >&2
+    [ "$status" -eq 0 ] && return 0
+    case "$err" in
+      *"Could not get lock"* | *"Unable to lock"* | *"is locked by another process"*)
+        echo "install-deps: another package manager holds a lock; retrying in 10 s" >&2
+        sleep 10
+        ;;
+      *) return "$status" ;;
+    esac
+  done
+  return "$status"
+}
+
+# tshark asks whether non-root users may capture; answer for it.
+preseed() {
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections
+}
+
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  # tshark asks whether non-root users may capture; answer for it.
-  echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  while_locked preseed
+  echo "install-deps: apt-get update"
+  while_locked $SUDO "${APT[@]}" update -qq
+  echo "install-deps: apt-get install"
+  while_locked $SUDO "${APT[@]}" install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "install-deps: all system packages present"
 fi

@@ -12,13 +12,16 @@ step "cargo fmt --check"
 cargo fmt --all --check
 
 step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets --quiet -- -D warnings
+cargo clippy --all-targets -- -D warnings
+
+step "cargo test (build)"
+cargo test --no-run
 
 step "cargo test"
 cargo test --quiet
 
 step "include/rdmx.h is fresh (build, then git diff --exit-code include/)"
-cargo build --quiet --lib
+cargo build --lib
 if ! git diff --exit-code -- include/ || [ -n "$(git status --porcelain -- include/)" ]; then
   echo "include/ is stale or has untracked files: commit the regenerated header"
   git status --short -- include/
