@@ -505,6 +505,16 @@ void rdmx_conn_free(rdmx_conn *c);
 size_t rdmx_conn_remote_region_count(const rdmx_conn *c);
 
 /**
+ * The connection's path MTU in bytes (256..4096): the smaller of the two sides' offers,
+ * each the configured `path_mtu` capped by the active MTU of that side's link to the other.
+ * 0 for NULL.
+ *
+ * # Safety
+ * `c` NULL or live.
+ */
+uint32_t rdmx_conn_path_mtu(const rdmx_conn *c);
+
+/**
  * The peer's `i`-th exposed region (in address order).
  *
  * # Safety

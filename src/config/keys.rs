@@ -188,7 +188,7 @@ pub static KEYS: &[KeySpec] = &[
         "path_mtu",
         Kind::Numbers(&[256, 512, 1024, 2048, 4096]),
         "1024",
-        "path MTU in bytes (payload per packet); 1024 fits standard 1500-byte Ethernet frames",
+        "path MTU in bytes (payload per packet), at most: each connection caps it at the largest that fits the link to the peer (1500 -> 1024, 9000 and loopback -> 4096) and uses the smaller of both sides' offers",
     ),
     key(
         "max_rd_atomic",

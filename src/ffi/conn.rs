@@ -328,6 +328,20 @@ pub unsafe extern "C" fn rdmx_conn_remote_region_count(c: *const rdmx_conn) -> u
     })
 }
 
+/// The connection's path MTU in bytes (256..4096): the smaller of the two sides' offers,
+/// each the configured `path_mtu` capped by the active MTU of that side's link to the other.
+/// 0 for NULL.
+///
+/// # Safety
+/// `c` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_conn_path_mtu(c: *const rdmx_conn) -> u32 {
+    boundary::call_value("rdmx_conn_path_mtu", 0, || {
+        // SAFETY: forwarded contract.
+        unsafe { c.as_ref() }.map_or(0, |c| c.inner.path_mtu())
+    })
+}
+
 /// The peer's `i`-th exposed region (in address order).
 ///
 /// # Safety

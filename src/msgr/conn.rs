@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::context::{Context, closed};
 use super::setup::{self, Hello, Region};
+use crate::provider::soft::mtu::PathMtu;
 
 /// Handshake deadline once the TCP connection is up.
 const HANDSHAKE: Duration = Duration::from_secs(10);
@@ -39,6 +40,8 @@ pub struct Connection {
     channel: Arc<EventFd>,
     peer_regions: Vec<Region>,
     peer: SocketAddr,
+    /// This side's offer (configured, link and active MTU) and the negotiated path MTU.
+    mtu: (PathMtu, u32),
     closed: bool,
 }
 
@@ -163,6 +166,7 @@ impl Connection {
             sq_sig_all: false,
             max_unacked_psns: 128.max(s.max_send_wr),
         };
+        let offer = setup::offered_path_mtu(&tcp, s.path_mtu.bytes())?;
         let dev = &ctx.shared.dev;
         let qp = dev.create_qp(caps, local_ip, Arc::clone(&send_cq), Arc::clone(&recv_cq))?;
         let result = (|| {
@@ -177,7 +181,7 @@ impl Connection {
                         format!("soft provider: no UDP port for {local_ip}'s family on this host"),
                     )
                 })?,
-                path_mtu: s.path_mtu.bytes(),
+                path_mtu: offer.offered,
                 max_rd_atomic: s.max_rd_atomic,
                 max_dest_rd_atomic: s.max_dest_rd_atomic,
                 credits: s.effective_credits(),
@@ -213,9 +217,9 @@ impl Connection {
                     access: access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ,
                 },
             )?;
-            Ok(n.peer_regions)
+            Ok((n.peer_regions, theirs.path_mtu, n.path_mtu))
         })();
-        let peer_regions = match result {
+        let (peer_regions, peer_mtu, path_mtu) = match result {
             Ok(r) => r,
             Err(e) => {
                 dev.destroy_qp(qp.qpn());
@@ -231,6 +235,7 @@ impl Connection {
             channel,
             peer_regions,
             peer,
+            mtu: (offer, path_mtu),
             closed: false,
         };
         // The QP can receive now; the peer sends only after `ready`. In between, the
@@ -244,9 +249,14 @@ impl Connection {
         dev.watch(conn.tcp.as_raw_fd(), conn.qp.qpn());
         log::info!(
             target: "rdmx::msgr",
-            "connected to {peer}: QP {:#x}, {} peer region(s)",
+            "connected to {peer}: QP {:#x}, {} peer region(s), path MTU {path_mtu} (offered \
+             {}: configured {}, active {} on link MTU {}; the peer offered {peer_mtu})",
             conn.qp.qpn(),
-            conn.peer_regions.len()
+            conn.peer_regions.len(),
+            offer.offered,
+            offer.configured,
+            offer.active,
+            offer.link_mtu,
         );
         Ok(conn)
     }
@@ -343,6 +353,23 @@ impl Connection {
 
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The path MTU the connection uses: the smaller of the two sides' offers, each the
+    /// configured `path_mtu` capped by that side's active MTU (see [`Self::active_mtu`]).
+    pub fn path_mtu(&self) -> u32 {
+        self.mtu.1
+    }
+
+    /// This side's active MTU: the largest IB MTU whose packets fit the MTU of the link
+    /// that routes to the peer ([`crate::provider::soft::mtu`]).
+    pub fn active_mtu(&self) -> u32 {
+        self.mtu.0.active
+    }
+
+    /// The MTU (IP datagram bytes) of the route to the peer, as found at setup.
+    pub fn link_mtu(&self) -> u32 {
+        self.mtu.0.link_mtu
     }
 
     pub fn qp_state(&self) -> QpState {

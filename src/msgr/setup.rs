@@ -39,9 +39,11 @@ use std::hash::{BuildHasher, RandomState};
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::provider::soft::mtu;
 
 /// First bytes of every hello after the length prefix: rejects a peer that is not rdmx (or a
 /// stray connection) before any field is trusted.
@@ -109,7 +111,9 @@ pub struct Hello {
     /// IP and UDP port of the sender's soft-provider socket. An unspecified IP (`0.0.0.0`,
     /// `::`) means "the address you reached me at over TCP", see [`peer_udp_addr`].
     pub udp: SocketAddr,
-    /// Largest path MTU the sender supports: 256, 512, 1024, 2048 or 4096.
+    /// Largest path MTU the sender supports: 256, 512, 1024, 2048 or 4096. rdmx sends
+    /// min(configured `path_mtu`, the active MTU of its link to the receiver), see
+    /// [`offered_path_mtu`].
     pub path_mtu: u32,
     /// RDMA READ/atomic operations the sender can have outstanding as initiator.
     pub max_rd_atomic: u8,
@@ -451,6 +455,56 @@ pub fn negotiate(mine: &Hello, peer: &Hello, peer_tcp_ip: IpAddr) -> Result<Nego
         peer_regions: peer.regions.clone(),
         peer_credits: peer.credits,
     })
+}
+
+/// The path MTU this side offers in its hello on the side channel `stream`: the configured
+/// `path_mtu`, capped by the active MTU of the link that routes to the peer (see
+/// [`crate::provider::soft::mtu`]), as a NIC's port caps a QP at its active MTU.
+///
+/// The link MTU is the route's (`IP_MTU`/`IPV6_MTU`) of the connected TCP socket: the soft
+/// provider advertises a wildcard UDP address, so RoCE packets go to the IP the side channel
+/// connects (the same route), and the socket lives in the connection's network namespace
+/// whichever thread asks. Should the socket have no route cached, a UDP probe socket
+/// connected to the peer's IP answers instead.
+///
+/// A configured value above the active one is clamped, with an info line naming the
+/// configured value, the link MTU, the route and the value used; not refused, since the
+/// configuration is per library and the link per connection. Both sides offer their own
+/// value and [`negotiate`] takes the smaller, so a link that differs at each end is covered.
+///
+/// Errors: [`ErrorKind::Unsupported`] when the link cannot carry 256-byte packets,
+/// [`ErrorKind::Io`] when neither the socket nor the probe yields the route's MTU.
+pub fn offered_path_mtu(stream: &TcpStream, configured: u32) -> Result<mtu::PathMtu> {
+    let side = |e: io::Error| Error::new(ErrorKind::Io, format!("side channel: {e}"));
+    let peer = stream.peer_addr().map_err(side)?;
+    let local = stream.local_addr().map_err(side)?;
+    let peer_ip = peer.ip().to_canonical();
+    let ipv6 = peer_ip.is_ipv6();
+    let (link, local_ip) = match mtu::route_mtu_of(stream.as_fd(), local.is_ipv6()) {
+        Ok(m) => (m, local.ip()),
+        Err(first) => mtu::route_mtu(peer_ip).map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "path MTU: the route to {peer_ip}: no MTU from the side channel ({first}) \
+                     nor from a UDP probe ({e})"
+                ),
+            )
+        })?,
+    };
+    let route = mtu::describe_route(peer_ip, local_ip);
+    let p = mtu::choose(configured, link, ipv6, &route)?;
+    if p.clamped() {
+        log::info!(
+            target: "rdmx::msgr",
+            "path_mtu {configured} (configured) clamped to {} for the route {route}: link MTU \
+             {link}, and {configured}-byte packets need {} bytes with {} UDP and RoCE headers",
+            p.offered,
+            mtu::frame_len(configured, ipv6),
+            if ipv6 { "IPv6," } else { "IPv4," }
+        );
+    }
+    Ok(p)
 }
 
 /// Sends `mine` and receives the peer's hello, within `timeout` overall.

@@ -4,6 +4,7 @@
 pub mod cq;
 pub mod device;
 pub mod mr;
+pub mod mtu;
 pub mod qp;
 pub mod sys;
 pub mod udp;
