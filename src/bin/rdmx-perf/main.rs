@@ -251,14 +251,14 @@ fn config(args: &[String]) -> Result<(), Fail> {
     cfg.validate()
         .map_err(|e| usage(format!("configuration: {e}")))?;
     let mut s = format!(
-        "# rdmx {}: the configuration rdmx-perf {} with these options\n\
+        "# rdmx {}: what {} runs with, given these options and RDMX_* variables\n\
          # sources, lowest first: default, profile, file, env (RDMX_*), set; an rdmx-perf\n\
          # default fills a key none of them set. Below each key: allowed values; meaning.\n",
         rdmx::VERSION,
         if for_server {
-            "server runs"
+            "rdmx-perf server"
         } else {
-            "clients run (`config --server`: the server)"
+            "an rdmx-perf client test (for the server: config --server)"
         }
     );
     for line in cfg.dump().lines() {
