@@ -378,6 +378,8 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
         ops_loop(a, &conn, &local, region, &s, &clock, &mut hist)
     };
     let c = conn.counters();
+    // Negotiated: path_mtu capped by both sides' links, not the configured value.
+    let path_mtu = conn.path_mtu();
     let injected = conn.injected_drops();
     let kdrops = conn.kernel_drops();
     drop(conn);
@@ -406,7 +408,7 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
     r.int("size", a.size as u64);
     r.int("qd", a.qd as u64);
     r.int("batch", a.batch() as u64);
-    r.int("path_mtu", u64::from(s.path_mtu.bytes()));
+    r.int("path_mtu", u64::from(path_mtu));
     r.num("duration_s", secs, 3);
     r.int("ops", out.ops);
     r.num("ops_per_sec", ops_per_sec, 1);
