@@ -12,6 +12,9 @@
 # 3. read_lat 4K, poll_mode=busy (client and server) p50                                  <= 20 us
 # 4. read_bw 4K qd 32 with soft_drop_ratio=0.001 on both sides, every READ verified, vs lossless  >= 0.7, 0 errors
 # 5. progress=inline (the default, chosen from these numbers) vs progress=thread, read_bw and read_lat
+# 6. read_bw 4K qd 32 across a veth pair at MTU 9000 (server and client in two network
+#    namespaces; path MTU 4096 from the link) beside the loopback figure of 1 (needs root and
+#    `ip netns`; reported SKIPPED otherwise)
 #
 # Exits 0 when every run completed (a missed target is reported as BELOW, not a failure),
 # non-zero when a run failed (setup error, errors > 0, no output). Servers run in the
@@ -26,12 +29,16 @@ LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/rdmx-soft-bench.XXXXXX")
 PIDS=()
 FAILED=0
 
+NETNS=()
 cleanup() {
     for p in "${PIDS[@]}"; do
         kill "$p" 2>/dev/null
     done
     for p in "${PIDS[@]}"; do
         wait "$p" 2>/dev/null
+    done
+    for ns in "${NETNS[@]}"; do
+        ip netns del "$ns" 2>/dev/null
     done
 }
 trap cleanup EXIT
@@ -43,13 +50,16 @@ if ! cargo build --release --quiet --bin rdmx-perf; then
     exit 2
 fi
 
+# Prefix of the rdmx-perf command lines of start and run (section 6: `ip netns exec NS`).
+IN_NS=()
+
 # start NAME ARGS...: starts a server in the background, waits for its "listening on" line
 # and sets ADDR to the address it printed.
 start() {
     local name=$1
     shift
     : >"$LOGDIR/$name.out"
-    "$BIN" "$@" >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err" &
+    ${IN_NS[@]+"${IN_NS[@]}"} "$BIN" "$@" >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err" &
     PIDS+=($!)
     local pid=$!
     for _ in $(seq 1 100); do
@@ -75,7 +85,7 @@ run() {
     local name=$1 ok=1
     shift
     JSON=""
-    if ! "$BIN" "$@" --json >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err"; then
+    if ! ${IN_NS[@]+"${IN_NS[@]}"} "$BIN" "$@" --json >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err"; then
         ok=0
         echo "RUN FAILED: $name: rdmx-perf $* --json" >&2
         sed 's/^/    /' "$LOGDIR/$name.err" >&2
@@ -236,6 +246,46 @@ LAT_THR=$(field "$JSON" lat_p50_us)
 line "5 read_bw ops/s inline (default) vs thread" "$READ_BW" "$THR_BW" "$(ratio "$READ_BW" "$THR_BW")" "info" "-"
 echo "    ack_timeouts: thread ${THR_BW_TO}"
 line "5 read_lat p50 us inline (default) vs thread" "$LAT_DEF" "$LAT_THR" "$(ratio "$LAT_DEF" "$LAT_THR")" "info" "-"
+
+# 6. read_bw across a veth pair at MTU 9000 between two network namespaces (server in one,
+# client in the other): the path MTU comes from the link (9000 -> 4096, as on loopback).
+VETH_WHY=""
+if [ "$(id -u)" != 0 ]; then
+    VETH_WHY="needs root (ip netns)"
+elif ! command -v ip >/dev/null 2>&1; then
+    VETH_WHY="needs ip (iproute2)"
+else
+    NS_A=rdmxbench-$$-a
+    NS_B=rdmxbench-$$-b
+    NET=10.$((RANDOM % 200 + 20)).$((RANDOM % 250))
+    if ip netns add "$NS_A" && NETNS+=("$NS_A") && ip netns add "$NS_B" && NETNS+=("$NS_B") &&
+        ip link add "rxba$$" netns "$NS_A" type veth peer name "rxbb$$" netns "$NS_B" &&
+        ip -n "$NS_A" link set "rxba$$" mtu 9000 && ip -n "$NS_B" link set "rxbb$$" mtu 9000 &&
+        ip -n "$NS_A" addr add "$NET.1/24" dev "rxba$$" && ip -n "$NS_B" addr add "$NET.2/24" dev "rxbb$$" &&
+        ip -n "$NS_A" link set "rxba$$" up && ip -n "$NS_B" link set "rxbb$$" up &&
+        ip -n "$NS_A" link set lo up && ip -n "$NS_B" link set lo up; then
+        sleep 0.2 # carrier
+        IN_NS=(ip netns exec "$NS_A")
+        start rdmx_veth server --listen "$NET.1:0" "${RD32[@]}"
+        IN_NS=(ip netns exec "$NS_B")
+        run read_bw_veth read_bw --connect "$ADDR" "${CLIENT[@]}" --qd 32 "${RD32[@]}"
+        IN_NS=()
+        VETH_BW=$(field "$JSON" ops_per_sec)
+        VETH_MTU=$(field "$JSON" path_mtu)
+        VETH_P50=$(field "$JSON" lat_p50_us)
+        VETH_RTX=$(field "$JSON" retransmits)
+        VETH_ERR=$(field "$JSON" errors)
+    else
+        VETH_WHY="could not create the namespaces and veth pair"
+    fi
+fi
+if [ -z "$VETH_WHY" ]; then
+    line "6 read_bw 4K qd32 ops/s veth MTU 9000 vs lo" "$VETH_BW" "$READ_BW" "$(ratio "$VETH_BW" "$READ_BW")" "info" "-"
+    echo "    veth: path_mtu ${VETH_MTU}, p50 ${VETH_P50} us, retransmits ${VETH_RTX}, errors ${VETH_ERR}; loopback: the median pair of 1"
+else
+    line "6 read_bw 4K qd32 ops/s veth MTU 9000 vs lo" "skipped" "$READ_BW" "n/a" "info" "SKIPPED"
+    echo "    veth skipped: $VETH_WHY"
+fi
 
 echo
 echo "# summary (defaults: progress=inline, poll_mode=adaptive)"
