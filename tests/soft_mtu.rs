@@ -8,7 +8,8 @@
 //! - veth MTU 9000: 4096;
 //! - the two ends' MTUs differ (9000 and 1500): each offers its own active MTU, the smaller
 //!   wins on both sides;
-//! - path_mtu configured below the active MTU (2048 at 9000): the configured value wins.
+//! - path_mtu configured below the active MTU (2048 at 9000): the configured value wins;
+//! - a link below 323 bytes (not even 256-byte packets fit): refused, Unsupported.
 //!
 //! Every case moves 4 KiB and 64 KiB READs, WRITEs and SENDs both ways and checks every
 //! byte, and checks that the READ responses went out in packets of the negotiated MTU.
@@ -435,4 +436,49 @@ fn configured_below_active_wins() {
         ("2048", "4096"),
         (4096, 4096, 2048),
     );
+}
+
+/// A link that cannot carry even 256-byte packets (MTU 300 < 256 + 67 header bytes): both
+/// sides refuse the connection with a clear Unsupported error instead of connecting and
+/// ending every WR in RETRY_EXC_ERR. (TCP still works there: the side channel comes up.)
+#[test]
+fn link_below_256_is_refused() {
+    let _serial = serial();
+    let Some(pair) = namespaces(300, 300) else {
+        return;
+    };
+    let a = Side::new(&pair.a, "4096");
+    let b = Side::new(&pair.b, "4096");
+    let l = in_netns(Some(&pair.a), || {
+        a.ctx.listen(&format!("{}:0", pair.ip_a)).expect("listen")
+    });
+    let port = l.local_addr().port();
+    let (ea, eb) = std::thread::scope(|s| {
+        let accepted = s.spawn(|| {
+            in_netns(Some(&pair.a), || {
+                l.accept(Some(Duration::from_secs(10))).unwrap_err()
+            })
+        });
+        let eb = in_netns(Some(&pair.b), || {
+            b.ctx
+                .connect(&format!("{}:{port}", pair.ip_a), Duration::from_secs(10))
+                .unwrap_err()
+        });
+        (accepted.join().unwrap(), eb)
+    });
+    for (side, e, dev, peer) in [
+        ("a", &ea, &pair.veth_a, pair.ip_b),
+        ("b", &eb, &pair.veth_b, pair.ip_a),
+    ] {
+        println!("[300] side {side}: {e}");
+        assert_eq!(e.kind(), rdmx::ErrorKind::Unsupported, "side {side}: {e}");
+        assert!(
+            e.message().contains(&format!(
+                "path MTU: the route to {peer} from {} (dev {dev}) has link MTU 300, below the \
+                 323 bytes the smallest IB MTU (256) needs",
+                if side == "a" { pair.ip_a } else { pair.ip_b }
+            )),
+            "side {side}: {e}"
+        );
+    }
 }

@@ -996,6 +996,22 @@ mod tests {
     const SHORT: Duration = Duration::from_millis(200);
 
     #[test]
+    fn offered_path_mtu_on_loopback() {
+        let (ca, cb) = pair();
+        // `lo` (65536 unless changed) fits 4096: the configured value is offered as is.
+        for stream in [&ca, &cb] {
+            for configured in MTUS {
+                let p = offered_path_mtu(stream, configured).unwrap();
+                assert_eq!(p.configured, configured);
+                assert_eq!(p.active, 4096, "{p:?}");
+                assert_eq!(p.offered, configured, "{p:?}");
+                assert!(!p.clamped());
+                assert!(p.link_mtu >= 4163, "{p:?}");
+            }
+        }
+    }
+
+    #[test]
     fn exchange_negotiate_ready_over_tcp() {
         let (a, b) = asymmetric();
         let (mut ca, mut cb) = pair();
