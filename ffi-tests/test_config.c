@@ -191,7 +191,7 @@ static void test_config_file(void) {
   CHECK_STREQ(get(cfg, "min_rnr_timer"), "1"); /* explicit set wins over the file */
   CHECK_STREQ(get(cfg, "chunk_size"), "8192");
   CHECK_STREQ(get(cfg, "max_send_wr"), "512");
-  CHECK_STREQ(get(cfg, "timeout"), "10"); /* [osd] is not ours */
+  CHECK_STREQ(get(cfg, "timeout"), "14"); /* [osd] is not ours: the default */
 
   /* A malformed line: parse error naming the file and line; nothing applied. */
   write_file(path, "rnr_retry = 1\n\nthis line is broken\n");

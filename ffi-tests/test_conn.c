@@ -1,7 +1,8 @@
 /* C server/client pair over the soft provider on 127.0.0.1: the server is a forked child.
  * Moves data both ways (SEND/RECV, RDMA READ and WRITE) and checks every byte, then the
  * failure cases: post on a closed connection, READ outside the peer's region
- * (REM_ACCESS_ERR), a bad lkey (LOC_PROT_ERR), WRITE into a region exposed read-only. */
+ * (REM_ACCESS_ERR), a bad lkey (LOC_PROT_ERR), WRITE into a region exposed read-only, and
+ * a path that loses every packet (RETRY_EXC_ERR, explained by rdmx_conn_error). */
 #define _POSIX_C_SOURCE 200809L
 #include <rdmx.h>
 
@@ -16,7 +17,7 @@
 
 #define SRV_LEN (64 * 1024)
 #define RO_LEN 4096
-#define CONNS 4 /* the echo connection + one per failure case */
+#define CONNS 5 /* the echo connection + one per failure case */
 
 static uint8_t srv_pattern(size_t i) { return (uint8_t)(i * 13 + 7); }
 static uint8_t cli_pattern(size_t i) { return (uint8_t)(i * 31 + 1); }
@@ -241,6 +242,45 @@ static int client(uint16_t port) {
   CHECK(wc[0].cookie == 60 && wc[0].status == 10);
   if (wc[0].status != 10) fprintf(stderr, "case 6: cookie %llu status %u (%s)\n", (unsigned long long)wc[0].cookie, wc[0].status, rdmx_wc_status_str(wc[0].status));
   rdmx_conn_free(c);
+
+  /* 7. Every packet lost (this side drops all it sends): RETRY_EXC_ERR (12) after
+   * (retry_cnt + 1) x timeout, and rdmx_conn_error says what happened. */
+  {
+    rdmx_config *cfg = NULL;
+    CHECK_STATUS(rdmx_config_new(&cfg), RDMX_OK);
+    CHECK_STATUS(rdmx_config_set(cfg, "soft_port", "0"), RDMX_OK);
+    CHECK_STATUS(rdmx_config_set(cfg, "path_mtu", "1024"), RDMX_OK);
+    CHECK_STATUS(rdmx_config_set(cfg, "soft_drop_ratio", "1"), RDMX_OK);
+    CHECK_STATUS(rdmx_config_set(cfg, "timeout", "8"), RDMX_OK); /* 1 ms */
+    CHECK_STATUS(rdmx_config_set(cfg, "retry_cnt", "1"), RDMX_OK);
+    rdmx_context *lossy = NULL;
+    CHECK_STATUS(rdmx_context_new(cfg, &lossy), RDMX_OK);
+    rdmx_config_free(cfg);
+    rdmx_mr lm;
+    CHECK_STATUS(rdmx_mr_reg(lossy, buf, 4096, RDMX_ACCESS_LOCAL_WRITE, &lm), RDMX_OK);
+    c = dial(lossy, port, &rw, &rdonly);
+    CHECK(rdmx_conn_error(c) == NULL);
+    rdmx_sge one = {(uint64_t)(uintptr_t)buf, 64, lm.lkey};
+    CHECK_STATUS(rdmx_post_read(c, &one, 1, rw.addr, rw.rkey, 70, 0), RDMX_OK);
+    CHECK(wait_for(c, wc, 1) == 1);
+    CHECK(wc[0].cookie == 70 && wc[0].status == 12);
+    const char *why = rdmx_conn_error(c);
+    CHECK(why != NULL);
+    if (why) {
+      CHECK(strstr(why, "RETRY_EXC_ERR") != NULL);
+      CHECK(strstr(why, "2 ACK timeout(s), 1 retries = retry_cnt 1") != NULL);
+      CHECK(strstr(why, "timeout 8 = 1.0 ms per try") != NULL);
+      CHECK(strstr(why, "peer is gone or the path is down") != NULL);
+      CHECK(rdmx_conn_error(c) == why); /* stable while the connection lives */
+    }
+    rdmx_counters k7;
+    CHECK_STATUS(rdmx_conn_counters(c, &k7), RDMX_OK);
+    CHECK(k7.ack_timeouts == 2 && k7.injected_drops >= 2);
+    rdmx_conn_free(c);
+    CHECK_STATUS(rdmx_mr_dereg(lossy, lm.lkey), RDMX_OK);
+    rdmx_context_free(lossy);
+  }
+  CHECK(rdmx_conn_error(NULL) == NULL);
 
   /* NULL and bad arguments. */
   rdmx_conn *none = NULL;

@@ -245,6 +245,16 @@ typedef struct {
    * Datagrams the kernel dropped on the context's UDP receive queue (SO_RXQ_OVFL).
    */
   uint64_t kernel_drops;
+  /**
+   * Times the context's process was found not running when its transport was due to
+   * act (CPU starved, stopped), at least 200 us each. Per context.
+   */
+  uint64_t stalls;
+  /**
+   * Total time of those stalls, ns: left out of the ACK timers, so a requester does not
+   * charge its own absence to the peer's retry budget. Per context.
+   */
+  uint64_t stalled_ns;
 } rdmx_counters;
 
 /**
@@ -648,6 +658,18 @@ rdmx_status rdmx_event_clear(rdmx_conn *c);
  * `c` NULL or live; `out` NULL or writable.
  */
 rdmx_status rdmx_conn_counters(const rdmx_conn *c, rdmx_counters *out);
+
+/**
+ * Why the connection's QP failed, in words, once a completion reported
+ * RETRY_EXC_ERR (12) or RNR_RETRY_EXC_ERR (13): how many retries over how many ms, the
+ * timeout / retry_cnt / rnr_retry in force and the likely causes (peer gone or path down;
+ * a host starved of CPU, with the load average). NULL if the connection has not failed
+ * that way (or `c` is NULL). Owned by the connection: valid until `rdmx_conn_free`.
+ *
+ * # Safety
+ * `c` NULL or live.
+ */
+const char *rdmx_conn_error(const rdmx_conn *c);
 
 /**
  * A static name for a work completion status (verbs' ibv_wc_status_str wording), e.g.

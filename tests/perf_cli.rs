@@ -14,6 +14,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_rdmx-perf");
 struct Proc {
     child: Child,
     addr: String,
+    /// The first stdout line (the "listening on" line).
+    line: String,
     stderr: Arc<Mutex<String>>,
 }
 
@@ -66,6 +68,7 @@ fn start_on(kind: &str, listen: &str, extra: &[&str]) -> Proc {
     let mut p = Proc {
         child,
         addr: String::new(),
+        line: line.clone(),
         stderr,
     };
     let addr = line
@@ -310,6 +313,24 @@ fn reads_stay_correct_under_injected_loss_on_both_sides() {
 
 /// The soft provider over IPv6 loopback, every READ's content checked.
 #[test]
+fn the_server_receives_rocev2_on_its_listen_address_only() {
+    let server = start("server", &[]);
+    assert!(
+        server.line.contains("(provider soft, UDP 127.0.0.1:"),
+        "{}",
+        server.line
+    );
+    let j = client(&server, "read_bw", &["--qd", "4", "--verify", "1"]);
+    assert_eq!(field(&j, "errors"), Some(0.0), "{j}");
+    // Every address when asked for every address (IPv6 too where the host has it).
+    let any = start_on("server", "0.0.0.0:0", &[]);
+    assert!(any.line.contains("UDP 0.0.0.0:"), "{}", any.line);
+    // An explicit soft_addr wins over the --listen address.
+    let set = start_on("server", "127.0.0.1:0", &["--set", "soft_addr=0.0.0.0"]);
+    assert!(set.line.contains("UDP 0.0.0.0:"), "{}", set.line);
+}
+
+#[test]
 fn reads_over_ipv6_are_correct() {
     if std::net::UdpSocket::bind("[::1]:0").is_err() {
         eprintln!("skipping: this host has no IPv6 loopback");
@@ -317,6 +338,8 @@ fn reads_over_ipv6_are_correct() {
     }
     let server = start_on("server", "[::1]:0", &[]);
     assert!(server.addr.starts_with("[::1]:"), "{}", server.addr);
+    // RoCEv2 is received on the --listen address only.
+    assert!(server.line.contains("UDP [::1]:"), "{}", server.line);
     let j = client(&server, "read_bw", &["--qd", "8", "--verify", "1"]);
     assert_eq!(field(&j, "errors"), Some(0.0), "{j}");
     assert!(field(&j, "verified").unwrap_or(0.0) > 0.0, "{j}");
@@ -443,9 +466,18 @@ fn usage_errors_exit_2_and_run_failures_exit_1() {
         "connect to 127.0.0.1:1",
     );
     assert_eq!(e.matches("connect to").count(), 1, "{e}");
-    // An address this host does not have: the server cannot listen (run failure).
-    let e = fails_with(&["server", "--listen", "192.0.2.1:0"], 1, "listen on");
-    assert_eq!(e.matches("listen on").count(), 1, "{e}");
+    // An address this host does not have: the server cannot bind its RoCEv2 port there
+    // (run failure), and says so.
+    fails_with(
+        &["server", "--listen", "192.0.2.1:0"],
+        1,
+        "cannot bind UDP 192.0.2.1:0",
+    );
+    fails_with(
+        &["server", "--listen", "192.0.2.1:0"],
+        1,
+        "no interface of this host has that address",
+    );
 }
 
 #[test]

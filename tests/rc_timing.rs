@@ -104,6 +104,21 @@ fn black_holed_peer_gives_retry_exc_err_after_retry_cnt_plus_one_timeouts() {
         );
         assert_eq!(c.ack_timeouts, u64::from(retry_cnt) + 1, "{name}");
         assert_eq!(sim.nodes[0].qp.state(), QpState::Err, "{name}");
+        // The figures a driver reports with the error.
+        let f = *sim.nodes[0].qp.failure().expect("failure figures");
+        assert_eq!(f.status, WcStatus::RetryExcErr, "{name}");
+        assert_eq!(f.at_ns, t, "{name}");
+        assert!(f.silent_ns.abs_diff(expected) <= TICK_NS, "{name}: {f:?}");
+        assert_eq!(
+            (f.ack_timeouts, f.retries, f.timeout, f.retry_cnt),
+            (
+                u32::from(retry_cnt) + 1,
+                u32::from(retry_cnt),
+                timeout,
+                retry_cnt
+            ),
+            "{name}"
+        );
     }
 }
 
@@ -207,6 +222,24 @@ fn rnr_naks_follow_rnr_retry_and_the_responders_min_rnr_timer() {
             got,
             vec![(0, WcStatus::RnrRetryExcErr), (1, WcStatus::WrFlushErr)],
             "{name}"
+        );
+        let f = *sim.nodes[0].qp.failure().expect("failure figures");
+        assert_eq!(
+            (
+                f.status,
+                f.retries,
+                f.ack_timeouts,
+                f.rnr_retry,
+                f.peer_rnr_timer
+            ),
+            (
+                WcStatus::RnrRetryExcErr,
+                u32::from(rnr_retry),
+                0,
+                rnr_retry,
+                min_rnr_timer
+            ),
+            "{name}: {f:?}"
         );
         let (a, b) = (sim.nodes[0].qp.counters(), sim.nodes[1].qp.counters());
         assert_eq!(a.rnr_naks_received, u64::from(rnr_retry) + 1, "{name}");

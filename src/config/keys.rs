@@ -24,6 +24,8 @@ pub enum Kind {
     DeviceName,
     /// A profile name (see `profiles.rs`) or "none".
     Profile,
+    /// An IPv4 or IPv6 address (no port, no brackets); empty = none.
+    IpAddr,
     /// A decimal fraction in 0..=1 with at most 9 decimals, e.g. 0.001 (kept as parts per
     /// billion so values compare exactly).
     Ratio,
@@ -163,8 +165,8 @@ pub static KEYS: &[KeySpec] = &[
     key(
         "timeout",
         uint_note(0, 31, "0 = no ACK timer"),
-        "10",
-        "local ACK timeout code, 4.096 us x 2^t; 10 = 4.19 ms (seed: 14 -> 10 detects dead paths faster)",
+        "14",
+        "local ACK timeout code, 4.096 us x 2^t; 14 = 67 ms, a dead peer is declared after (retry_cnt + 1) x that = 537 ms. 14, not the seed's 10 (4.2 ms, profile ceph-after): a NIC ACKs whatever the host does, a userspace responder only when scheduled, and on a loaded 2-core host it was away up to 28 ms (docs/busy-hosts.md)",
     ),
     key(
         "retry_cnt",
@@ -247,8 +249,8 @@ pub static KEYS: &[KeySpec] = &[
     key(
         "polling_us",
         uint(0, 1_000_000),
-        "100",
-        "adaptive mode: microseconds of empty polls before sleeping (Ceph: 1000)",
+        "1000",
+        "adaptive mode: microseconds of empty polls before sleeping (Ceph's default too). On a host whose cores are busy, 1000 kept read_bw at 0.75x the UDP loop where 100 fell to 0.25x: an answer often takes longer than 100 us, and a thread that slept waits for a core to wake (docs/busy-hosts.md)",
     ),
     key(
         "poll_batch",
@@ -268,6 +270,12 @@ pub static KEYS: &[KeySpec] = &[
         uint_note(0, 65535, "0 = any free port"),
         "4791",
         "UDP port of the soft provider; 4791 is RoCEv2's, so tshark decodes the traffic",
+    ),
+    key(
+        "soft_addr",
+        Kind::IpAddr,
+        "",
+        "IP address the soft provider's UDP port binds (peers send RoCEv2 there); empty = every address (0.0.0.0, and [::] where the host has IPv6)",
     ),
     key(
         "soft_drop_ratio",

@@ -27,7 +27,7 @@ pub static PROFILES: &[Profile] = &[
     },
     Profile {
         name: "ceph-after",
-        help: "the Ceph cluster's tuned timers: 2 RNR retries, 0.64 ms RNR wait, 4.2 ms ACK timeout",
+        help: "the Ceph cluster's tuned timers: 2 RNR retries, 0.64 ms RNR wait, 4.2 ms ACK timeout (aggressive: suits a NIC; a userspace transport on a busy host may be away longer than 8 x 4.2 ms and see RETRY_EXC_ERR)",
         values: &[
             ("rnr_retry", "2"),
             ("min_rnr_timer", "12"),

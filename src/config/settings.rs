@@ -115,6 +115,8 @@ pub struct Settings {
     /// 0 = auto; see [`Settings::effective_credits`].
     pub credits: u32,
     pub soft_port: u16,
+    /// The address the soft provider's UDP port binds; `None` = every address.
+    pub soft_addr: Option<std::net::IpAddr>,
     /// Outgoing packets the soft provider drops on purpose, in parts per billion.
     pub soft_drop_ppb: u32,
     pub progress: Progress,

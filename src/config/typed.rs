@@ -91,6 +91,10 @@ impl Reader<'_> {
             poll_batch: self.uint("poll_batch")?,
             credits: self.uint("credits")?,
             soft_port: self.uint("soft_port")?,
+            soft_addr: match self.text("soft_addr")?.as_str() {
+                "" => None,
+                ip => Some(ip.parse().map_err(|_| internal("soft_addr"))?),
+            },
             soft_drop_ppb: match self.get("soft_drop_ratio")? {
                 Value::Ppb(n) => u32::try_from(n).map_err(|_| internal("soft_drop_ratio"))?,
                 _ => return Err(internal("soft_drop_ratio")),

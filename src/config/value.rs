@@ -62,6 +62,8 @@ pub(crate) fn parse(spec: &KeySpec, raw: &str, shown: &str) -> Result<Value> {
         Kind::DeviceName => is_device_name(text).then(|| Value::Text(text.to_string())),
         Kind::Profile => find_word(&profiles::names(), &normalize_profile(text)).map(Value::Word),
         Kind::Ratio => parse_ppb(text).map(Value::Ppb),
+        Kind::IpAddr => (text.is_empty() || text.parse::<std::net::IpAddr>().is_ok())
+            .then(|| Value::Text(text.to_string())),
     };
     parsed.ok_or_else(|| invalid(spec, raw, shown))
 }
@@ -98,6 +100,10 @@ pub(crate) fn allowed(kind: Kind) -> String {
         ),
         Kind::Profile => format!("one of {}", profiles::names().join(", ")),
         Kind::Ratio => "a decimal fraction in 0..1 with at most 9 decimals, e.g. 0.001".to_string(),
+        Kind::IpAddr => {
+            "an IPv4 or IPv6 address without port or brackets, e.g. 10.0.0.2 or fd00::2 (empty = every address)"
+                .to_string()
+        }
     }
 }
 

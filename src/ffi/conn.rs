@@ -169,6 +169,12 @@ pub struct rdmx_counters {
     pub injected_drops: u64,
     /// Datagrams the kernel dropped on the context's UDP receive queue (SO_RXQ_OVFL).
     pub kernel_drops: u64,
+    /// Times the context's process was found not running when its transport was due to
+    /// act (CPU starved, stopped), at least 200 us each. Per context.
+    pub stalls: u64,
+    /// Total time of those stalls, ns: left out of the ACK timers, so a requester does not
+    /// charge its own absence to the peer's retry budget. Per context.
+    pub stalled_ns: u64,
 }
 
 fn timeout_of(ms: i32) -> Option<Duration> {
@@ -757,10 +763,33 @@ pub unsafe extern "C" fn rdmx_conn_counters(
             malformed: k.malformed,
             injected_drops: c.inner.injected_drops(),
             kernel_drops: c.inner.kernel_drops(),
+            stalls: c.inner.progress_stats().stalls,
+            stalled_ns: c.inner.progress_stats().stalled_ns,
         };
         // SAFETY: `out` checked non-NULL and writable.
         unsafe { out.write(v) };
         Ok(())
+    })
+}
+
+/// Why the connection's QP failed, in words, once a completion reported
+/// RETRY_EXC_ERR (12) or RNR_RETRY_EXC_ERR (13): how many retries over how many ms, the
+/// timeout / retry_cnt / rnr_retry in force and the likely causes (peer gone or path down;
+/// a host starved of CPU, with the load average). NULL if the connection has not failed
+/// that way (or `c` is NULL). Owned by the connection: valid until `rdmx_conn_free`.
+///
+/// # Safety
+/// `c` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_conn_error(c: *const rdmx_conn) -> *const c_char {
+    boundary::call_value("rdmx_conn_error", std::ptr::null(), || {
+        // SAFETY: forwarded contract.
+        let Ok(c) = (unsafe { handle(c, "conn") }) else {
+            return std::ptr::null();
+        };
+        c.inner
+            .failure_note_c()
+            .map_or(std::ptr::null(), |s| s.as_ptr())
     })
 }
 

@@ -6,6 +6,7 @@
 use crate::config::{CqLayout, PollMode, Progress};
 use crate::error::{Error, ErrorKind, Result};
 use crate::provider::soft::cq::{Cq, Wc};
+use crate::provider::soft::device::ProgressStats;
 use crate::provider::soft::qp::{Remote, SendReq, SoftQp, Timers};
 use crate::provider::soft::sys::EventFd;
 use crate::rc::verbs::{QpState, access};
@@ -43,6 +44,8 @@ pub struct Connection {
     /// This side's offer (configured, link and active MTU) and the negotiated path MTU.
     mtu: (PathMtu, u32),
     closed: bool,
+    /// `failure_note_c`'s text, made on first request.
+    failure_c: std::sync::OnceLock<std::ffi::CString>,
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr> {
@@ -237,6 +240,7 @@ impl Connection {
             peer,
             mtu: (offer, path_mtu),
             closed: false,
+            failure_c: std::sync::OnceLock::new(),
         };
         // The QP can receive now; the peer sends only after `ready`. In between, the
         // application's hook posts its first receives (dropping `conn` on error cleans up).
@@ -316,7 +320,10 @@ impl Connection {
 
     /// Arms the event fd: it becomes readable when the next completion arrives (or at once
     /// if completions are queued). Read it with `clear_event` after it fired.
+    /// With progress=inline this also tells the device the caller stops polling, so its
+    /// progress thread receives in the meantime (arm only right before sleeping).
     pub fn req_notify(&self) {
+        self.ctx.shared.dev.app_sleeping();
         self.send_cq.req_notify();
         if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
             self.recv_cq.req_notify();
@@ -334,6 +341,28 @@ impl Connection {
 
     pub fn counters(&self) -> Counters {
         self.qp.counters()
+    }
+
+    /// Why the connection's QP gave up, in words, if it ended with RETRY_EXC_ERR or
+    /// RNR_RETRY_EXC_ERR: retries over how long, the knobs in force, the likely causes.
+    pub fn failure_note(&self) -> Option<String> {
+        self.qp.failure_note()
+    }
+
+    /// `failure_note` as a C string that lives as long as the connection (for the C ABI).
+    pub fn failure_note_c(&self) -> Option<&std::ffi::CStr> {
+        if let Some(s) = self.failure_c.get() {
+            return Some(s);
+        }
+        let note = self.failure_note()?.replace('\0', " ");
+        let s = std::ffi::CString::new(note).unwrap_or_default();
+        Some(self.failure_c.get_or_init(|| s))
+    }
+
+    /// How well the device kept listening (time it was not running is left out of its
+    /// timers): see [`ProgressStats`].
+    pub fn progress_stats(&self) -> ProgressStats {
+        self.ctx.shared.dev.progress_stats()
     }
 
     /// Packets not sent because of `soft_drop_ratio`.

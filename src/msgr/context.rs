@@ -53,14 +53,14 @@ impl Context {
     pub fn new(config: &Config) -> Result<Context> {
         let settings = config.settings()?;
         let provider = provider::choose(&settings)?;
-        // One receiving port per family; IPv6 only where the host has it.
-        let dev = SoftDevice::open(
-            &settings,
-            &[
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-            ],
-        )?;
+        // One receiving port per family; IPv6 only where the host has it. With soft_addr,
+        // that address only (and so its family only).
+        let any = [
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        ];
+        let one = settings.soft_addr.map(|ip| [ip.to_canonical()]);
+        let dev = SoftDevice::open(&settings, one.as_ref().map_or(&any[..], |a| &a[..]))?;
         // No merging on the soft provider: a merged region would stay valid over a
         // neighbour's buffer after that buffer was invalidated and unmapped, and soft
         // regions with remote access are offered to peers.

@@ -88,6 +88,9 @@ impl Qp {
     }
 
     fn on_progress(&mut self, now: u64) {
+        self.req.waiting_since = self.req.outstanding().then_some(now);
+        self.req.timeouts_since_progress = 0;
+        self.req.retries_since_progress = 0;
         self.req.retry_left = self.attr.retry_cnt;
         self.req.rnr_left = self.attr.rnr_retry;
         self.req.retry_psn = None;
@@ -112,12 +115,14 @@ impl Qp {
             return;
         }
         if self.req.rnr_left == 0 {
+            self.record_failure(now, WcStatus::RnrRetryExcErr, code);
             self.fail_head(WcStatus::RnrRetryExcErr);
             return;
         }
         if self.attr.rnr_retry != RNR_INFINITE {
             self.req.rnr_left -= 1;
         }
+        self.req.retries_since_progress += 1;
         // Wait what the responder asked for; the ACK timer does not cut the wait short.
         let wait = crate::config::encoding::rnr_timer_ns(code).unwrap_or(0);
         self.req.rnr_until = Some(now + wait);
@@ -232,13 +237,31 @@ impl Qp {
         self.req.retry_psn == Some(self.req.comp_psn)
     }
 
+    /// Keeps the figures of a retry-exhausted failure for `Qp::failure`.
+    fn record_failure(&mut self, now: u64, status: WcStatus, peer_rnr_timer: u8) {
+        let since = self.req.waiting_since.unwrap_or(now);
+        self.failure = Some(super::Failure {
+            status,
+            at_ns: now,
+            silent_ns: now.saturating_sub(since),
+            ack_timeouts: self.req.timeouts_since_progress,
+            retries: self.req.retries_since_progress,
+            timeout: self.attr.timeout,
+            retry_cnt: self.attr.retry_cnt,
+            rnr_retry: self.attr.rnr_retry,
+            peer_rnr_timer,
+        });
+    }
+
     /// Go-back-N, consuming one retry; RETRY_EXC_ERR when none are left.
-    fn retry(&mut self, _now: u64) {
+    fn retry(&mut self, now: u64) {
         if self.req.retry_left == 0 {
+            self.record_failure(now, WcStatus::RetryExcErr, 0);
             self.fail_head(WcStatus::RetryExcErr);
             return;
         }
         self.req.retry_left -= 1;
+        self.req.retries_since_progress += 1;
         self.req.retry_psn = Some(self.req.comp_psn);
         self.req.ack_deadline = None;
         self.req.rewind(self.attr.path_mtu);
@@ -257,6 +280,7 @@ impl Qp {
             self.req.ack_deadline = None;
             if self.req.rnr_until.is_none() && self.req.outstanding() {
                 self.counters.ack_timeouts += 1;
+                self.req.timeouts_since_progress += 1;
                 self.retry(now);
             }
         }

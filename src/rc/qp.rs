@@ -109,6 +109,7 @@ pub struct Qp {
     pub(super) resp: Responder,
     pub(super) completions: VecDeque<Completion>,
     pub(super) counters: Counters,
+    pub(super) failure: Option<super::Failure>,
 }
 
 impl Qp {
@@ -123,6 +124,7 @@ impl Qp {
             resp: Responder::default(),
             completions: VecDeque::new(),
             counters: Counters::default(),
+            failure: None,
         }
     }
 
@@ -140,6 +142,12 @@ impl Qp {
 
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Why the requester gave up, if it ended the QP with RETRY_EXC_ERR or
+    /// RNR_RETRY_EXC_ERR (cleared by a reset).
+    pub fn failure(&self) -> Option<&super::Failure> {
+        self.failure.as_ref()
     }
 
     /// Counts a packet for this QP whose ICRC did not match (the caller checks ICRCs).
@@ -207,6 +215,7 @@ impl Qp {
                 self.req = Requester::default();
                 self.resp = Responder::default();
                 self.completions.clear();
+                self.failure = None;
             }
             _ => {}
         }

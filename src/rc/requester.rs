@@ -65,6 +65,12 @@ pub(super) struct Requester {
     /// that retry, not a new one (rxe's `started_retry`).
     pub retry_psn: Option<u32>,
     pub pkts_since_ackreq: u32,
+    /// Since when the requester has waited without progress (the last ACK or response,
+    /// or the first transmission after idle), with the timeouts and retries spent since:
+    /// the figures a retry-exhausted error reports.
+    pub waiting_since: Option<u64>,
+    pub timeouts_since_progress: u32,
+    pub retries_since_progress: u32,
 }
 
 impl Requester {
@@ -264,6 +270,9 @@ impl Qp {
         }
         if self.req.ack_deadline.is_none() {
             self.req.ack_deadline = self.ack_timeout_ns().map(|t| now + t);
+        }
+        if self.req.waiting_since.is_none() {
+            self.req.waiting_since = Some(now);
         }
         Some(n)
     }

@@ -454,29 +454,7 @@ impl Peer {
     /// SIGSTOP, then waits (bounded: 2 s) until every thread of the peer is stopped, so
     /// nothing it does afterwards can answer a packet.
     pub fn stop(&self) {
-        self.signal(libc::SIGSTOP);
-        let end = Instant::now() + Duration::from_secs(2);
-        loop {
-            let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid))
-                .expect("peer tasks")
-                .filter_map(|e| e.ok())
-                .map(|e| std::fs::read_to_string(e.path().join("stat")).unwrap_or_default())
-                .collect::<Vec<_>>();
-            // The state is the field after the parenthesized command name.
-            let stopped = tasks.iter().all(|st| {
-                st.rsplit_once(") ")
-                    .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
-            });
-            if stopped && !tasks.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < end,
-                "peer {} did not stop: {tasks:?}",
-                self.pid
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        stop_process(self.pid);
     }
 
     /// SIGKILL and reap.
@@ -495,6 +473,39 @@ impl Drop for Peer {
         self.stdin.take();
         self.kill();
     }
+}
+
+/// SIGSTOP `pid`, then waits (bounded: 2 s) until every thread of it is stopped, so
+/// nothing it does afterwards can answer a packet.
+pub fn stop_process(pid: u32) {
+    // SAFETY: plain kill(2) on a child of ours (not yet reaped).
+    let r = unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+    assert_eq!(r, 0, "SIGSTOP {pid}: {}", std::io::Error::last_os_error());
+    let end = Instant::now() + Duration::from_secs(2);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("tasks of a stopped process")
+            .filter_map(|e| e.ok())
+            .map(|e| std::fs::read_to_string(e.path().join("stat")).unwrap_or_default())
+            .collect::<Vec<_>>();
+        // The state is the field after the parenthesized command name.
+        let stopped = tasks.iter().all(|st| {
+            st.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+        });
+        if stopped && !tasks.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < end, "{pid} did not stop: {tasks:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// SIGCONT `pid`.
+pub fn continue_process(pid: u32) {
+    // SAFETY: plain kill(2) on a child of ours (not yet reaped).
+    let r = unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+    assert_eq!(r, 0, "SIGCONT {pid}: {}", std::io::Error::last_os_error());
 }
 
 /// The value of `key=value` in a line (panics if absent).

@@ -293,6 +293,12 @@ pub fn main(test_name: &str, args: &[String]) -> ExitCode {
     }
 }
 
+/// Why the connection gave up, if it did with a retry-exhausted error (": ..." or "").
+fn failure_words(conn: &Connection) -> String {
+    conn.failure_note()
+        .map_or_else(String::new, |n| format!(": {n}"))
+}
+
 /// The configuration of a run (errors are usage errors: the command line, the environment
 /// or the profile asks for something invalid).
 fn configure(a: &Args) -> Result<Config, String> {
@@ -382,6 +388,7 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
     let path_mtu = conn.path_mtu();
     let injected = conn.injected_drops();
     let kdrops = conn.kernel_drops();
+    let stalls = conn.progress_stats();
     drop(conn);
     drop(local);
     drop(ready_buf);
@@ -426,6 +433,11 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
     r.int("rx_packets", c.rx_packets);
     r.int("kernel_drops", kdrops);
     r.int("injected_drops", injected);
+    // Time this process was not running when its transport was due (left out of the ACK
+    // timers: its own absence is not charged to the peer).
+    r.int("stalls", stalls.stalls);
+    r.num("stalled_ms", stalls.stalled_ns as f64 / 1e6, 1);
+    r.num("max_stall_ms", stalls.max_stall_ns as f64 / 1e6, 1);
     r.int("verified", out.verified);
     r.int("errors", out.errors);
     Ok((r, out))
@@ -616,8 +628,10 @@ fn ops_loop(
                     String::new()
                 };
                 out.error(format!(
-                    "{:?} completed with {:?}{at}",
-                    wc.opcode, wc.status
+                    "{:?} completed with {:?}{at}{}",
+                    wc.opcode,
+                    wc.status,
+                    failure_words(conn)
                 ));
                 continue;
             }
@@ -734,7 +748,12 @@ fn send_lat(
             waiter.busy();
             for wc in &wcs[..n] {
                 if wc.status != WcStatus::Success {
-                    out.error(format!("{:?} completed with {:?}", wc.opcode, wc.status));
+                    out.error(format!(
+                        "{:?} completed with {:?}{}",
+                        wc.opcode,
+                        wc.status,
+                        failure_words(conn)
+                    ));
                     continue;
                 }
                 match (wc.cookie, wc.opcode) {

@@ -4,7 +4,7 @@
 //! exit statuses.
 
 use rdmx::Config;
-use rdmx::config::{PollMode, Progress, Settings, Source};
+use rdmx::config::{PollMode, Settings, Source};
 use rdmx::msgr::Connection;
 use rdmx::provider::soft::sys::poll_readable;
 use std::fmt::Write as _;
@@ -309,9 +309,10 @@ impl Histogram {
     }
 }
 
-/// How a loop waits when a poll found nothing: spin (busy, or progress=inline where the
-/// caller's poll is what drives the engine), sleep on the completion channel (event), or
-/// spin `polling_us` then sleep (adaptive), as the settings say.
+/// How a loop waits when a poll found nothing, as `poll_mode` says: spin (busy), sleep on
+/// the completion channel (event), or spin `polling_us` then sleep (adaptive). With
+/// progress=inline the caller's poll drives the engine while it spins; once it sleeps,
+/// `req_notify` hands receiving to the device's progress thread until it polls again.
 #[derive(Debug)]
 pub struct Waiter {
     spin_ns: Option<u64>,
@@ -322,14 +323,10 @@ pub struct Waiter {
 
 impl Waiter {
     pub fn new(s: &Settings) -> Waiter {
-        let spin_ns = if s.progress == Progress::Inline {
-            None // the caller's poll drives the engine: never sleep
-        } else {
-            match s.poll_mode {
-                PollMode::Busy => None,
-                PollMode::Event => Some(0),
-                PollMode::Adaptive => Some(u64::from(s.polling_us) * 1000),
-            }
+        let spin_ns = match s.poll_mode {
+            PollMode::Busy => None,
+            PollMode::Event => Some(0),
+            PollMode::Adaptive => Some(u64::from(s.polling_us) * 1000),
         };
         Waiter {
             spin_ns,

@@ -87,16 +87,25 @@ pub fn main(args: &[String]) -> Result<(), Fail> {
     // Deep receive queue by default: at a few hundred thousand SENDs/s, 4096 posted
     // receives give the reposting thread ~10 ms of slack before the sender meets RNR NAKs
     // (rnr_retry = 2 by default: three late reposts in a row end the connection).
-    let cfg = build_config(
-        a.profile.as_deref(),
-        &a.sets,
-        &[(
-            "max_recv_wr",
-            SERVER_RECV_WR.to_string(),
-            "the rdmx-perf server's default".to_string(),
-        )],
-    )
-    .map_err(Fail::Usage)?;
+    let mut extra = vec![(
+        "max_recv_wr",
+        SERVER_RECV_WR.to_string(),
+        "the rdmx-perf server's default".to_string(),
+    )];
+    // RoCEv2 is received on the --listen address too, not on every address.
+    if let Some(ip) = std::net::ToSocketAddrs::to_socket_addrs(a.listen.as_str())
+        .ok()
+        .and_then(|mut it| it.next())
+        .map(|sa| sa.ip())
+        .filter(|ip| !ip.is_unspecified())
+    {
+        extra.push((
+            "soft_addr",
+            ip.to_string(),
+            "the rdmx-perf server's --listen address".to_string(),
+        ));
+    }
+    let cfg = build_config(a.profile.as_deref(), &a.sets, &extra).map_err(Fail::Usage)?;
     // Best effort; if pinning is refused, registration says so.
     crate::perf::ensure_memlock(SERVER_REGION as u64 + (64 << 20));
     let ctx = Context::new(&cfg).map_err(|e| Fail::Run(format!("context: {e}")))?;
@@ -175,7 +184,7 @@ fn serve(ctx: &Context, conn: Connection, id: u64) {
     let c = conn.counters();
     match stats {
         Ok((recvs, pings)) => eprintln!(
-            "rdmx-perf server: connection {id} from {peer} done: {recvs} receives, {pings} pings answered; packets tx {} rx {}, {} retransmits, {} duplicates received, {} out of sequence, {} seq_naks sent, {} rnr_naks sent, {} ack_timeouts, {} icrc errors, {} malformed, {} injected drops",
+            "rdmx-perf server: connection {id} from {peer} done: {recvs} receives, {pings} pings answered; packets tx {} rx {}, {} retransmits, {} duplicates received, {} out of sequence, {} seq_naks sent, {} rnr_naks sent, {} ack_timeouts, {} icrc errors, {} malformed, {} injected drops; this process stalled {} times for {:.1} ms (longest {:.1} ms)",
             c.tx_packets,
             c.rx_packets,
             c.retransmits,
@@ -186,7 +195,10 @@ fn serve(ctx: &Context, conn: Connection, id: u64) {
             c.ack_timeouts,
             c.icrc_errors,
             c.malformed,
-            conn.injected_drops()
+            conn.injected_drops(),
+            conn.progress_stats().stalls,
+            conn.progress_stats().stalled_ns as f64 / 1e6,
+            conn.progress_stats().max_stall_ns as f64 / 1e6,
         ),
         Err(e) => eprintln!("rdmx-perf server: connection {id} from {peer}: {e}"),
     }

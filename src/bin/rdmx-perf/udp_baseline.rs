@@ -13,8 +13,8 @@
 //! baseline is what the same batching can carry.
 //!
 //! Both sides wait like the soft provider's default: the server as its progress thread
-//! (drain the socket, then sleep in ppoll), the client as `poll_mode=adaptive` (spin
-//! `polling_us` = 100 us on empty receives, then sleep in ppoll).
+//! (drain the socket, then sleep in ppoll), the client as `poll_mode=adaptive` (spin the
+//! default `polling_us` on empty receives, then sleep in ppoll).
 
 use rdmx::provider::soft::sys::poll_readable;
 use rdmx::provider::soft::udp::{RxBatch, TxDatagram, UdpPort};
@@ -67,8 +67,13 @@ const OFF_END: usize = HDR_LEN + 8;
 const MAGIC: u32 = 0x5544_5052; // "UDPR"
 /// A reply not back within this is lost.
 const LOSS_TIMEOUT_NS: u64 = 50_000_000;
-/// Empty receives are spun this long before sleeping (poll_mode=adaptive's default).
-const SPIN_NS: u64 = 100_000;
+/// Empty receives are spun this long before sleeping: poll_mode=adaptive's default
+/// `polling_us`, so both sides of the comparison wait alike.
+fn spin_ns() -> u64 {
+    rdmx::Config::new()
+        .settings()
+        .map_or(100_000, |s| u64::from(s.polling_us) * 1000)
+}
 const BATCH: usize = 64;
 
 fn resolve(a: &str) -> Result<SocketAddr, String> {
@@ -242,6 +247,7 @@ fn client_run(args: &[String]) -> Result<(), Fail> {
     let start = clock.now();
     let end = start + (duration * 1e9) as u64;
     let mut last = start;
+    let spin = spin_ns();
     let mut idle_since: Option<u64> = None;
     let mut next_scan = start + 1_000_000;
     loop {
@@ -323,7 +329,7 @@ fn client_run(args: &[String]) -> Result<(), Fail> {
             continue;
         }
         let since = *idle_since.get_or_insert(t);
-        if t - since >= SPIN_NS {
+        if t - since >= spin {
             let _ = poll_readable(&[port.raw_fd()], Duration::from_millis(1), &mut ready);
         } else {
             std::hint::spin_loop();

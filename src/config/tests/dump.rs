@@ -17,7 +17,7 @@ recv_cq_size = 0  # default (auto: 512 = 2 x 256 WRs)
 separate_cqs = true  # default
 signal_interval = 16  # default
 post_batch = 32  # default
-timeout = 10  # default
+timeout = 14  # default
 retry_cnt = 7  # default
 rnr_retry = 2  # default
 min_rnr_timer = 12  # default
@@ -31,10 +31,11 @@ pool_chunks = 1024  # default
 hugepages = auto  # default
 rcache_entries = 1024  # default
 poll_mode = adaptive  # default
-polling_us = 100  # default
+polling_us = 1000  # default
 poll_batch = 32  # default
 credits = 0  # default (auto: 256 = max_recv_wr)
 soft_port = 4791  # default
+soft_addr = \"\"  # default
 soft_drop_ratio = 0  # default
 progress = inline  # default
 profile = none  # default

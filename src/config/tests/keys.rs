@@ -29,7 +29,7 @@ const UINT_KEYS: &[(&str, &str, u64, u64, &str)] = &[
     ),
     ("signal_interval", "16", 1, 32768, ""),
     ("post_batch", "32", 1, 32768, ""),
-    ("timeout", "10", 0, 31, "0 = no ACK timer"),
+    ("timeout", "14", 0, 31, "0 = no ACK timer"),
     ("retry_cnt", "7", 0, 7, "7 = seven retries"),
     ("rnr_retry", "2", 0, 7, "7 = infinite"),
     (
@@ -45,7 +45,7 @@ const UINT_KEYS: &[(&str, &str, u64, u64, &str)] = &[
     ("traffic_class", "0", 0, 255, ""),
     ("pool_chunks", "1024", 1, 16777216, ""),
     ("rcache_entries", "1024", 0, 1048576, "0 = cache off"),
-    ("polling_us", "100", 0, 1000000, ""),
+    ("polling_us", "1000", 0, 1000000, ""),
     ("poll_batch", "32", 1, 1024, ""),
     ("credits", "0", 0, 32768, "0 = auto = max_recv_wr"),
     ("soft_port", "4791", 0, 65535, "0 = any free port"),
@@ -62,6 +62,7 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("poll_mode", "adaptive"),
     ("profile", "none"),
     ("soft_drop_ratio", "0"),
+    ("soft_addr", ""),
     ("progress", "inline"),
 ];
 
@@ -473,6 +474,30 @@ fn ratio_keys_take_decimal_fractions() {
                 )
             ),
             "{bad}"
+        );
+    }
+}
+
+#[test]
+fn soft_addr_takes_an_ip_address_or_nothing() {
+    let mut config = Config::new();
+    for ok in ["127.0.0.1", "10.0.0.2", "::1", "fd00::2", ""] {
+        config.set("soft_addr", ok).unwrap();
+        let want = (!ok.is_empty()).then(|| ok.parse().unwrap());
+        assert_eq!(config.settings().unwrap().soft_addr, want, "{ok}");
+    }
+    for bad in [
+        "127.0.0.1:4791",
+        "[::1]",
+        "localhost",
+        "10.0.0",
+        "1.2.3.4.5",
+    ] {
+        let (kind, message) = failure(config.set("soft_addr", bad));
+        assert_eq!(kind, ErrorKind::InvalidValue, "{bad}");
+        assert!(
+            message.contains("allowed an IPv4 or IPv6 address without port or brackets"),
+            "{bad}: {message}"
         );
     }
 }

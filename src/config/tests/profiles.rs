@@ -124,7 +124,7 @@ fn the_highest_source_of_profile_chooses_the_profile() {
         .unwrap();
     assert_eq!(config.get("rnr_retry").unwrap(), "2");
     config.set("profile", "none").unwrap();
-    assert_eq!(config.get("timeout").unwrap(), "10");
+    assert_eq!(config.get("timeout").unwrap(), "14");
     assert_eq!(config.source("timeout").unwrap(), Source::Default);
     assert_eq!(config.settings().unwrap().profile, None);
 }

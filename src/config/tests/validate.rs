@@ -165,7 +165,7 @@ fn typed_settings_of_the_defaults() {
     assert_eq!((s.signal_interval, s.post_batch), (16, 32));
     assert_eq!(
         (s.timeout, s.retry_cnt, s.rnr_retry, s.min_rnr_timer),
-        (10, 7, 2, 12)
+        (14, 7, 2, 12)
     );
     assert_eq!(s.path_mtu, Mtu::Mtu1024);
     assert_eq!((s.max_rd_atomic, s.max_dest_rd_atomic), (16, 16));
@@ -174,7 +174,7 @@ fn typed_settings_of_the_defaults() {
     assert_eq!(s.hugepages, Hugepages::Auto);
     assert_eq!(s.rcache_entries, 1024);
     assert_eq!(s.poll_mode, PollMode::Adaptive);
-    assert_eq!((s.polling_us, s.poll_batch, s.credits), (100, 32, 0));
+    assert_eq!((s.polling_us, s.poll_batch, s.credits), (1000, 32, 0));
     assert_eq!(s.soft_port, 4791);
     assert_eq!(s.profile, None);
     assert_eq!(
@@ -185,7 +185,7 @@ fn typed_settings_of_the_defaults() {
         }
     );
     assert_eq!(s.effective_credits(), 256);
-    assert_eq!(s.ack_timeout_ns(), Some(4_194_304));
+    assert_eq!(s.ack_timeout_ns(), Some(67_108_864));
     assert_eq!(s.min_rnr_timer_ns(), 640_000);
     assert!(!s.rnr_retry_infinite());
 }

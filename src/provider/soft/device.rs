@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::cq::Cq;
+use super::diagnose::StallLog;
 use super::mr::MrTable;
 use super::qp::SoftQp;
 use super::sys::{self, EventFd};
@@ -35,6 +36,15 @@ const RX_PASS_DATAGRAMS: usize = 16 * RX_BATCH;
 /// Longest sleep of the progress thread when no timer is armed (it also wakes on traffic,
 /// on posts that need it, and on side-channel events).
 const IDLE_SLEEP: Duration = Duration::from_millis(100);
+/// A progress pass that starts this much later than one was due means the process was not
+/// running (CPU starved, stopped): that time is left out of the engine's clock. Smaller
+/// delays are ordinary wakeup jitter (timer slack is 50 us) and count as listening.
+const STALL_MIN_NS: u64 = 200_000;
+/// What a phase of a progress pass may take when the process runs: a base plus a
+/// generous cost per datagram received (a GRO message holds up to 64 KiB) or QP driven
+/// (its sends). Time beyond was time the process did not run, inside the pass.
+const PASS_BASE_NS: u64 = 1_000_000;
+const PASS_PER_ITEM_NS: u64 = 50_000;
 
 /// QPs one progress pass drives (inline: a pass runs per poll, so no heap allocation).
 type Touched = SmallVec<[Arc<SoftQp>; 4]>;
@@ -62,8 +72,43 @@ struct Shared {
     next_qpn: AtomicU32,
     /// When the progress thread will wake next (ns on the device clock).
     planned_wake: AtomicU64,
+    /// The earliest armed timer of any QP (ns on the device clock; u64::MAX: none), as of
+    /// the last progress pass or a later post: when a pass is due.
+    next_timer: AtomicU64,
     /// Last time the application drove progress itself (progress=inline), ns.
     last_app_poll: AtomicU64,
+    /// Real time left out of the engine clock (`now`): the device was not listening.
+    stalled_ns: AtomicU64,
+    /// When the last progress pass ended (engine ns): up to then the device was listening.
+    last_pass: AtomicU64,
+    stats: StatCounters,
+}
+
+/// How well the device kept listening (see [`ProgressStats`]).
+#[derive(Default)]
+struct StatCounters {
+    stalls: AtomicU64,
+    max_stall_ns: AtomicU64,
+    timers_deferred: AtomicU64,
+    /// The latest stalls, for failure reports (shared with the QPs).
+    log: Arc<StallLog>,
+}
+
+/// How well a soft device kept listening on a busy host: the engine's clock (and so every
+/// ACK timeout) leaves out time the process was not running. A NIC listens whatever the
+/// host CPU does; a userspace transport only when it is scheduled, so a requester that was
+/// itself starved or stopped must not charge that time to its peer's retry budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProgressStats {
+    /// Progress passes that started at least 200 us after one was due.
+    pub stalls: u64,
+    /// Total time left out of the engine clock by those stalls, ns.
+    pub stalled_ns: u64,
+    /// Longest single stall, ns.
+    pub max_stall_ns: u64,
+    /// Passes that left due timers for the next pass because received packets were still
+    /// queued (packets are processed before timers fire).
+    pub timers_deferred: u64,
 }
 
 /// A soft RDMA device.
@@ -104,11 +149,14 @@ impl SoftDevice {
                     log::info!(target: "rdmx::soft", "soft provider: no UDP port on {addr} ({e}); connections over that family are refused");
                 }
                 Err(e) => {
+                    let hint = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+                        "no interface of this host has that address"
+                    } else {
+                        "another rdmx process on this host? set soft_port=0 for any free port"
+                    };
                     return Err(Error::new(
                         ErrorKind::Io,
-                        format!(
-                            "soft provider: cannot bind UDP {addr}: {e} (another rdmx process on this host? set soft_port=0 for any free port)"
-                        ),
+                        format!("soft provider: cannot bind UDP {addr}: {e} ({hint})"),
                     ));
                 }
             }
@@ -132,7 +180,11 @@ impl SoftDevice {
             // QPNs start at a random point (never 0 or 1, which IB reserves).
             next_qpn: AtomicU32::new((sys::random_u32() & 0x7F_FFFF) | 0x10),
             planned_wake: AtomicU64::new(0),
+            next_timer: AtomicU64::new(u64::MAX),
             last_app_poll: AtomicU64::new(0),
+            stalled_ns: AtomicU64::new(0),
+            last_pass: AtomicU64::new(0),
+            stats: StatCounters::default(),
         });
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -182,9 +234,21 @@ impl SoftDevice {
         &self.shared.mrs
     }
 
-    /// Nanoseconds on the device's clock (what the engine's timers run on).
+    /// Nanoseconds on the device's clock (what the engine's timers run on): real time
+    /// since the device opened, less the time it was not listening ([`ProgressStats`]).
     pub fn now(&self) -> u64 {
         self.shared.now()
+    }
+
+    /// How well the device kept listening (stalls left out of the engine clock).
+    pub fn progress_stats(&self) -> ProgressStats {
+        let s = &self.shared;
+        ProgressStats {
+            stalls: s.stats.stalls.load(Ordering::Relaxed),
+            stalled_ns: s.stalled_ns.load(Ordering::Relaxed),
+            max_stall_ns: s.stats.max_stall_ns.load(Ordering::Relaxed),
+            timers_deferred: s.stats.timers_deferred.load(Ordering::Relaxed),
+        }
     }
 
     /// Kernel receive-queue drops on the device's UDP port (SO_RXQ_OVFL).
@@ -222,6 +286,7 @@ impl SoftDevice {
             send_cq,
             recv_cq,
             self.shared.settings.soft_drop_ppb,
+            Arc::clone(&self.shared.stats.log),
         )?);
         self.shared.qps.write().insert(qpn, Arc::clone(&qp));
         self.shared.ports[port].qps.fetch_add(1, Ordering::AcqRel);
@@ -264,6 +329,7 @@ impl SoftDevice {
         if let Some(d) = deadline
             && d < self.shared.planned_wake.load(Ordering::Acquire)
         {
+            self.shared.next_timer.fetch_min(d, Ordering::AcqRel);
             self.shared.planned_wake.store(d, Ordering::Release);
             self.shared.wake.signal();
         }
@@ -283,6 +349,16 @@ impl SoftDevice {
 
     pub fn progress_mode(&self) -> Progress {
         self.shared.settings.progress
+    }
+
+    /// The application is about to sleep on a completion channel instead of polling
+    /// (progress=inline): the progress thread takes over receiving at once rather than
+    /// after the inline handover time.
+    pub fn app_sleeping(&self) {
+        if self.shared.settings.progress == Progress::Inline {
+            self.shared.last_app_poll.store(0, Ordering::Relaxed);
+            self.shared.wake.signal();
+        }
     }
 }
 
@@ -306,7 +382,48 @@ impl Shared {
     }
 
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        (self.epoch.elapsed().as_nanos() as u64)
+            .saturating_sub(self.stalled_ns.load(Ordering::Relaxed))
+    }
+
+    /// Called at the start of every progress pass (under the receive lock, so passes do not
+    /// race here). A pass was due when the earliest timer expired; if this one starts
+    /// later than that and later than the previous pass ended, no thread of this process
+    /// ran a pass in between (CPU starved, stopped, or no thread was awake to do it): that
+    /// time leaves the engine clock. The pass then receives what arrived meanwhile before
+    /// the timer fires (at the clock reading of its deadline), so the window a requester
+    /// charges to its peer is time it was listening. Gaps with no timer due (an
+    /// application that polls now and then, an idle device) are not stalls.
+    fn account_stall(&self) -> u64 {
+        let now = self.now();
+        let due = self
+            .last_pass
+            .load(Ordering::Relaxed)
+            .max(self.next_timer.load(Ordering::Acquire));
+        self.stall(now, now.saturating_sub(due))
+    }
+
+    /// Leaves `late` ns before `now` out of the engine clock if it is a stall (at least
+    /// STALL_MIN_NS); returns the engine clock after that.
+    fn stall(&self, now: u64, late: u64) -> u64 {
+        if late < STALL_MIN_NS {
+            return now;
+        }
+        self.stalled_ns.fetch_add(late, Ordering::Relaxed);
+        self.stats.stalls.fetch_add(1, Ordering::Relaxed);
+        self.stats.max_stall_ns.fetch_max(late, Ordering::Relaxed);
+        self.stats.log.record(now - late, late);
+        now - late
+    }
+
+    /// A phase of a pass that handled `work` datagrams or QPs from `start` to `now`, with
+    /// the earliest timer at `timer`: time beyond what that work can take and beyond the
+    /// timer was time the process did not run inside the pass (preempted or stopped) while
+    /// a timer was due. Returns the clock with that time left out.
+    fn stall_inside(&self, start: u64, now: u64, work: usize, timer: u64) -> u64 {
+        let budget = PASS_BASE_NS + PASS_PER_ITEM_NS * work as u64;
+        let late = now.saturating_sub(start.saturating_add(budget).max(timer));
+        self.stall(now, late)
     }
 
     /// Receives queued datagrams (up to a bound), runs due timers, checks watched side
@@ -319,6 +436,7 @@ impl Shared {
             self.rx.try_lock()
         };
         let mut rx = rx?;
+        let start = self.account_stall();
         if USE_GRO && rx.slot_len() < udp::MAX_RX_SLOT_LEN {
             let mut gro = false;
             for p in &self.ports {
@@ -330,33 +448,103 @@ impl Shared {
             }
         }
         let mut touched: Touched = SmallVec::new();
-        for port in self
-            .ports
-            .iter()
-            .filter(|p| p.qps.load(Ordering::Acquire) > 0)
-        {
-            self.receive_from(&port.sock, &mut rx, &mut touched);
+        let timer_at_start = self.next_timer.load(Ordering::Acquire);
+        let mut start = start;
+        let mut drained = true;
+        let mut now = start;
+        // A process stopped or preempted while receiving may have missed what arrived
+        // meanwhile: that time leaves the clock and the socket is read once more before
+        // any timer fires. (Once: a pass that is merely slow, say under valgrind, must
+        // still run its timers.)
+        for round in 0..2 {
+            let mut taken = 0;
+            drained = true;
+            for port in self
+                .ports
+                .iter()
+                .filter(|p| p.qps.load(Ordering::Acquire) > 0)
+            {
+                let (d, n) = self.receive_from(&port.sock, &mut rx, &mut touched);
+                drained &= d;
+                taken += n;
+            }
+            let read = self.now();
+            now = self.stall_inside(start, read, taken, timer_at_start);
+            if now == read || round == 1 {
+                break;
+            }
+            start = now;
         }
-        drop(rx);
-        let now = self.now();
-        // Responses for what arrived, and every due timer.
-        let due: Touched = self
-            .qps
-            .read()
-            .values()
-            .filter(|q| q.next_deadline().is_some_and(|d| d <= now))
-            .cloned()
-            .collect();
+        // Responses for what arrived, and every due timer, but only once every packet that
+        // arrived before now has been processed: an ACK queued behind the pass's bound
+        // must not lose the race against its own timer.
+        let mut later = u64::MAX; // the earliest timer not due now
+        let due: Touched = if drained {
+            self.qps
+                .read()
+                .values()
+                .filter(|q| match q.next_deadline() {
+                    Some(d) if d <= now => true,
+                    Some(d) => {
+                        later = later.min(d);
+                        false
+                    }
+                    None => false,
+                })
+                .cloned()
+                .collect()
+        } else {
+            self.stats.timers_deferred.fetch_add(1, Ordering::Relaxed);
+            self.wake.signal(); // the thread comes back for the rest at once
+            SmallVec::new()
+        };
+        let mut earliest: Option<u64> = None;
+        if !drained {
+            // Timers were not looked at: keep the one we knew of.
+            earliest = Some(timer_at_start);
+        } else if later != u64::MAX {
+            earliest = Some(later);
+        }
         for qp in touched.iter().chain(due.iter()) {
-            qp.drive(&self.mrs, now);
+            qp.drive(&self.mrs, now, drained);
+            if let Some(d) = qp.next_deadline() {
+                earliest = Some(earliest.map_or(d, |e| e.min(d)));
+            }
+        }
+        // Stopped while sending: the deadlines just armed must not count that time.
+        let timer = earliest.unwrap_or(u64::MAX);
+        let end = self.stall_inside(now, self.now(), touched.len() + due.len(), timer);
+        // A post may have armed an earlier timer meanwhile: keep the smaller one.
+        if self
+            .next_timer
+            .compare_exchange(timer_at_start, timer, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            self.next_timer.fetch_min(timer, Ordering::AcqRel);
+        }
+        self.last_pass.store(end, Ordering::Relaxed);
+        drop(rx);
+        // A timer armed in this pass (a retransmission, a new request) must wake the
+        // thread if it planned to sleep past it.
+        if let Some(d) = earliest
+            && d < self.planned_wake.load(Ordering::Acquire)
+        {
+            self.planned_wake.store(d, Ordering::Release);
+            self.wake.signal();
         }
         Some(now)
     }
 
     /// Receives from `port` (bounded: at most 16 batches and RX_PASS_DATAGRAMS datagrams,
     /// so timers and posts are not starved) and feeds each datagram to its QP; the QPs fed
-    /// are added to `touched`.
-    fn receive_from(&self, port: &UdpPort, rx: &mut RxBatch, touched: &mut Touched) {
+    /// are added to `touched`. Returns whether the socket was drained (false: the bound
+    /// stopped it with datagrams still queued) and the messages taken.
+    fn receive_from(
+        &self,
+        port: &UdpPort,
+        rx: &mut RxBatch,
+        touched: &mut Touched,
+    ) -> (bool, usize) {
         let mut taken = 0;
         for _ in 0..16 {
             let n = match port.recv_batch(rx) {
@@ -367,7 +555,7 @@ impl Shared {
                 }
             };
             if n == 0 {
-                break;
+                return (true, taken);
             }
             let now = self.now();
             let qps = self.qps.read();
@@ -390,10 +578,14 @@ impl Shared {
                 }
             }
             taken += n;
-            if rx.messages() < rx.capacity() || taken >= RX_PASS_DATAGRAMS {
-                break;
+            if rx.messages() < rx.capacity() {
+                return (true, taken);
+            }
+            if taken >= RX_PASS_DATAGRAMS {
+                return (false, taken);
             }
         }
+        (false, taken)
     }
 
     /// Side channels among `fds` that poll reported readable: a closed one means the peer

@@ -3,6 +3,7 @@
 
 pub mod cq;
 pub mod device;
+pub mod diagnose;
 pub mod mr;
 pub mod mtu;
 pub mod qp;

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::cq::{Cq, Wc};
+use super::diagnose::{HostEvidence, StallLog, describe};
 use super::mr::{MemView, MrTable};
 use super::sys::random_u32;
 use super::udp::{self, TxDatagram, UdpPort};
@@ -97,6 +98,10 @@ pub struct SoftQp {
     injected_drops: AtomicU64,
     /// Set when the peer is known to be gone (TCP EOF): the QP is in ERR.
     peer_gone: AtomicBool,
+    /// Why the requester gave up (RETRY_EXC_ERR, RNR_RETRY_EXC_ERR), in words; set once.
+    failure_note: Mutex<Option<String>>,
+    /// The device's stall record (for failure notes).
+    stalls: Arc<StallLog>,
 }
 
 impl SoftQp {
@@ -108,6 +113,7 @@ impl SoftQp {
         send_cq: Arc<Cq>,
         recv_cq: Arc<Cq>,
         drop_ppb: u32,
+        stalls: Arc<StallLog>,
     ) -> Result<SoftQp> {
         let sock = UdpPort::bind_qp_port(local_ip, qpn).map_err(|e| {
             Error::new(
@@ -134,6 +140,8 @@ impl SoftQp {
             drop_ppb,
             injected_drops: AtomicU64::new(0),
             peer_gone: AtomicBool::new(false),
+            failure_note: Mutex::new(None),
+            stalls,
         })
     }
 
@@ -197,6 +205,11 @@ impl SoftQp {
 
     pub fn injected_drops(&self) -> u64 {
         self.injected_drops.load(Ordering::Relaxed)
+    }
+
+    /// Why the QP's requester gave up, in words, if it did.
+    pub fn failure_note(&self) -> Option<String> {
+        self.failure_note.lock().clone()
     }
 
     pub fn peer_gone(&self) -> bool {
@@ -300,10 +313,11 @@ impl SoftQp {
         }
     }
 
-    /// Runs due timers, sends what is ready and moves completions to the CQs.
-    pub fn drive(&self, mrs: &MrTable, now: u64) {
+    /// Runs due timers (if `timers`: the caller has processed every packet received so
+    /// far), sends what is ready and moves completions to the CQs.
+    pub fn drive(&self, mrs: &MrTable, now: u64, timers: bool) {
         let mut g = self.inner.lock();
-        if g.qp.next_deadline().is_some_and(|d| d <= now) {
+        if timers && g.qp.next_deadline().is_some_and(|d| d <= now) {
             g.qp.handle_timeout(now);
         }
         let view = mrs.view();
@@ -437,9 +451,28 @@ impl SoftQp {
         }
     }
 
+    /// Describes a retry-exhausted failure once (logged, and kept for `failure_note`),
+    /// before its completion reaches the CQ, so a caller that sees the status finds the
+    /// words.
+    #[cold]
+    fn describe_failure(&self, g: &Inner) {
+        let Some(f) = g.qp.failure() else { return };
+        let mut note = self.failure_note.lock();
+        if note.is_some() {
+            return;
+        }
+        let (n, ns) = self.stalls.since(f.at_ns.saturating_sub(f.silent_ns));
+        let text = describe(self.qpn, g.peer, f, &HostEvidence::sample(n, ns));
+        log::warn!(target: "rdmx::soft", "{text}");
+        *note = Some(text);
+    }
+
     /// Moves engine completions to the CQs, mapping WR ids to cookies and releasing the
     /// regions the WRs named.
     fn collect(&self, g: &mut Inner, mrs: &MrTable) {
+        if g.qp.failure().is_some() {
+            self.describe_failure(g);
+        }
         while let Some(c) = g.qp.poll_completion() {
             let Some(p) = g.pending.remove(&c.wr_id) else {
                 continue;
