@@ -12,7 +12,7 @@
 #error "build with -DRDMX_EXPECTED_VERSION=\"$(pkg-config --modversion rdmx)\""
 #endif
 
-/* rc-transport.md §4.4, in microseconds x 100 (0.01 ms units). */
+/* docs/rc-transport.md §4.4, in microseconds x 100 (0.01 ms units). */
 static const uint64_t RNR_TABLE_10US[32] = {
     65536, 1,   2,   3,   4,    6,    8,    12,   16,   24,   32,
     48,    64,  96,  128, 192,  256,  384,  512,  768,  1024, 1536,

@@ -25,7 +25,7 @@ use support::{config, empty_wc};
 const SEC: Duration = Duration::from_secs(1);
 const PSN_MASK: u32 = 0xFF_FFFF;
 
-// Opcodes (RC, rc-transport.md §2.1).
+// Opcodes (RC, docs/rc-transport.md §2.1).
 const SEND_ONLY: u8 = 4;
 const WRITE_FIRST: u8 = 6;
 const WRITE_MIDDLE: u8 = 7;

@@ -1,4 +1,4 @@
-//! InfiniBand encodings used by QP attributes (rc-transport.md §4.2, §4.4, §6): the RNR timer
+//! InfiniBand encodings used by QP attributes (docs/rc-transport.md §4.2, §4.4, §6): the RNR timer
 //! code, the local ACK timeout code and the path MTU enum.
 
 use std::fmt::Write as _;

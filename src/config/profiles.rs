@@ -14,7 +14,7 @@ pub struct Profile {
 /// The value of the `profile` key meaning "no profile".
 pub const NO_PROFILE: &str = "none";
 
-/// Every profile. Values come from the seed article (seed-notes.md) unless noted.
+/// Every profile. Values come from the seed article (docs/seed-notes.md) unless noted.
 pub static PROFILES: &[Profile] = &[
     Profile {
         name: "ceph-before",

@@ -1,5 +1,5 @@
 //! QP attributes and the state transitions `modify` allows, with the attribute masks verbs
-//! requires for RC (rc-transport.md §4.1, ibv_modify_qp(3)). If any attribute or the mask
+//! requires for RC (docs/rc-transport.md §4.1, ibv_modify_qp(3)). If any attribute or the mask
 //! is invalid nothing is modified.
 
 use super::verbs::{QpState, attr_mask as m};

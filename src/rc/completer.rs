@@ -1,5 +1,5 @@
 //! Completer: ACK/NAK and READ-response processing, the local ACK timer, go-back-N,
-//! retry_cnt and rnr_retry (rc-transport.md §3.4, §4.2-§4.8).
+//! retry_cnt and rnr_retry (docs/rc-transport.md §3.4, §4.2-§4.8).
 //!
 //! Deviation from rxe, on purpose: retry_cnt = 7 means seven retries (hardware and the
 //! spec), not infinite; only rnr_retry = 7 is infinite.

@@ -1,4 +1,4 @@
-//! The Reliable Connected transport as a sans-IO state machine (rc-transport.md §2-§6).
+//! The Reliable Connected transport as a sans-IO state machine (docs/rc-transport.md §2-§6).
 //!
 //! Where things are: `qp.rs` (the QP, its inputs and outputs), `requester.rs` (segmentation,
 //! PSNs, credits), `completer.rs` (ACK/NAK handling, timers, retries), `responder.rs`

@@ -6,7 +6,7 @@ use crate::wire::{
     Opcode, RETH_LEN, Reth as WireReth, Syndrome, WireError, pad_len,
 };
 
-/// RC opcodes as bytes (values from `crate::wire::Opcode`, rc-transport.md §2.1).
+/// RC opcodes as bytes (values from `crate::wire::Opcode`, docs/rc-transport.md §2.1).
 pub mod op {
     use crate::wire::Opcode as O;
     pub const SEND_FIRST: u8 = O::SendFirst as u8;

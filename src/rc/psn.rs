@@ -1,4 +1,4 @@
-//! 24-bit PSN arithmetic (rc-transport.md §3.1): mod 2^24 with a half-window ordering.
+//! 24-bit PSN arithmetic (docs/rc-transport.md §3.1): mod 2^24 with a half-window ordering.
 
 pub const PSN_MASK: u32 = 0x00FF_FFFF;
 

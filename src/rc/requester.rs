@@ -1,6 +1,6 @@
 //! Requester: the send queue, segmentation by path MTU, PSN assignment (a READ consumes one
 //! PSN per response packet), AckReq, max_rd_atomic credits, IBV_SEND_FENCE and the window
-//! of unacknowledged PSNs (rc-transport.md §2.2, §3.2, §5.5).
+//! of unacknowledged PSNs (docs/rc-transport.md §2.2, §3.2, §5.5).
 
 use std::collections::VecDeque;
 

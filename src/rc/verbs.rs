@@ -1,4 +1,4 @@
-//! Verbs enum values (rdma-core `libibverbs/verbs.h`, rc-transport.md §6). The engine speaks
+//! Verbs enum values (rdma-core `libibverbs/verbs.h`, docs/rc-transport.md §6). The engine speaks
 //! these numbers so that completions and statuses mean what they mean on a NIC.
 
 /// `enum ibv_wc_status` (the subset RC produces).

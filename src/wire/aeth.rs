@@ -1,4 +1,4 @@
-//! ACK Extended Transport Header (rc-transport.md §1.3, §1.4): 4 bytes, in ACKNOWLEDGE,
+//! ACK Extended Transport Header (docs/rc-transport.md §1.3, §1.4): 4 bytes, in ACKNOWLEDGE,
 //! ATOMIC_ACKNOWLEDGE and RDMA READ RESPONSE FIRST/LAST/ONLY.
 
 use core::fmt;

@@ -1,4 +1,4 @@
-//! Atomic Acknowledge Extended Transport Header (rc-transport.md §1.3): 8 bytes, after the
+//! Atomic Acknowledge Extended Transport Header (docs/rc-transport.md §1.3): 8 bytes, after the
 //! AETH in ATOMIC_ACKNOWLEDGE.
 
 use super::error::{Result, WireError};

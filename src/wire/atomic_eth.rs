@@ -1,4 +1,4 @@
-//! Atomic Extended Transport Header (rc-transport.md §1.3): 28 bytes, in COMPARE_SWAP and
+//! Atomic Extended Transport Header (docs/rc-transport.md §1.3): 28 bytes, in COMPARE_SWAP and
 //! FETCH_ADD. Packed: the 64-bit fields at offsets 12 and 20 are not 8-byte aligned.
 
 use super::error::{Result, WireError};

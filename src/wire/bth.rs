@@ -1,4 +1,4 @@
-//! Base Transport Header (rc-transport.md §1.2): 12 bytes, first in every packet.
+//! Base Transport Header (docs/rc-transport.md §1.2): 12 bytes, first in every packet.
 
 use super::error::{Result, WireError};
 use super::opcode::Opcode;

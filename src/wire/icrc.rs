@@ -1,4 +1,4 @@
-//! Invariant CRC of RoCEv2 packets (rc-transport.md §7).
+//! Invariant CRC of RoCEv2 packets (docs/rc-transport.md §7).
 //!
 //! CRC-32 is the ordinary Ethernet/zlib one (reflected polynomial 0xEDB88320, init and final
 //! XOR 0xFFFFFFFF), computed by crc32fast (SIMD); the ICRC resumes it from the register

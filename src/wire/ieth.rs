@@ -1,4 +1,4 @@
-//! Invalidate Extended Transport Header (rc-transport.md §1.3): 4 bytes, in
+//! Invalidate Extended Transport Header (docs/rc-transport.md §1.3): 4 bytes, in
 //! SEND_LAST/ONLY_WITH_INVALIDATE.
 
 use super::error::{Result, WireError};

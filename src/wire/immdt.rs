@@ -1,4 +1,4 @@
-//! Immediate Data header (rc-transport.md §1.3): 4 bytes, in the last/only packet of
+//! Immediate Data header (docs/rc-transport.md §1.3): 4 bytes, in the last/only packet of
 //! *_WITH_IMMEDIATE messages.
 
 use super::error::{Result, WireError};

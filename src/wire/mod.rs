@@ -1,4 +1,4 @@
-//! RoCEv2 packet formats (rc-transport.md §1, §2, §7).
+//! RoCEv2 packet formats (docs/rc-transport.md §1, §2, §7).
 //!
 //! Layout follows smoltcp's `wire` module: one file per header, each with a typed view over a
 //! byte buffer (`Bth<T: AsRef<[u8]>>`, with a private `field` module of byte ranges,

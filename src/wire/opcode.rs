@@ -1,4 +1,4 @@
-//! RC opcodes (rc-transport.md §2.1) and the headers each carries (§1.3, §1.6).
+//! RC opcodes (docs/rc-transport.md §2.1) and the headers each carries (§1.3, §1.6).
 
 use core::fmt;
 

@@ -1,4 +1,4 @@
-//! A whole RC packet as carried in a RoCEv2 UDP payload (rc-transport.md §1.1, §1.5, §1.6):
+//! A whole RC packet as carried in a RoCEv2 UDP payload (docs/rc-transport.md §1.1, §1.5, §1.6):
 //! BTH, the extension headers its opcode calls for, payload, 0–3 zero pad bytes, 4-byte ICRC.
 
 use super::aeth::{Aeth, AethRepr};

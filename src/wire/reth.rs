@@ -1,4 +1,4 @@
-//! RDMA Extended Transport Header (rc-transport.md §1.3): 16 bytes, in RDMA WRITE FIRST/ONLY
+//! RDMA Extended Transport Header (docs/rc-transport.md §1.3): 16 bytes, in RDMA WRITE FIRST/ONLY
 //! and RDMA READ REQUEST.
 
 use super::error::{Result, WireError};

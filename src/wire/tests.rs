@@ -1,5 +1,5 @@
 //! Tests on literal bytes (per header, per opcode class, the ICRC vectors of
-//! rc-transport.md §9 and scapy's roce.uts), and proptests: every parser is total, and
+//! docs/rc-transport.md §9 and scapy's roce.uts), and proptests: every parser is total, and
 //! parse(emit(repr)) == repr.
 
 use core::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};

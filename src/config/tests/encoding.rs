@@ -1,4 +1,4 @@
-//! The encodings, entry by entry, against the tables of rc-transport.md §4.2, §4.4 and §6.
+//! The encodings, entry by entry, against the tables of docs/rc-transport.md §4.2, §4.4 and §6.
 
 use crate::config::encoding::{
     Mtu, ack_timeout_code_for_ns, ack_timeout_ns, format_duration_ns, rnr_timer_code_for_ns,
@@ -152,7 +152,7 @@ fn ack_timeout_every_duration_back_to_its_code() {
 
 #[test]
 fn seed_reading_notes_hold() {
-    // seed-notes.md: timeout 14 = 67 ms, 10 = 4.2 ms; min_rnr_timer 12 = 0.64 ms.
+    // docs/seed-notes.md: timeout 14 = 67 ms, 10 = 4.2 ms; min_rnr_timer 12 = 0.64 ms.
     assert_eq!(format_duration_ns(ack_timeout_ns(14).unwrap()), "67.109 ms");
     assert_eq!(format_duration_ns(ack_timeout_ns(10).unwrap()), "4.194 ms");
     assert_eq!(rnr_timer_ns(12), Some(640_000));

@@ -1,4 +1,4 @@
-//! ICRC framing of soft-provider datagrams (rc-transport.md §7): [`seal`] writes the ICRC of
+//! ICRC framing of soft-provider datagrams (docs/rc-transport.md §7): [`seal`] writes the ICRC of
 //! a datagram gathered from parts (the payload straight from registered memory), [`verify`]
 //! checks a received one. The ICRC covers the IP and UDP headers the kernel will write,
 //! rebuilt here from the addresses.

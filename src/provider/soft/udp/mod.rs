@@ -1,4 +1,4 @@
-//! Non-blocking UDP endpoint for RoCEv2 datagrams (rc-transport.md §1.1), and the ICRC
+//! Non-blocking UDP endpoint for RoCEv2 datagrams (docs/rc-transport.md §1.1), and the ICRC
 //! framing of the soft provider (§7).
 //!
 //! Files: this one has [`UdpPort`] (setup, batched send with GSO, batched receive with GRO);
