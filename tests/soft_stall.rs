@@ -130,11 +130,12 @@ fn a_stopped_requester_does_not_charge_its_absence_to_the_peer() {
         "every READ verified: {out}"
     );
     assert_eq!(json_num(&out, "ack_timeouts"), 0.0, "{out}");
-    // The stops were seen and left out of the ACK timer.
+    // The stops were seen and left out of the ACK timer from the timer's deadline on. (A
+    // stop that lands while no READ is in flight has no timer due: not a stall.)
     let stalled = Duration::from_secs_f64(json_num(&out, "stalled_ms") / 1e3);
-    assert!(json_num(&out, "stalls") >= f64::from(stops), "{out}");
+    assert!(json_num(&out, "stalls") >= 1.0, "{out}");
     assert!(
-        stalled >= stop_for * stops * 9 / 10,
+        stalled >= (stop_for - per_try) * 9 / 10,
         "stalled {stalled:?} for {stops} stops of {stop_for:?}: {out}"
     );
     println!(

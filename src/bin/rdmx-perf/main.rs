@@ -294,6 +294,8 @@ fn config(args: &[String]) -> Result<(), Fail> {
 }
 
 fn main() -> ExitCode {
+    // The library's log lines on stderr (RDMX_LOG=info shows e.g. path MTU clamps).
+    rdmx::logging::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else {
         eprint!("{}", overview());

@@ -323,13 +323,15 @@ impl SoftDevice {
     }
 
     /// A caller armed a timer due at `deadline`: wakes the progress thread if it planned
-    /// to sleep past it (timers fire whether or not the application polls). One atomic
-    /// load in the common case; a wakeup only when the new deadline is the earliest.
+    /// to sleep past it (timers fire whether or not the application polls). Two atomic
+    /// loads in the common case; a wakeup only when the new deadline is the earliest.
     pub fn timer_armed(&self, deadline: Option<u64>) {
-        if let Some(d) = deadline
-            && d < self.shared.planned_wake.load(Ordering::Acquire)
-        {
+        let Some(d) = deadline else { return };
+        // A pass is due at `d` (for stall accounting), whoever runs it.
+        if d < self.shared.next_timer.load(Ordering::Acquire) {
             self.shared.next_timer.fetch_min(d, Ordering::AcqRel);
+        }
+        if d < self.shared.planned_wake.load(Ordering::Acquire) {
             self.shared.planned_wake.store(d, Ordering::Release);
             self.shared.wake.signal();
         }
