@@ -237,7 +237,6 @@ pub fn peer_main() {
     let conn = l
         .accept(Some(Duration::from_secs(20)))
         .expect("peer accept");
-    say("CONNECTED");
     let mut next_recv = 0u64;
     let post_recvs = |n: u32, next: &mut u64| {
         for _ in 0..n {
@@ -253,6 +252,8 @@ pub fn peer_main() {
         }
     };
     post_recvs(spec.recvs, &mut next_recv);
+    // Only now: the other side sends once it reads this, and must not meet RNR NAKs.
+    say("CONNECTED");
     let end = Instant::now() + PEER_LIFETIME;
     let mut wcs = [empty_wc(); 16];
     while Instant::now() < end {

@@ -326,13 +326,23 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
         batch: Some(a.batch.unwrap_or(s.post_batch as usize).clamp(1, a.qd)),
         ..a.clone()
     };
-    // The receive for the server's "ready" SEND, registered before connecting so it can be
-    // posted the moment the connection is up.
+    // The receive for the server's "ready" SEND, posted by the on-connect hook: before the
+    // server may send. (Posted after connect returns, a client starved of CPU was too late
+    // for the server's rnr_retry and the server's QP ended with RNR_RETRY_EXC_ERR.)
     let ready_buf = Local::new(&ctx, vec![0u8; 64].into_boxed_slice())?;
+    let ready_sge = Sge {
+        addr: ready_buf.addr,
+        length: 64,
+        lkey: ready_buf.lkey,
+    };
+    ctx.set_on_connect(Some(std::sync::Arc::new(move |c: &Connection| {
+        c.post_recv(&[(READY, smallvec![ready_sge])]).map(|_| ())
+    })));
     let conn = ctx
         .connect(&a.connect, CONNECT_TIMEOUT)
         .map_err(|e| once_prefixed("connect to", &a.connect, &e.to_string()))?;
-    wait_ready(&conn, &ready_buf)?;
+    ctx.set_on_connect(None);
+    wait_ready(&conn)?;
     let need = match a.test.opcode() {
         WrOpcode::RdmaRead => access::REMOTE_READ,
         WrOpcode::RdmaWrite => access::REMOTE_WRITE,
@@ -454,17 +464,11 @@ pub fn once_prefixed(what: &str, addr: &str, msg: &str) -> String {
 }
 
 /// Posts the receive for the server's ready message and waits for it.
-fn wait_ready(conn: &Connection, buf: &Local<'_>) -> Result<(), String> {
-    const READY: u64 = u64::MAX;
-    conn.post_recv(&[(
-        READY,
-        smallvec![Sge {
-            addr: buf.addr,
-            length: 64,
-            lkey: buf.lkey,
-        }],
-    )])
-    .map_err(|e| format!("post_recv: {e}"))?;
+/// Cookie of the receive for the server's ready message.
+const READY: u64 = u64::MAX;
+
+/// Waits for the server's ready message (its receive was posted by the on-connect hook).
+fn wait_ready(conn: &Connection) -> Result<(), String> {
     let clock = Clock::new();
     let deadline = READY_TIMEOUT.as_nanos() as u64;
     let mut wcs = vec![empty_wc(); 4];
