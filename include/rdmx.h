@@ -255,6 +255,16 @@ typedef struct {
    * charge its own absence to the peer's retry budget. Per context.
    */
   uint64_t stalled_ns;
+  /**
+   * Duplicate READ requests that queued no replay of their own (the READ's responses
+   * were already queued, or max_dest_rd_atomic replays were): a flood costs nothing.
+   */
+  uint64_t dropped_duplicate_reads;
+  /**
+   * READ requests refused because max_dest_rd_atomic READs were still being answered
+   * (the peer ignored its max_rd_atomic): NAK Invalid Request, QP to ERR.
+   */
+  uint64_t rd_atomic_exceeded;
 } rdmx_counters;
 
 /**

@@ -175,6 +175,12 @@ pub struct rdmx_counters {
     /// Total time of those stalls, ns: left out of the ACK timers, so a requester does not
     /// charge its own absence to the peer's retry budget. Per context.
     pub stalled_ns: u64,
+    /// Duplicate READ requests that queued no replay of their own (the READ's responses
+    /// were already queued, or max_dest_rd_atomic replays were): a flood costs nothing.
+    pub dropped_duplicate_reads: u64,
+    /// READ requests refused because max_dest_rd_atomic READs were still being answered
+    /// (the peer ignored its max_rd_atomic): NAK Invalid Request, QP to ERR.
+    pub rd_atomic_exceeded: u64,
 }
 
 fn timeout_of(ms: i32) -> Option<Duration> {
@@ -765,6 +771,8 @@ pub unsafe extern "C" fn rdmx_conn_counters(
             kernel_drops: c.inner.kernel_drops(),
             stalls: c.inner.progress_stats().stalls,
             stalled_ns: c.inner.progress_stats().stalled_ns,
+            dropped_duplicate_reads: k.dropped_duplicate_reads,
+            rd_atomic_exceeded: k.rd_atomic_exceeded,
         };
         // SAFETY: `out` checked non-NULL and writable.
         unsafe { out.write(v) };

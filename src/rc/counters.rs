@@ -25,4 +25,12 @@ pub struct Counters {
     pub icrc_errors: u64,
     /// Packets that did not parse or did not belong here.
     pub malformed: u64,
+    /// Duplicate READ requests that queued no replay of their own (docs/rc-transport.md
+    /// §5.4): the READ's responses were still queued (the stream is rewound to the
+    /// duplicate's PSN if that is earlier), or `max_dest_rd_atomic` replays already were.
+    /// A flood of duplicates costs a counter, not memory.
+    pub dropped_duplicate_reads: u64,
+    /// New READ requests refused because `max_dest_rd_atomic` READs still had responses
+    /// to send (the peer ignored its `max_rd_atomic`): NAK Invalid Request, QP to ERR (§5.5).
+    pub rd_atomic_exceeded: u64,
 }

@@ -224,11 +224,23 @@ impl Qp {
 
     /// `ibv_post_send` for one WR (post a chain by calling this per WR; a failure stops
     /// the chain there, as `bad_wr` does). In ERR the WR completes at once with
-    /// WR_FLUSH_ERR.
+    /// WR_FLUSH_ERR (§4.8), but still takes a send queue slot until that completion is
+    /// polled (as a NIC's does): with `max_send_wr` send completions waiting, the post is
+    /// refused (Full), so completions in ERR stay bounded by the queue sizes.
     pub fn post_send(&mut self, wr: SendWr) -> Result<()> {
         match self.state {
             QpState::Rts => {}
             QpState::Err => {
+                check_room(
+                    "post_send",
+                    (
+                        "send queue",
+                        self.completions_waiting(false),
+                        self.caps.max_send_wr,
+                        "max_send_wr",
+                    ),
+                    (wr.sges.len(), self.caps.max_send_sge, "max_send_sge"),
+                )?;
                 self.push_completion(wr.wr_id, WcStatus::WrFlushErr, wr.opcode.wc_opcode(), false);
                 return Ok(());
             }
@@ -252,11 +264,23 @@ impl Qp {
         self.req.push(wr, self.attr.path_mtu)
     }
 
-    /// `ibv_post_recv` for one WR. In ERR the WR completes at once with WR_FLUSH_ERR.
+    /// `ibv_post_recv` for one WR. In ERR the WR completes at once with WR_FLUSH_ERR,
+    /// bounded as `post_send`'s: refused (Full) with `max_recv_wr` receive completions
+    /// waiting to be polled.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<()> {
         match self.state {
             QpState::Init | QpState::Rtr | QpState::Rts => {}
             QpState::Err => {
+                check_room(
+                    "post_recv",
+                    (
+                        "receive queue",
+                        self.completions_waiting(true),
+                        self.caps.max_recv_wr,
+                        "max_recv_wr",
+                    ),
+                    (wr.sges.len(), self.caps.max_recv_sge, "max_recv_sge"),
+                )?;
                 self.push_completion(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, true);
                 return Ok(());
             }
@@ -389,6 +413,15 @@ impl Qp {
     /// Whether anything is waiting to be sent (so a driver knows to call `poll_transmit`).
     pub fn wants_transmit(&self) -> bool {
         !self.resp.out.is_empty() || self.req.has_sendable()
+    }
+
+    /// Completions waiting to be polled, receive ones or send ones (run only in ERR).
+    #[cold]
+    fn completions_waiting(&self, is_recv: bool) -> usize {
+        self.completions
+            .iter()
+            .filter(|c| c.is_recv == is_recv)
+            .count()
     }
 
     pub(super) fn push_completion(

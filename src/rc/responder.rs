@@ -1,6 +1,13 @@
 //! Responder: expected PSN, in-sequence / duplicate / future packets (§3.3, §5.4), RNR NAK
 //! with the responder's own min_rnr_timer (§5.2), access checks and NAKs (§5.3), READ
 //! resources (max_dest_rd_atomic, §5.5), receive completions (§5.6) and coalesced ACKs.
+//!
+//! Bounded from the network: whatever a peer sends, `out` holds at most
+//! `max_dest_rd_atomic` READ response streams for new READs (one more is refused with NAK
+//! Invalid Request and QP ERR, §5.5), at most one stream per saved READ resource and at most
+//! `max_dest_rd_atomic` replays (further duplicates are dropped and counted, §5.4), and
+//! at most one ACK/NAK between two streams (coalesced, §3.4): at most
+//! 4 * max_dest_rd_atomic + 1 items.
 
 use std::collections::VecDeque;
 
@@ -30,8 +37,13 @@ pub(super) struct ReadRes {
 pub(super) enum RespItem {
     /// ACKNOWLEDGE with this syndrome and PSN (ACK, RNR NAK or NAK).
     Ack { syn: u8, psn: u32 },
-    /// READ responses for `res` from `psn` on.
-    Read { res: ReadRes, psn: u32 },
+    /// READ responses for `res` from `psn` on; `replay` when a duplicate asked for them
+    /// again (§5.4), not a new READ.
+    Read {
+        res: ReadRes,
+        psn: u32,
+        replay: bool,
+    },
 }
 
 impl RespItem {
@@ -79,17 +91,49 @@ impl Responder {
         }
     }
 
-    /// Queues an ACK/NAK. A queued plain ACK is replaced by the newer one (coalescing: an
-    /// ACK or NAK for PSN p acknowledges everything before p); a queued NAK is never
-    /// replaced, since the requester must see it (an RNR NAK's wait, an error's cause).
+    /// Queues an ACK/NAK, coalesced with one at the tail of the queue, so a flood of
+    /// requests that each want an answer (duplicates, RNR, gaps) queues one, not one each.
+    /// An ACK or NAK for PSN p acknowledges everything before p (§3.4), so the newer
+    /// replaces a queued plain ACK, and replaces a queued sequence or RNR NAK if its PSN is
+    /// later (the NAK's news is stale once a later PSN is accepted or refused) or the same
+    /// and it is an ACK (accepted after all) or an RNR NAK (the fresher wait); an earlier
+    /// one says nothing the NAK does not, and is dropped, as is a sequence NAK for the PSN
+    /// an RNR NAK refused. An error NAK (the QP is going to ERR) replaces any of them and
+    /// is never replaced: the requester must learn why (§5.3).
     fn push_ack(&mut self, syn: u8, psn: u32) {
-        if let Some(RespItem::Ack { syn: s, .. }) = self.out.back()
-            && *s == syndrome::ACK
-        {
-            self.out.pop_back();
+        if let Some(RespItem::Ack { syn: s, psn: q }) = self.out.back_mut() {
+            let newer = match *s {
+                syndrome::ACK => true,
+                s if is_error_nak(s) => false,
+                // A sequence NAK for the PSN an RNR NAK refused follows from that refusal
+                // (the SEND after it found a gap): the RNR NAK's wait is what counts.
+                _ => match psn::diff(psn, *q) {
+                    d if d > 0 => true,
+                    0 => syn != syndrome::NAK_SEQ,
+                    _ => is_error_nak(syn),
+                },
+            };
+            if newer {
+                (*s, *q) = (syn, psn);
+            }
+            return;
         }
         self.out.push_back(RespItem::Ack { syn, psn });
     }
+
+    /// READ response streams queued for new READs (not replays).
+    fn reads_queued(&self) -> usize {
+        self.out
+            .iter()
+            .filter(|i| matches!(i, RespItem::Read { replay: false, .. }))
+            .count()
+    }
+}
+
+/// A NAK after which the responder's QP goes to ERR (Invalid Request, Remote Access,
+/// Remote Operational: 0x61..0x7F; 0x60 is the sequence NAK).
+fn is_error_nak(syn: u8) -> bool {
+    syn & 0xE0 == syndrome::NAK_SEQ && syn != syndrome::NAK_SEQ
 }
 
 /// Why a request was refused: which NAK to send and what to complete locally.
@@ -117,7 +161,6 @@ impl Qp {
             self.counters.out_of_sequence += 1;
             if !self.resp.nak_sent {
                 self.resp.nak_sent = true;
-                self.counters.seq_naks_sent += 1;
                 let e = self.resp.epsn;
                 self.resp.push_ack(syndrome::NAK_SEQ, e);
             }
@@ -154,9 +197,7 @@ impl Qp {
             });
             // Replay (re-reading memory); a recycled resource means silent drop (§5.4).
             if let Some(res) = found.copied() {
-                self.resp
-                    .out
-                    .push_back(RespItem::Read { res, psn: hdr.psn });
+                self.replay_read(res, hdr.psn);
             }
             return;
         }
@@ -166,6 +207,43 @@ impl Qp {
             .ack_psn
             .unwrap_or_else(|| psn::add(self.resp.epsn, psn::PSN_MASK));
         self.resp.push_ack(syndrome::ACK, p);
+    }
+
+    /// Queues the responses of `res` again from PSN `p` for a duplicate READ, bounded:
+    /// one response stream per READ, as rxe keeps one per resource (§5.4: a duplicate
+    /// restarts the resource's responses). A duplicate of a READ whose responses (original
+    /// or replay) are still queued joins that stream, rewinding it to `p` if `p` is earlier
+    /// (the requester lost what was sent from there) and is otherwise dropped; with
+    /// `max_dest_rd_atomic` replays queued, a further one is dropped (the requester's
+    /// retry timer asks again). Both drops are counted in `dropped_duplicate_reads`.
+    fn replay_read(&mut self, res: ReadRes, p: u32) {
+        let mut replays = 0;
+        for item in self.resp.out.iter_mut() {
+            if let RespItem::Read {
+                res: r,
+                psn: cur,
+                replay,
+            } = item
+            {
+                if r.first_psn == res.first_psn && r.rkey == res.rkey {
+                    if psn::diff(p, *cur) < 0 {
+                        *cur = p;
+                    }
+                    self.counters.dropped_duplicate_reads += 1;
+                    return;
+                }
+                replays += usize::from(*replay);
+            }
+        }
+        if replays >= usize::from(self.attr.max_dest_rd_atomic) {
+            self.counters.dropped_duplicate_reads += 1;
+            return;
+        }
+        self.resp.out.push_back(RespItem::Read {
+            res,
+            psn: p,
+            replay: true,
+        });
     }
 
     fn execute(&mut self, hdr: &Hdr, payload: &[u8], mem: &mut dyn Memory) -> Result<(), Refuse> {
@@ -217,7 +295,6 @@ impl Qp {
         }
         // RNR: a packet that needs a receive WQE and finds none is NAKed, not dropped (§5.2).
         if needs_recv_wqe(opc) && self.resp.rq.is_empty() {
-            self.counters.rnr_naks_sent += 1;
             let code = self.attr.min_rnr_timer & 0x1F;
             self.resp.push_ack(syndrome::RNR_NAK | code, hdr.psn);
             return Ok(());
@@ -336,8 +413,18 @@ impl Qp {
 
     fn start_read(&mut self, hdr: &Hdr, mem: &dyn Memory) -> Result<(), Refuse> {
         let reth = hdr.reth.ok_or(Refuse::InvReq)?;
-        if self.attr.qp_access_flags & access::REMOTE_READ == 0 || self.attr.max_dest_rd_atomic == 0
-        {
+        let max_dest = usize::from(self.attr.max_dest_rd_atomic);
+        if self.attr.qp_access_flags & access::REMOTE_READ == 0 || max_dest == 0 {
+            return Err(Refuse::InvReq);
+        }
+        // Responder resources (§5.5): a READ whose responses are not all sent holds one. A
+        // requester within its max_rd_atomic (at most our max_dest_rd_atomic, exchanged at
+        // setup) cannot have more outstanding: it returns a credit only on the last
+        // response. One more means it ignored the limit: NAK Invalid Request and QP ERR,
+        // as the IBTA lets a responder that runs out do (rxe, which answers each READ
+        // before taking the next packet, never queues responses, so never runs out).
+        if self.resp.out.len() >= max_dest && self.resp.reads_queued() >= max_dest {
+            self.counters.rd_atomic_exceeded += 1;
             return Err(Refuse::InvReq);
         }
         let len = u64::from(reth.len);
@@ -363,9 +450,11 @@ impl Qp {
             self.resp.resources.pop_front(); // rxe recycles the oldest (§5.5)
         }
         self.resp.resources.push_back(res);
-        self.resp
-            .out
-            .push_back(RespItem::Read { res, psn: hdr.psn });
+        self.resp.out.push_back(RespItem::Read {
+            res,
+            psn: hdr.psn,
+            replay: false,
+        });
         self.resp.epsn = psn::add(hdr.psn, npkts);
         self.resp.msn = psn::add(self.resp.msn, 1);
         Ok(())
@@ -380,7 +469,7 @@ impl Qp {
     fn prefetch_next_response(&self, mem: &dyn Memory) {
         let mtu = u64::from(self.attr.path_mtu);
         for item in self.resp.out.iter().take(PREFETCH_AHEAD) {
-            if let RespItem::Read { res, psn: p } = item {
+            if let RespItem::Read { res, psn: p, .. } = item {
                 let off = psn::diff(*p, res.first_psn).max(0) as u64 * mtu;
                 let n = res.len.saturating_sub(off).min(mtu);
                 if n > 0 {
@@ -405,10 +494,18 @@ impl Qp {
                 self.resp.out.pop_front();
                 let mut h = Hdr::new(op::ACKNOWLEDGE, dest_qp, p);
                 h.aeth = Some((syn, msn));
-                self.emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored)
-                    .ok()
+                let t = self
+                    .emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored)
+                    .ok()?;
+                // Counted as sent, not as queued: a queued NAK may be coalesced away.
+                if syn == syndrome::NAK_SEQ {
+                    self.counters.seq_naks_sent += 1;
+                } else if syn & 0xE0 == syndrome::RNR_NAK {
+                    self.counters.rnr_naks_sent += 1;
+                }
+                Some(t)
             }
-            RespItem::Read { res, psn: p } => {
+            RespItem::Read { res, psn: p, .. } => {
                 let mtu = u64::from(self.attr.path_mtu);
                 let k = psn::diff(p, res.first_psn).max(0) as u64;
                 let off = k * mtu;

@@ -343,3 +343,30 @@ impl Sim {
         }
     }
 }
+
+/// A request packet as a hostile (or any) peer would send it: `hdr`'s headers, `payload`,
+/// pad to 4 bytes and a zero ICRC field (the engine leaves ICRCs to its caller).
+pub fn craft(hdr: &rdmx::rc::packet::Hdr, payload: &[u8]) -> Vec<u8> {
+    let pad = (4 - payload.len() % 4) % 4;
+    let mut buf = vec![0u8; 64];
+    let n = rdmx::rc::packet::emit_header(hdr, pad as u8, &mut buf).expect("headers fit");
+    buf.truncate(n);
+    buf.extend_from_slice(payload);
+    buf.resize(buf.len() + pad + rdmx::wire::ICRC_LEN, 0);
+    buf
+}
+
+/// Everything `qp` has to send now, parsed: (header, payload length) per packet.
+pub fn drain_transmit(
+    qp: &mut Qp,
+    now: u64,
+    mem: &VecMemory,
+) -> Vec<(rdmx::rc::packet::Hdr, usize)> {
+    let mut buf = vec![0u8; 4096 + 64];
+    let mut out = Vec::new();
+    while let Some(n) = qp.poll_transmit(now, mem, &mut buf) {
+        let (h, p) = rdmx::rc::packet::parse(&buf[..n]).expect("engine output parses");
+        out.push((h, p.len()));
+    }
+    out
+}

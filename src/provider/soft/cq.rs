@@ -6,6 +6,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
 use super::sys::EventFd;
 
@@ -21,6 +22,9 @@ pub struct Wc {
     pub qp_num: u32,
 }
 
+/// Least time between two overflow log lines of one CQ.
+const OVERFLOW_LOG_INTERVAL_NS: u64 = 10_000_000_000;
+
 /// One completion queue.
 #[derive(Debug)]
 pub struct Cq {
@@ -29,6 +33,11 @@ pub struct Cq {
     channel: Arc<EventFd>,
     armed: AtomicBool,
     overflows: AtomicU64,
+    /// When (ns since `born`) the next overflow may be logged.
+    next_log_ns: AtomicU64,
+    /// Overflow log lines written.
+    overflow_logs: AtomicU64,
+    born: Instant,
 }
 
 impl Cq {
@@ -40,24 +49,71 @@ impl Cq {
             channel,
             armed: AtomicBool::new(false),
             overflows: AtomicU64::new(0),
+            next_log_ns: AtomicU64::new(0),
+            overflow_logs: AtomicU64::new(0),
+            born: Instant::now(),
         }
     }
 
-    /// Adds a completion. A full CQ drops it and counts an overflow (config validation
-    /// sizes CQs so that this cannot happen: the cliff the seed warns about).
-    pub fn push(&self, wc: Wc) {
-        {
+    /// Adds a completion; false if the CQ was full. Config validation sizes CQs so that
+    /// this cannot happen (the cliff the seed warns about), but the CQ does not rely on it:
+    /// a full CQ keeps what it holds and drops the new completion (verbs: a CQ overrun loses
+    /// completions and is an asynchronous error, after which the QPs feeding the CQ should
+    /// go to ERR; the caller decides that on a false return). Each drop is counted
+    /// (`overflows`); the log says so once, then at most once per 10 s with the running
+    /// count, never once per completion, and never with the CQ's lock held (a log sink
+    /// may poll this CQ).
+    pub fn push(&self, wc: Wc) -> bool {
+        let full = {
             let mut q = self.q.lock();
-            if q.len() >= self.cap {
-                self.overflows.fetch_add(1, Ordering::Relaxed);
-                log::error!(target: "rdmx::cq", "completion queue overflow ({} entries): completion {wc:?} lost", self.cap);
-                return;
+            let full = q.len() >= self.cap;
+            if !full {
+                q.push_back(wc);
             }
-            q.push_back(wc);
+            full
+        };
+        if full {
+            self.overflowed(&wc);
+            return false;
         }
         if self.armed.swap(false, Ordering::AcqRel) {
             self.channel.signal();
         }
+        true
+    }
+
+    /// Counts a dropped completion and logs, rate-limited (called without the lock).
+    #[cold]
+    fn overflowed(&self, wc: &Wc) {
+        let n = self.overflows.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = self.born.elapsed().as_nanos() as u64;
+        let due = self.next_log_ns.load(Ordering::Relaxed);
+        if now < due
+            || self
+                .next_log_ns
+                .compare_exchange(
+                    due,
+                    now.saturating_add(OVERFLOW_LOG_INTERVAL_NS),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        self.overflow_logs.fetch_add(1, Ordering::Relaxed);
+        #[cfg(test)]
+        tests::REPORT_HOOK.with(|h| {
+            if let Some(h) = h.borrow().as_ref() {
+                h(self)
+            }
+        });
+        log::error!(
+            target: "rdmx::cq",
+            "completion queue overflow ({} entries, not polled fast enough): {n} completions \
+             lost so far, the latest {wc:?} (logged at most every 10 s)",
+            self.cap
+        );
     }
 
     /// Moves up to `out.len()` completions into `out`; returns how many.
@@ -92,6 +148,7 @@ impl Cq {
         self.len() == 0
     }
 
+    /// Completions dropped because the CQ was full.
     pub fn overflows(&self) -> u64 {
         self.overflows.load(Ordering::Relaxed)
     }
@@ -101,7 +158,15 @@ impl Cq {
 mod tests {
     use super::*;
     use crate::provider::soft::sys::poll_readable;
+    use std::cell::RefCell;
     use std::time::Duration;
+
+    type Hook = Box<dyn Fn(&Cq)>;
+
+    thread_local! {
+        /// Runs where an overflow is logged (this thread's CQs only).
+        pub(super) static REPORT_HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
 
     fn wc(cookie: u64) -> Wc {
         Wc {
@@ -126,8 +191,8 @@ mod tests {
         poll_readable(&[ch.raw_fd()], Duration::ZERO, &mut ready).unwrap();
         assert_eq!(ready, vec![0]);
         ch.clear();
-        cq.push(wc(2));
-        cq.push(wc(3)); // overflow
+        assert!(cq.push(wc(2)));
+        assert!(!cq.push(wc(3))); // overflow
         assert_eq!(cq.overflows(), 1);
         let mut out = [wc(0); 4];
         assert_eq!(cq.poll(&mut out), 2);
@@ -136,5 +201,38 @@ mod tests {
         cq.push(wc(4));
         poll_readable(&[ch.raw_fd()], Duration::ZERO, &mut ready).unwrap();
         assert_eq!(ready, vec![0]);
+    }
+
+    /// A CQ nobody polls, flooded: it keeps its first `cap` completions, counts every
+    /// lost one, logs once (not 100,000 times), and logs without its lock held.
+    #[test]
+    fn overflow_is_counted_and_logged_once_without_the_lock() {
+        let ch = Arc::new(EventFd::new().unwrap());
+        let cq = Cq::new(4, Arc::clone(&ch));
+        let lock_free_when_logging = Arc::new(AtomicU64::new(0));
+        let seen = Arc::clone(&lock_free_when_logging);
+        REPORT_HOOK.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |cq: &Cq| {
+                // Where a log sink would run: it must be able to take the CQ's lock.
+                if cq.q.try_lock().is_some() {
+                    seen.fetch_add(1, Ordering::Relaxed);
+                }
+            }))
+        });
+        let pushed = (0..100_004).filter(|&i| cq.push(wc(i))).count();
+        REPORT_HOOK.with(|h| h.borrow_mut().take());
+        assert_eq!(pushed, 4);
+        assert_eq!(cq.len(), 4);
+        assert_eq!(cq.overflows(), 100_000);
+        assert_eq!(cq.overflow_logs.load(Ordering::Relaxed), 1);
+        assert_eq!(lock_free_when_logging.load(Ordering::Relaxed), 1);
+        let mut out = [wc(0); 8];
+        assert_eq!(cq.poll(&mut out), 4);
+        assert_eq!(
+            out[..4].iter().map(|w| w.cookie).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3],
+            "the oldest are kept, the new ones dropped"
+        );
+        assert!(cq.push(wc(9)), "room again once polled");
     }
 }
