@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -69,7 +69,6 @@ struct Shared {
     /// Serializes receive processing (the thread, or an inline poller).
     rx: Mutex<RxBatch>,
     epoch: Instant,
-    next_qpn: AtomicU32,
     /// When the progress thread will wake next (ns on the device clock).
     planned_wake: AtomicU64,
     /// The earliest armed timer of any QP (ns on the device clock; u64::MAX: none), as of
@@ -177,8 +176,6 @@ impl SoftDevice {
             stop: AtomicBool::new(false),
             rx: Mutex::new(RxBatch::new(RX_BATCH, crate::rc::max_packet_len(4096) + 64)),
             epoch: Instant::now(),
-            // QPNs start at a random point (never 0 or 1, which IB reserves).
-            next_qpn: AtomicU32::new((sys::random_u32() & 0x7F_FFFF) | 0x10),
             planned_wake: AtomicU64::new(0),
             next_timer: AtomicU64::new(u64::MAX),
             last_app_poll: AtomicU64::new(0),
@@ -278,21 +275,54 @@ impl SoftDevice {
                 ),
             ));
         };
-        let qpn = self.shared.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00FF_FFFF;
-        let qp = Arc::new(SoftQp::new(
-            qpn,
-            caps,
-            ip,
-            send_cq,
-            recv_cq,
-            self.shared.settings.soft_drop_ppb,
-            Arc::clone(&self.shared.stats.log),
-        )?);
-        self.shared.qps.write().insert(qpn, Arc::clone(&qp));
+        let shared = &self.shared;
+        let qp = self.add_qp(
+            &mut |qpn| {
+                SoftQp::new(
+                    qpn,
+                    caps,
+                    ip,
+                    Arc::clone(&send_cq),
+                    Arc::clone(&recv_cq),
+                    shared.settings.soft_drop_ppb,
+                    Arc::clone(&shared.stats.log),
+                )
+            },
+            &mut sys::try_random_u32,
+        )?;
         self.shared.ports[port].qps.fetch_add(1, Ordering::AcqRel);
         // The progress thread may be asleep without watching this port yet.
         self.shared.wake.signal();
         Ok(qp)
+    }
+
+    /// Registers the QP `make` builds for a fresh QP number ([`pick_qpn`], from `draw`).
+    /// The number is picked under the read lock and the QP (which binds its UDP port) is
+    /// built outside any lock, then inserted only if its number is still free: a live QP
+    /// is never replaced, and a racing `create_qp` that took the number makes this one
+    /// pick again.
+    fn add_qp(
+        &self,
+        make: &mut dyn FnMut(u32) -> Result<SoftQp>,
+        draw: &mut dyn FnMut() -> Result<u32>,
+    ) -> Result<Arc<SoftQp>> {
+        for _ in 0..QPN_RACES {
+            let qpn = {
+                let qps = self.shared.qps.read();
+                pick_qpn(&|q| qps.contains_key(&q), draw)?
+            };
+            let qp = Arc::new(make(qpn)?);
+            if let std::collections::hash_map::Entry::Vacant(v) = self.shared.qps.write().entry(qpn)
+            {
+                v.insert(Arc::clone(&qp));
+                return Ok(qp);
+            }
+            log::debug!(target: "rdmx::soft", "QP {qpn:#x}: taken meanwhile; picking again");
+        }
+        Err(Error::new(
+            ErrorKind::Busy,
+            format!("soft provider: no free QP number after {QPN_RACES} races with other QPs"),
+        ))
     }
 
     /// Forgets a QP (after it was drained): its packets are dropped from now on.
@@ -684,6 +714,46 @@ fn progress_thread(s: &Shared) {
     }
 }
 
+/// QP numbers are 24 bits.
+const QPN_MASK: u32 = 0x00FF_FFFF;
+/// Random QP numbers [`pick_qpn`] draws before it scans for a free one.
+const QPN_DRAWS: usize = 32;
+/// Times `add_qp` picks again when another `create_qp` took its number meanwhile.
+const QPN_RACES: usize = 8;
+
+/// Whether `qpn` may name a new QP: 0 (SMI) and 1 (GSI) are reserved by IB, and 0xFFFFFF
+/// is the multicast QP number.
+fn qpn_assignable(qpn: u32) -> bool {
+    qpn > 1 && qpn < QPN_MASK
+}
+
+/// A number for a new QP: a random 24-bit value from `draw` (kernel randomness), so one
+/// connection's QP number says nothing about the next one's, skipping reserved numbers and
+/// live ones (`is_live`), so a live QP is never replaced. After [`QPN_DRAWS`] draws that
+/// all hit (a nearly full table) it scans from a random point; [`ErrorKind::Full`] when
+/// every number is taken. Errors of `draw` are passed on.
+fn pick_qpn(is_live: &dyn Fn(u32) -> bool, draw: &mut dyn FnMut() -> Result<u32>) -> Result<u32> {
+    for _ in 0..QPN_DRAWS {
+        let qpn = draw()? & QPN_MASK;
+        if qpn_assignable(qpn) && !is_live(qpn) {
+            return Ok(qpn);
+        }
+    }
+    let start = draw()?;
+    (0..=QPN_MASK)
+        .map(|i| start.wrapping_add(i) & QPN_MASK)
+        .find(|&q| qpn_assignable(q) && !is_live(q))
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Full,
+                format!(
+                    "soft provider: every QP number is in use ({} QPs)",
+                    QPN_MASK - 2
+                ),
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -728,6 +798,90 @@ mod tests {
         dev.destroy_qp(qp2.qpn());
         dev.destroy_qp(qp2.qpn()); // twice: no underflow
         assert_eq!(dev.shared.ports[0].qps.load(Ordering::Acquire), 0);
+    }
+
+    /// A `draw` that returns `seq` in turn.
+    fn scripted(seq: &[u32]) -> impl FnMut() -> Result<u32> + '_ {
+        let mut it = seq.iter();
+        move || Ok(*it.next().expect("scripted draws ran out"))
+    }
+
+    #[test]
+    fn qp_numbers_skip_reserved_and_live_ones_and_never_replace_a_qp() {
+        let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let dev = SoftDevice::open(&settings(), &[v4]).unwrap();
+        let a = dev.create_qp(QpCaps::default(), v4, cq(), cq()).unwrap();
+        let live = a.qpn();
+        assert!(qpn_assignable(live), "{live:#x}");
+        // Forced collisions: 0, 1 and 0xFFFFFF are reserved, `live` (also with high bits
+        // set) is taken; the first free draw wins.
+        let draws = [0, 1, QPN_MASK, live, live | 0x5A00_0000, live ^ 0x80_0000];
+        let mut draw = scripted(&draws);
+        let mut built = Vec::new();
+        let b = dev
+            .add_qp(
+                &mut |qpn| {
+                    built.push(qpn);
+                    SoftQp::new(
+                        qpn,
+                        QpCaps::default(),
+                        v4,
+                        cq(),
+                        cq(),
+                        0,
+                        Default::default(),
+                    )
+                },
+                &mut draw,
+            )
+            .unwrap();
+        assert_eq!(b.qpn(), live ^ 0x80_0000);
+        assert_eq!(built, [b.qpn()]);
+        // The live QP is still the one registered under its number.
+        assert!(Arc::ptr_eq(&dev.shared.qps.read()[&live], &a));
+        assert_eq!(dev.shared.qps.read().len(), 2);
+        // A randomness failure is an error, not a QP.
+        let e = dev
+            .add_qp(&mut |_| unreachable!(), &mut || {
+                Err(Error::new(ErrorKind::Io, "kernel randomness: none"))
+            })
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io);
+        dev.destroy_qp(a.qpn());
+        dev.destroy_qp(b.qpn());
+    }
+
+    #[test]
+    fn a_nearly_full_table_scans_and_a_full_one_says_so() {
+        // Every draw hits a live number: the scan finds the one free number.
+        let free = 0x12_3456;
+        let mut always_live = || Ok(free + 1);
+        assert_eq!(pick_qpn(&|q| q != free, &mut always_live).unwrap(), free);
+        // The scan wraps past 0xFFFFFF and skips the reserved numbers.
+        let mut high = || Ok(QPN_MASK);
+        assert_eq!(pick_qpn(&|q| q > 2, &mut high).unwrap(), 2);
+        let e = pick_qpn(&|_| true, &mut always_live).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Full);
+        assert!(e.message().contains("every QP number is in use"), "{e}");
+    }
+
+    #[test]
+    fn consecutive_qp_numbers_are_not_sequential() {
+        let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let dev = SoftDevice::open(&settings(), &[v4]).unwrap();
+        let qps: Vec<_> = (0..4)
+            .map(|_| dev.create_qp(QpCaps::default(), v4, cq(), cq()).unwrap())
+            .collect();
+        let n: Vec<u32> = qps.iter().map(|q| q.qpn()).collect();
+        println!("QP numbers: {n:x?}");
+        for w in n.windows(2) {
+            assert!(qpn_assignable(w[1]), "{n:x?}");
+            // A counter gives w[0] + 1; random numbers do so with probability 2^-24.
+            assert_ne!(w[1], (w[0] + 1) & QPN_MASK, "sequential QP numbers: {n:x?}");
+        }
+        for q in &qps {
+            dev.destroy_qp(q.qpn());
+        }
     }
 
     #[test]

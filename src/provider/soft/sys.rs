@@ -1,5 +1,6 @@
 //! Small OS pieces the soft provider needs: an eventfd (wakeups and completion channels),
-//! kernel randomness (rkeys, PSNs), and poll(2) over a set of fds.
+//! kernel randomness (rkeys, QP numbers; getrandom(2) or
+//! `/dev/urandom`), and poll(2) over a set of fds.
 
 use crate::error::{Error, ErrorKind, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -52,17 +53,90 @@ impl EventFd {
     }
 }
 
-/// A random u32 from the kernel (getrandom(2)).
-pub fn random_u32() -> u32 {
-    let mut v = [0u8; 4];
-    loop {
-        // SAFETY: writes at most 4 bytes into `v`.
-        let n = unsafe { libc::getrandom(v.as_mut_ptr().cast(), 4, 0) };
-        if n == 4 {
-            return u32::from_ne_bytes(v);
-        }
-        // EINTR or a short read: try again (getrandom never fails otherwise for 4 bytes).
+/// Calls getrandom(2) at most this often for one request (EINTR, short reads) before
+/// falling back to `/dev/urandom`: randomness never loops forever.
+const GETRANDOM_TRIES: usize = 16;
+/// Where randomness comes from when getrandom(2) is missing or refused.
+const URANDOM: &str = "/dev/urandom";
+
+/// Fills `buf` with kernel randomness: getrandom(2), or `/dev/urandom` where getrandom is
+/// missing (ENOSYS: kernels before 3.17), refused (EPERM: some seccomp filters) or keeps
+/// being interrupted. Errors ([`ErrorKind::Io`]) only when both sources fail, naming both.
+pub fn fill_random(buf: &mut [u8]) -> Result<()> {
+    fill_random_from(buf, &mut getrandom, std::path::Path::new(URANDOM))
+}
+
+/// One getrandom(2) call into `buf`.
+fn getrandom(buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: writes at most `buf.len()` bytes into `buf`, which is live for the call.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
+}
+
+/// [`fill_random`] with its sources as parameters (tests replace them).
+fn fill_random_from(
+    buf: &mut [u8],
+    getrandom: &mut dyn FnMut(&mut [u8]) -> std::io::Result<usize>,
+    fallback: &std::path::Path,
+) -> Result<()> {
+    let mut filled = 0;
+    let mut why = format!("interrupted or short {GETRANDOM_TRIES} times");
+    for _ in 0..GETRANDOM_TRIES {
+        if filled == buf.len() {
+            return Ok(());
+        }
+        match getrandom(&mut buf[filled..]) {
+            Ok(n) => filled += n.min(buf.len() - filled),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                why = e.to_string();
+                break;
+            }
+        }
+    }
+    if filled == buf.len() {
+        return Ok(());
+    }
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::warn!(
+            target: "rdmx::soft",
+            "getrandom(2): {why}; reading {} instead",
+            fallback.display()
+        );
+    }
+    std::fs::File::open(fallback)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, buf))
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "kernel randomness: getrandom(2): {why}; {}: {e}",
+                    fallback.display()
+                ),
+            )
+        })
+}
+
+/// A random u32 from the kernel ([`fill_random`]).
+pub fn try_random_u32() -> Result<u32> {
+    let mut v = [0u8; 4];
+    fill_random(&mut v)?;
+    Ok(u32::from_ne_bytes(v))
+}
+
+/// A random u32 from the kernel ([`fill_random`]).
+///
+/// # Panics
+/// When the host has neither getrandom(2) nor a readable `/dev/urandom`: the values are
+/// rkeys and the like, which must not be predictable, and there is no other source. Code
+/// that can report errors uses [`try_random_u32`].
+pub fn random_u32() -> u32 {
+    try_random_u32().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Waits until one of `fds` is readable (or hung up) or `timeout` passes; returns the fds
@@ -163,6 +237,64 @@ mod tests {
         e.clear();
         poll_readable(&[e.raw_fd()], Duration::ZERO, &mut ready).unwrap();
         assert!(ready.is_empty());
+    }
+
+    fn enosys(_: &mut [u8]) -> std::io::Result<usize> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
+    }
+
+    #[test]
+    fn without_getrandom_randomness_comes_from_the_fallback_file() {
+        let dir = std::env::temp_dir().join(format!("rdmx-sys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("urandom");
+        std::fs::write(&path, [1u8, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        let mut b = [0u8; 4];
+        fill_random_from(&mut b, &mut enosys, &path).unwrap();
+        assert_eq!(b, [1, 2, 3, 4]);
+        // Always interrupted: bounded, then the fallback.
+        let mut calls = 0;
+        let mut eintr = |_: &mut [u8]| {
+            calls += 1;
+            Err(std::io::Error::from_raw_os_error(libc::EINTR))
+        };
+        let mut b = [0u8; 2];
+        fill_random_from(&mut b, &mut eintr, &path).unwrap();
+        assert_eq!(calls, GETRANDOM_TRIES);
+        assert_eq!(b, [1, 2]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        // The real fallback works too.
+        let mut b = [0u8; 32];
+        fill_random_from(&mut b, &mut enosys, std::path::Path::new(URANDOM)).unwrap();
+        assert!(b.iter().any(|&x| x != 0));
+    }
+
+    #[test]
+    fn without_any_source_randomness_fails_clearly_instead_of_looping() {
+        let mut b = [0u8; 4];
+        let e = fill_random_from(&mut b, &mut enosys, std::path::Path::new("/nonexistent/x"))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert!(e.message().contains("getrandom(2): "), "{e}");
+        assert!(e.message().contains("/nonexistent/x: "), "{e}");
+    }
+
+    #[test]
+    fn short_getrandom_reads_are_continued() {
+        let mut next = 10u8;
+        let mut one_byte = |b: &mut [u8]| {
+            b[0] = next;
+            next += 1;
+            Ok(1)
+        };
+        let mut b = [0u8; 4];
+        fill_random_from(
+            &mut b,
+            &mut one_byte,
+            std::path::Path::new("/nonexistent/x"),
+        )
+        .unwrap();
+        assert_eq!(b, [10, 11, 12, 13]);
     }
 
     #[test]
