@@ -2,13 +2,17 @@
  * Moves data both ways (SEND/RECV, RDMA READ and WRITE) and checks every byte, then the
  * failure cases: post on a closed connection, READ outside the peer's region
  * (REM_ACCESS_ERR), a bad lkey (LOC_PROT_ERR), WRITE into a region exposed read-only, and
- * a path that loses every packet (RETRY_EXC_ERR, explained by rdmx_conn_error). */
+ * a path that loses every packet (RETRY_EXC_ERR, explained by rdmx_conn_error), and the
+ * port counters (junk datagrams to a context's UDP port are counted). */
 #define _POSIX_C_SOURCE 200809L
 #include <rdmx.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -128,6 +132,36 @@ struct hook_arg {
   int calls;
 };
 
+/* A UDP port on 127.0.0.1 that was free a moment ago (0 on failure). */
+static uint16_t free_udp_port(void) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) return 0;
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  uint16_t port = 0;
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+/* Sends `len` bytes of `data` to 127.0.0.1:`port` from a fresh UDP socket. */
+static void send_junk(uint16_t port, const void *data, size_t len) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  struct sockaddr_in to;
+  memset(&to, 0, sizeof to);
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(port);
+  CHECK(sendto(fd, data, len, 0, (struct sockaddr *)&to, sizeof to) == (ssize_t)len);
+  close(fd);
+}
+
 /* On-connect hook: posts the first receive while the peer is still held back. */
 static int32_t post_first_recv(void *user, rdmx_conn *conn) {
   struct hook_arg *a = (struct hook_arg *)user;
@@ -155,6 +189,11 @@ static rdmx_conn *dial(rdmx_context *ctx, uint16_t port, rdmx_remote_region *rw,
 static int client(uint16_t port) {
   rdmx_context *ctx = new_context();
   CHECK_STREQ(rdmx_context_provider(ctx), "soft");
+  rdmx_port_counters pc;
+  memset(&pc, 0xFF, sizeof pc);
+  CHECK_STATUS(rdmx_context_port_counters(ctx, &pc), RDMX_OK);
+  CHECK(pc.unknown_qpn == 0 && pc.wrong_source == 0 && pc.bad_icrc == 0 && pc.malformed == 0 &&
+        pc.truncated == 0 && pc.kernel_drops == 0);
   uint8_t *buf = malloc(SRV_LEN);
   for (size_t i = 0; i < SRV_LEN; i++) buf[i] = cli_pattern(i);
   rdmx_mr m;
@@ -253,6 +292,13 @@ static int client(uint16_t port) {
     CHECK_STATUS(rdmx_config_set(cfg, "soft_drop_ratio", "1"), RDMX_OK);
     CHECK_STATUS(rdmx_config_set(cfg, "timeout", "8"), RDMX_OK); /* 1 ms */
     CHECK_STATUS(rdmx_config_set(cfg, "retry_cnt", "1"), RDMX_OK);
+    /* A known UDP port, for the junk below. */
+    uint16_t udp_port = free_udp_port();
+    char port_text[8];
+    snprintf(port_text, sizeof port_text, "%u", (unsigned)udp_port);
+    CHECK(udp_port != 0);
+    CHECK_STATUS(rdmx_config_set(cfg, "soft_port", port_text), RDMX_OK);
+    CHECK_STATUS(rdmx_config_set(cfg, "soft_addr", "127.0.0.1"), RDMX_OK);
     rdmx_context *lossy = NULL;
     CHECK_STATUS(rdmx_context_new(cfg, &lossy), RDMX_OK);
     rdmx_config_free(cfg);
@@ -276,6 +322,21 @@ static int client(uint16_t port) {
     rdmx_counters k7;
     CHECK_STATUS(rdmx_conn_counters(c, &k7), RDMX_OK);
     CHECK(k7.ack_timeouts == 2 && k7.injected_drops >= 2);
+    /* Port counters: a runt (malformed) and a BTH naming no QP of this context (unknown
+     * QPN) sent to its UDP port while its connection's QP keeps the port polled. */
+    rdmx_port_counters p7;
+    CHECK_STATUS(rdmx_context_port_counters(lossy, &p7), RDMX_OK);
+    CHECK(p7.unknown_qpn == 0 && p7.wrong_source == 0 && p7.malformed == 0);
+    const uint8_t runt[10] = {0};
+    uint8_t stray[32] = {0x11, 0, 0xFF, 0xFF, 0, 0xAB, 0xCD, 0xEF, 0, 0, 0, 1};
+    send_junk(udp_port, runt, sizeof runt);
+    send_junk(udp_port, stray, sizeof stray);
+    for (int i = 0; i < 400 && (p7.malformed < 1 || p7.unknown_qpn < 1); i++) {
+      struct timespec ts = {0, 5000000};
+      nanosleep(&ts, NULL);
+      CHECK_STATUS(rdmx_context_port_counters(lossy, &p7), RDMX_OK);
+    }
+    CHECK(p7.malformed == 1 && p7.unknown_qpn == 1 && p7.wrong_source == 0 && p7.bad_icrc == 0);
     rdmx_conn_free(c);
     CHECK_STATUS(rdmx_mr_dereg(lossy, lm.lkey), RDMX_OK);
     rdmx_context_free(lossy);
@@ -295,6 +356,10 @@ static int client(uint16_t port) {
   CHECK_ERR_HAS("LOCAL_WRITE");
   CHECK(rdmx_event_fd(NULL) == -1);
   CHECK(rdmx_context_provider(NULL) == NULL);
+  CHECK_STATUS(rdmx_context_port_counters(NULL, &pc), RDMX_INVALID_ARGUMENT);
+  CHECK_ERR_HAS("ctx");
+  CHECK_STATUS(rdmx_context_port_counters(ctx, NULL), RDMX_INVALID_ARGUMENT);
+  CHECK_ERR_HAS("out");
   rdmx_listener_free(NULL);
   rdmx_conn_free(NULL);
   rdmx_context_free(NULL);

@@ -268,6 +268,39 @@ typedef struct {
 } rdmx_counters;
 
 /**
+ * Datagrams a context's UDP ports dropped before any connection's QP processed them, as
+ * rxe and NICs count them per port (cumulative since `rdmx_context_new`, every connection
+ * together; per-connection figures are in `rdmx_counters`).
+ */
+typedef struct {
+  /**
+   * Packets for a QP number no connection of the context has (closed, never existed).
+   */
+  uint64_t unknown_qpn;
+  /**
+   * Packets for a connection's QP that did not come from the IP address and UDP port its
+   * peer sends from: dropped before the ICRC and any PSN, rkey or AETH processing.
+   */
+  uint64_t wrong_source;
+  /**
+   * Packets from a connection's peer whose ICRC did not match.
+   */
+  uint64_t bad_icrc;
+  /**
+   * Datagrams too short to be RoCEv2 packets.
+   */
+  uint64_t malformed;
+  /**
+   * Datagrams larger than a receive buffer (dropped).
+   */
+  uint64_t truncated;
+  /**
+   * Datagrams the kernel dropped on a full receive queue (SO_RXQ_OVFL).
+   */
+  uint64_t kernel_drops;
+} rdmx_port_counters;
+
+/**
  * A registered memory region (plain data; the region is identified by `lkey`).
  */
 typedef struct {
@@ -713,6 +746,15 @@ void rdmx_context_free(rdmx_context *ctx);
  * `ctx` NULL or live.
  */
 const char *rdmx_context_provider(const rdmx_context *ctx);
+
+/**
+ * Fills `*out` with the context's port counters. The caller owns `*out` (plain data,
+ * copied); nothing is retained. RDMX_INVALID_ARGUMENT if `ctx` or `out` is NULL.
+ *
+ * # Safety
+ * `ctx` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_context_port_counters(const rdmx_context *ctx, rdmx_port_counters *out);
 
 /**
  * Registers `[addr, addr + len)` with `access` (RDMX_ACCESS_* bits) and fills `*out`.

@@ -130,6 +130,57 @@ pub unsafe extern "C" fn rdmx_context_provider(ctx: *const rdmx_context) -> *con
     })
 }
 
+/// Datagrams a context's UDP ports dropped before any connection's QP processed them, as
+/// rxe and NICs count them per port (cumulative since `rdmx_context_new`, every connection
+/// together; per-connection figures are in `rdmx_counters`).
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_port_counters {
+    /// Packets for a QP number no connection of the context has (closed, never existed).
+    pub unknown_qpn: u64,
+    /// Packets for a connection's QP that did not come from the IP address and UDP port its
+    /// peer sends from: dropped before the ICRC and any PSN, rkey or AETH processing.
+    pub wrong_source: u64,
+    /// Packets from a connection's peer whose ICRC did not match.
+    pub bad_icrc: u64,
+    /// Datagrams too short to be RoCEv2 packets.
+    pub malformed: u64,
+    /// Datagrams larger than a receive buffer (dropped).
+    pub truncated: u64,
+    /// Datagrams the kernel dropped on a full receive queue (SO_RXQ_OVFL).
+    pub kernel_drops: u64,
+}
+
+/// Fills `*out` with the context's port counters. The caller owns `*out` (plain data,
+/// copied); nothing is retained. RDMX_INVALID_ARGUMENT if `ctx` or `out` is NULL.
+///
+/// # Safety
+/// `ctx` NULL or live; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_context_port_counters(
+    ctx: *const rdmx_context,
+    out: *mut rdmx_port_counters,
+) -> rdmx_status {
+    boundary::call("rdmx_context_port_counters", || {
+        // SAFETY: forwarded contract.
+        let ctx = unsafe { handle(ctx, "ctx") }?;
+        let out = boundary::out_ptr(out)?;
+        let p = ctx.inner.port_counters();
+        let v = rdmx_port_counters {
+            unknown_qpn: p.unknown_qpn,
+            wrong_source: p.wrong_source,
+            bad_icrc: p.bad_icrc,
+            malformed: p.malformed,
+            truncated: p.truncated,
+            kernel_drops: p.kernel_drops,
+        };
+        // SAFETY: `out` checked non-NULL and writable per the contract.
+        unsafe { out.write(v) };
+        Ok(())
+    })
+}
+
 /// Registers `[addr, addr + len)` with `access` (RDMX_ACCESS_* bits) and fills `*out`.
 /// Regions with remote access are offered to every connection set up afterwards
 /// (`rdmx_conn_remote_region` on the peer). Register read-only data with

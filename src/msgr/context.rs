@@ -5,7 +5,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::mem::Registrar;
 use crate::mem::pool::Pool;
 use crate::mem::rcache::{RegCache, RegCacheOptions};
-use crate::provider::{self, soft::device::SoftDevice};
+use crate::provider::soft::device::{PortCounters, SoftDevice};
+use crate::provider::{self};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
@@ -151,6 +152,13 @@ impl Context {
     /// Kernel drops on the device's UDP receive queue.
     pub fn kernel_drops(&self) -> u64 {
         self.shared.dev.kernel_drops()
+    }
+
+    /// Datagrams the device dropped on its UDP ports before any QP processed them: for no
+    /// QP of this context, not from the QP's peer, bad ICRC, malformed (cumulative, every
+    /// connection of the context together).
+    pub fn port_counters(&self) -> PortCounters {
+        self.shared.dev.port_counters()
     }
 }
 

@@ -160,6 +160,16 @@ pub fn main(args: &[String]) -> Result<(), Fail> {
     }
 }
 
+/// The context's port counters, for the per-connection lines: hostile or stray traffic
+/// that never reached a QP's engine (cumulative for the server process).
+fn port_drops(ctx: &Context) -> String {
+    let p = ctx.port_counters();
+    format!(
+        "port drops (this server, all connections): {} unknown QPN, {} wrong source, {} bad ICRC, {} malformed, {} truncated, {} kernel",
+        p.unknown_qpn, p.wrong_source, p.bad_icrc, p.malformed, p.truncated, p.kernel_drops
+    )
+}
+
 /// The server's default receive queue depth (user-overridable).
 pub const SERVER_RECV_WR: u32 = 4096;
 
@@ -184,7 +194,7 @@ fn serve(ctx: &Context, conn: Connection, id: u64) {
     let c = conn.counters();
     match stats {
         Ok((recvs, pings)) => eprintln!(
-            "rdmx-perf server: connection {id} from {peer} done: {recvs} receives, {pings} pings answered; packets tx {} rx {}, {} retransmits, {} duplicates received, {} out of sequence, {} seq_naks sent, {} rnr_naks sent, {} ack_timeouts, {} icrc errors, {} malformed, {} injected drops; this process stalled {} times for {:.1} ms (longest {:.1} ms)",
+            "rdmx-perf server: connection {id} from {peer} done: {recvs} receives, {pings} pings answered; packets tx {} rx {}, {} retransmits, {} duplicates received, {} out of sequence, {} seq_naks sent, {} rnr_naks sent, {} ack_timeouts, {} icrc errors, {} malformed, {} injected drops; this process stalled {} times for {:.1} ms (longest {:.1} ms); {}",
             c.tx_packets,
             c.rx_packets,
             c.retransmits,
@@ -199,8 +209,12 @@ fn serve(ctx: &Context, conn: Connection, id: u64) {
             conn.progress_stats().stalls,
             conn.progress_stats().stalled_ns as f64 / 1e6,
             conn.progress_stats().max_stall_ns as f64 / 1e6,
+            port_drops(ctx),
         ),
-        Err(e) => eprintln!("rdmx-perf server: connection {id} from {peer}: {e}"),
+        Err(e) => eprintln!(
+            "rdmx-perf server: connection {id} from {peer}: {e}; {}",
+            port_drops(ctx)
+        ),
     }
     drop(conn);
     // The WRs naming the area are flushed by now; retry briefly in case one is finishing.

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use super::cq::Cq;
 use super::diagnose::StallLog;
 use super::mr::MrTable;
-use super::qp::SoftQp;
+use super::qp::{Received, SoftQp};
 use super::sys::{self, EventFd};
 use super::udp::{self, RxBatch, UdpPort};
 
@@ -91,6 +91,40 @@ struct StatCounters {
     timers_deferred: AtomicU64,
     /// The latest stalls, for failure reports (shared with the QPs).
     log: Arc<StallLog>,
+    /// Datagrams dropped before a QP's engine saw them.
+    port: PortCells,
+}
+
+/// The counters behind [`PortCounters`] (relaxed: bumped per dropped datagram by the
+/// receiving thread, read whenever asked).
+#[derive(Default)]
+struct PortCells {
+    unknown_qpn: AtomicU64,
+    wrong_source: AtomicU64,
+    bad_icrc: AtomicU64,
+    malformed: AtomicU64,
+}
+
+/// Datagrams a soft device dropped on its UDP ports (every family together) before any QP
+/// processed them, as rxe and NICs count them per port: traffic that reached the host but
+/// not an RC engine. Cumulative since the device opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    /// Well-formed packets whose BTH names no QP of this device (destroyed, never existed).
+    pub unknown_qpn: u64,
+    /// Packets for a QP that did not come from the IP and UDP port its connected peer sends
+    /// from (or for a QP not connected yet), dropped before the ICRC or any PSN, rkey or
+    /// AETH processing.
+    pub wrong_source: u64,
+    /// Packets from the QP's peer whose ICRC did not match.
+    pub bad_icrc: u64,
+    /// Datagrams too short for a BTH and an ICRC. (Packets from a QP's peer that do not
+    /// parse are counted by that QP: `Counters::malformed`.)
+    pub malformed: u64,
+    /// Datagrams larger than a receive buffer (dropped).
+    pub truncated: u64,
+    /// Datagrams the kernel dropped on a full receive queue (`SO_RXQ_OVFL`).
+    pub kernel_drops: u64,
 }
 
 /// How well a soft device kept listening on a busy host: the engine's clock (and so every
@@ -245,6 +279,22 @@ impl SoftDevice {
             stalled_ns: s.stalled_ns.load(Ordering::Relaxed),
             max_stall_ns: s.stats.max_stall_ns.load(Ordering::Relaxed),
             timers_deferred: s.stats.timers_deferred.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Datagrams dropped on the device's UDP ports before reaching a QP (all families).
+    pub fn port_counters(&self) -> PortCounters {
+        let c = &self.shared.stats.port;
+        let (truncated, kernel_drops) = self.shared.ports.iter().fold((0, 0), |(t, k), p| {
+            (t + p.sock.truncated_drops(), k + p.sock.kernel_drops())
+        });
+        PortCounters {
+            unknown_qpn: c.unknown_qpn.load(Ordering::Relaxed),
+            wrong_source: c.wrong_source.load(Ordering::Relaxed),
+            bad_icrc: c.bad_icrc.load(Ordering::Relaxed),
+            malformed: c.malformed.load(Ordering::Relaxed),
+            truncated,
+            kernel_drops,
         }
     }
 
@@ -592,22 +642,35 @@ impl Shared {
             let now = self.now();
             let qps = self.qps.read();
             let mut view = self.mrs.view();
+            let drops = &self.stats.port;
             for i in 0..n {
+                // Truncated datagrams are counted by the port.
                 let Some(d) = rx.get(i) else { continue };
                 let Ok(bth) = Bth::new_checked(d.data) else {
+                    drops.malformed.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
                 if d.data.len() < BTH_LEN + 4 {
+                    drops.malformed.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 let Some(qp) = qps.get(&bth.dest_qp()) else {
+                    drops.unknown_qpn.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
-                let ok = udp::verify(d.src, d.dst, d.data);
-                qp.receive(&mut view, now, d.data, ok);
-                if !touched.iter().any(|q| Arc::ptr_eq(q, qp)) {
-                    touched.push(Arc::clone(qp));
-                }
+                // The source check comes first (rxe `check_addr`): a stranger's packet
+                // costs no ICRC and never reaches the engine.
+                let counter = match qp.receive(&mut view, now, d.src, d.dst, d.data) {
+                    Received::Processed => {
+                        if !touched.iter().any(|q| Arc::ptr_eq(q, qp)) {
+                            touched.push(Arc::clone(qp));
+                        }
+                        continue;
+                    }
+                    Received::WrongSource => &drops.wrong_source,
+                    Received::BadIcrc => &drops.bad_icrc,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
             }
             taken += n;
             if rx.messages() < rx.capacity() {

@@ -11,8 +11,8 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use super::cq::{Cq, Wc};
 use super::diagnose::{HostEvidence, StallLog, describe};
@@ -85,6 +85,21 @@ struct Inner {
     drop_state: u64,
 }
 
+/// What [`SoftQp::receive`] did with a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// From the peer, ICRC right: the engine processed it.
+    Processed,
+    /// Not from the connected peer's IP and UDP port (or the QP is not connected): dropped
+    /// before the ICRC or any engine processing (rxe `check_addr`).
+    WrongSource,
+    /// From the peer, but the ICRC did not match: dropped (counted by the QP too).
+    BadIcrc,
+}
+
+/// [`SoftQp::peer_port`]: the peer's source port is known (low 16 bits hold it).
+const PORT_KNOWN: u32 = 1 << 16;
+
 /// One queue pair of the soft provider.
 #[derive(Debug)]
 pub struct SoftQp {
@@ -102,6 +117,16 @@ pub struct SoftQp {
     failure_note: Mutex<Option<String>>,
     /// The device's stall record (for failure notes).
     stalls: Arc<StallLog>,
+    /// The IP (canonical: IPv4-mapped IPv6 as IPv4) the peer's packets come from: its QP's
+    /// UDP socket binds the IP its side channel uses, which is the one the handshake gives
+    /// as the peer's UDP address. Set by `connect`; until then every packet is refused.
+    peer_ip: OnceLock<IpAddr>,
+    /// The UDP source port of the peer's packets, `PORT_KNOWN | port` once known, else 0.
+    /// The peer's QP sends from its own port (0xC000 + its QPN's low bits, or the next free
+    /// one), which the handshake does not carry (its UDP address is the peer device's
+    /// receiving port): the port of the first packet from the peer's IP with a right ICRC
+    /// is taken, and from then on only that exact address is accepted.
+    peer_port: AtomicU32,
 }
 
 impl SoftQp {
@@ -142,6 +167,8 @@ impl SoftQp {
             peer_gone: AtomicBool::new(false),
             failure_note: Mutex::new(None),
             stalls,
+            peer_ip: OnceLock::new(),
+            peer_port: AtomicU32::new(0),
         })
     }
 
@@ -192,6 +219,7 @@ impl SoftQp {
             m::STATE | m::SQ_PSN | m::MAX_QP_RD_ATOMIC | m::RETRY_CNT | m::RNR_RETRY | m::TIMEOUT,
         )?;
         g.peer = Some(r.peer_udp);
+        let _ = self.peer_ip.set(r.peer_udp.ip().to_canonical());
         Ok(())
     }
 
@@ -303,14 +331,56 @@ impl SoftQp {
         (posted, err)
     }
 
-    /// Feeds one received RoCEv2 datagram (ICRC already checked when `icrc_ok`).
-    pub fn receive(&self, view: &mut MemView<'_>, now: u64, data: &[u8], icrc_ok: bool) {
-        let mut g = self.inner.lock();
-        if icrc_ok {
-            g.qp.handle_packet(now, data, view);
-        } else {
-            g.qp.record_icrc_error();
+    /// Feeds one datagram received from `src` at `dst` (its BTH names this QP): packets
+    /// that are not from the connected peer's IP and UDP port are dropped before anything
+    /// else (rxe `check_addr`), then the ICRC is checked, then the engine processes it.
+    /// Per packet: an atomic load and an address comparison before the ICRC.
+    pub fn receive(
+        &self,
+        view: &mut MemView<'_>,
+        now: u64,
+        src: SocketAddr,
+        dst: SocketAddr,
+        data: &[u8],
+    ) -> Received {
+        let Some(&ip) = self.peer_ip.get() else {
+            return Received::WrongSource; // not connected: there is no peer yet
+        };
+        let port = self.peer_port.load(Ordering::Acquire);
+        if (port != 0 && port != PORT_KNOWN | u32::from(src.port()))
+            || src.ip().to_canonical() != ip
+        {
+            return Received::WrongSource;
         }
+        if !udp::verify(src, dst, data) {
+            self.inner.lock().qp.record_icrc_error();
+            return Received::BadIcrc;
+        }
+        if port == 0 {
+            self.learn_peer_port(src);
+        }
+        let mut g = self.inner.lock();
+        g.qp.handle_packet(now, data, view);
+        Received::Processed
+    }
+
+    /// The first packet from the peer's IP with a right ICRC names the port it sends from.
+    /// (Packets are received by one thread at a time, the device's receive lock holder.)
+    #[cold]
+    fn learn_peer_port(&self, src: SocketAddr) {
+        self.peer_port
+            .store(PORT_KNOWN | u32::from(src.port()), Ordering::Release);
+        log::debug!(target: "rdmx::soft", "QP {:#x}: the peer sends from {src}", self.qpn);
+    }
+
+    /// Where the peer's packets are accepted from: its IP (once connected) and UDP source
+    /// port (once its first packet arrived).
+    pub fn peer_source(&self) -> (Option<IpAddr>, Option<u16>) {
+        let port = self.peer_port.load(Ordering::Acquire);
+        (
+            self.peer_ip.get().copied(),
+            (port != 0).then_some(port as u16),
+        )
     }
 
     /// Runs due timers (if `timers`: the caller has processed every packet received so
