@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use super::emit::{PayloadSrc, TxParts};
+use super::emit::{EmitError, PayloadSrc, TxParts};
 use super::memory::{self, Memory, sge_total};
 use super::packet::{Hdr, Reth, op};
 use super::psn;
@@ -208,9 +208,10 @@ impl Qp {
                 len: remaining as u32,
             });
             let pkts = packets_for(remaining, mtu);
-            let t = self
-                .emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored)
-                .ok()?;
+            let t = match self.emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored) {
+                Ok(t) => t,
+                Err(e) => return self.request_not_built(idx, e),
+            };
             (t, pkts, true)
         } else {
             let off = self.req.send_off;
@@ -245,9 +246,10 @@ impl Qp {
                 off,
             };
             let ack_req = h.ack_req;
-            let n = self
-                .emit_from(&h, take as usize, src, mem, buf, vectored)
-                .ok()?;
+            let n = match self.emit_from(&h, take as usize, src, mem, buf, vectored) {
+                Ok(n) => n,
+                Err(e) => return self.request_not_built(idx, e),
+            };
             self.req.pkts_since_ackreq = if ack_req {
                 0
             } else {
@@ -277,11 +279,171 @@ impl Qp {
         Some(n)
     }
 
+    /// A request packet of WQE `idx` could not be built (after its first PSN and READ
+    /// credit were taken): rather than leave a send queue that never moves, the WR
+    /// completes in error and the QP enters ERR (§4.8), as a bad local key found at the
+    /// first transmission does. LOC_PROT_ERR when its memory refused the access (it was
+    /// deregistered or lost its rights after the post); LOC_LEN_ERR when the caller's
+    /// buffer is smaller than the packet (`poll_transmit` needs `max_packet_len(path_mtu)`
+    /// bytes), which no later call with the same buffer would fix.
+    fn request_not_built<'m>(&mut self, idx: usize, e: EmitError) -> Option<TxParts<'m>> {
+        self.req.sq[idx].error = Some(match e {
+            EmitError::Memory(_) => WcStatus::LocProtErr,
+            EmitError::Buffer => WcStatus::LocLenErr,
+        });
+        self.enter_error();
+        None
+    }
+
     /// The local ACK timeout in ns; None for timeout = 0 (no timer).
     pub(super) fn ack_timeout_ns(&self) -> Option<u64> {
         match crate::config::encoding::ack_timeout_ns(self.attr.timeout) {
             Some(0) | None => None,
             Some(t) => Some(t),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::memory::{Key, MemError, Sge};
+    use super::super::verbs::attr_mask as m;
+    use super::super::{QpAttr, QpCaps, VecMemory, max_packet_len};
+    use super::*;
+    use std::cell::Cell;
+
+    type MemResult = std::result::Result<(), MemError>;
+
+    const MTU: u32 = 256;
+    const LKEY: u32 = 0x100;
+
+    fn rts() -> Qp {
+        let mut qp = Qp::new(0x11, QpCaps::default());
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ,
+            ..Default::default()
+        };
+        qp.modify(&a, m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS)
+            .unwrap();
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = MTU;
+        a.dest_qp_num = 0x22;
+        a.max_dest_rd_atomic = 4;
+        qp.modify(
+            &a,
+            m::STATE
+                | m::AV
+                | m::PATH_MTU
+                | m::DEST_QPN
+                | m::RQ_PSN
+                | m::MAX_DEST_RD_ATOMIC
+                | m::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        a.qp_state = QpState::Rts;
+        a.max_rd_atomic = 4;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        qp.modify(
+            &a,
+            m::STATE | m::SQ_PSN | m::MAX_QP_RD_ATOMIC | m::RETRY_CNT | m::RNR_RETRY | m::TIMEOUT,
+        )
+        .unwrap();
+        qp
+    }
+
+    fn memory() -> VecMemory {
+        let mut mem = VecMemory::new();
+        mem.add_region(0x1000, 4096, LKEY, 0x200, access::LOCAL_WRITE);
+        mem
+    }
+
+    fn wr(wr_id: u64, opcode: WrOpcode, len: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode,
+            flags: send_flags::SIGNALED,
+            sges: smallvec::smallvec![Sge {
+                addr: 0x1000,
+                length: len,
+                lkey: LKEY,
+            }],
+            remote_addr: 0x9000,
+            rkey: 0x300,
+            imm: 0,
+        }
+    }
+
+    /// The statuses of every completion queued, in order.
+    fn statuses(qp: &mut Qp) -> Vec<(u64, WcStatus)> {
+        std::iter::from_fn(|| qp.poll_completion())
+            .map(|c| (c.wr_id, c.status))
+            .collect()
+    }
+
+    #[test]
+    fn a_buffer_too_small_for_the_packet_fails_the_wr_instead_of_stalling() {
+        for (opcode, len) in [(WrOpcode::Send, 200), (WrOpcode::RdmaRead, 200)] {
+            let mem = memory();
+            let mut qp = rts();
+            qp.post_send(wr(1, opcode, len)).unwrap();
+            qp.post_send(wr(2, WrOpcode::Send, 8)).unwrap();
+            // Room for the headers but not the payload (SEND), or not even the headers (READ).
+            let mut small = vec![0u8; 20];
+            assert_eq!(qp.poll_transmit(0, &mem, &mut small), None);
+            assert_eq!(qp.state(), QpState::Err, "{opcode:?}");
+            assert!(!qp.wants_transmit());
+            assert_eq!(
+                statuses(&mut qp),
+                [(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)],
+                "{opcode:?}"
+            );
+            // A buffer of the documented size works (a fresh QP).
+            let mut qp = rts();
+            qp.post_send(wr(1, opcode, len)).unwrap();
+            let mut buf = vec![0u8; max_packet_len(MTU)];
+            assert!(qp.poll_transmit(0, &mem, &mut buf).is_some());
+            assert_eq!(qp.state(), QpState::Rts);
+        }
+    }
+
+    /// Memory that refuses reads once `fail` is set (a region deregistered mid-message).
+    struct Revocable {
+        mem: VecMemory,
+        fail: Cell<bool>,
+    }
+
+    impl Memory for Revocable {
+        fn read(&self, key: Key, addr: u64, out: &mut [u8], a: u32) -> MemResult {
+            if self.fail.get() {
+                return Err(MemError::BadKey);
+            }
+            self.mem.read(key, addr, out, a)
+        }
+        fn write(&mut self, key: Key, addr: u64, data: &[u8], a: u32) -> MemResult {
+            self.mem.write(key, addr, data, a)
+        }
+        fn check(&self, key: Key, addr: u64, len: u64, a: u32) -> MemResult {
+            self.mem.check(key, addr, len, a)
+        }
+    }
+
+    #[test]
+    fn memory_revoked_mid_message_fails_the_wr_with_loc_prot_err() {
+        let mem = Revocable {
+            mem: memory(),
+            fail: Cell::new(false),
+        };
+        let mut qp = rts();
+        // Three packets at MTU 256.
+        qp.post_send(wr(7, WrOpcode::Send, 600)).unwrap();
+        let mut buf = vec![0u8; max_packet_len(MTU)];
+        assert!(qp.poll_transmit(0, &mem, &mut buf).is_some());
+        mem.fail.set(true);
+        assert_eq!(qp.poll_transmit(0, &mem, &mut buf), None);
+        assert_eq!(qp.state(), QpState::Err);
+        assert_eq!(statuses(&mut qp), [(7, WcStatus::LocProtErr)]);
     }
 }
