@@ -8,9 +8,11 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::provider::soft::cq::{Cq, Wc};
 use crate::provider::soft::device::ProgressStats;
 use crate::provider::soft::qp::{Remote, SendReq, SoftQp, Timers};
-use crate::provider::soft::sys::EventFd;
+use crate::provider::soft::sys::{self, EventFd};
 use crate::rc::verbs::{QpState, access};
 use crate::rc::{Counters, QpCaps, SgeList};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -22,12 +24,51 @@ use crate::provider::soft::mtu::PathMtu;
 
 /// Handshake deadline once the TCP connection is up.
 const HANDSHAKE: Duration = Duration::from_secs(10);
+/// Most handshakes one listener runs at once (each on its own thread, each with a QP), and
+/// ended ones not yet accepted: beyond that, new TCP connections wait in the kernel's
+/// backlog until one ends.
+const MAX_HANDSHAKES: usize = 128;
+/// Longest single wait inside `accept` before it looks at its queues again (a safety net:
+/// every event that matters also wakes it).
+const ACCEPT_SLICE: Duration = Duration::from_secs(1);
 
 /// Accepts connections on a TCP address.
+///
+/// Each accepted TCP connection's handshake runs on its own thread with its own deadline
+/// (the handshake timeout, 10 s by default), so a client that connects and stays silent
+/// holds up no other client: `accept` returns whichever connection is set up first. The
+/// on-connect hook still runs in `accept`, on the caller's thread. A client that does not
+/// finish its handshake in time is dropped (logged at debug level); other handshake
+/// failures are returned by `accept`, as before. Several threads may accept on one
+/// listener at once.
 #[derive(Debug)]
 pub struct Listener {
     ctx: Context,
+    /// Non-blocking for its whole life (accepts wait in poll(2), never toggle the mode).
     tcp: TcpListener,
+    handshakes: Arc<Handshakes>,
+    handshake_timeout: Duration,
+}
+
+/// A listener's handshakes, shared with the threads that run them.
+#[derive(Debug)]
+struct Handshakes {
+    state: Mutex<HandshakeState>,
+    /// Signaled when a handshake ends (`accept` waits on it with the listening socket).
+    wake: EventFd,
+}
+
+#[derive(Debug, Default)]
+struct HandshakeState {
+    /// Handshakes that ended and were not yet taken by `accept`: the connection (with the
+    /// peer's offered path MTU, for the log line) or the error.
+    done: VecDeque<Result<(Connection, u32)>>,
+    /// Handshakes running or in `done`: at most [`MAX_HANDSHAKES`].
+    slots: usize,
+    /// The sockets of running handshakes (clones), shut down when the listener goes.
+    running: HashMap<u64, TcpStream>,
+    next_id: u64,
+    closed: bool,
 }
 
 /// One RC connection.
@@ -69,9 +110,16 @@ impl Context {
         let a = resolve(addr)?;
         let tcp = TcpListener::bind(a)
             .map_err(|e| Error::new(ErrorKind::Io, format!("listen on {a}: {e}")))?;
+        tcp.set_nonblocking(true)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("listen on {a}: {e}")))?;
         Ok(Listener {
             ctx: self.clone(),
             tcp,
+            handshakes: Arc::new(Handshakes {
+                state: Mutex::new(HandshakeState::default()),
+                wake: EventFd::new()?,
+            }),
+            handshake_timeout: HANDSHAKE,
         })
     }
 
@@ -86,7 +134,9 @@ impl Context {
             };
             Error::new(kind, format!("connect to {a}: {e}"))
         })?;
-        Connection::establish(self.clone(), tcp)
+        let (mut conn, peer_mtu) = Connection::prepare(self.clone(), tcp, HANDSHAKE)?;
+        conn.go_live(peer_mtu, |tcp| setup::ready(tcp, HANDSHAKE))?;
+        Ok(conn)
     }
 }
 
@@ -97,49 +147,250 @@ impl Listener {
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
     }
 
-    /// Waits up to `timeout` (None = forever) for a connection and sets it up.
+    /// How long a client may take over its handshake once its TCP connection is accepted
+    /// (default 10 s); one that takes longer is dropped. Applies to handshakes started
+    /// afterwards.
+    pub fn set_handshake_timeout(&mut self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "handshake timeout: invalid value 0: must be positive",
+            ));
+        }
+        self.handshake_timeout = timeout;
+        Ok(())
+    }
+
+    /// Handshakes running now (TCP connections accepted whose setup has not ended).
+    pub fn handshakes_in_progress(&self) -> usize {
+        self.handshakes.state.lock().running.len()
+    }
+
+    /// Waits up to `timeout` (None = forever) for a connection that completed its setup
+    /// and returns it, after running the on-connect hook and telling the peer it may send.
+    /// Handshakes run concurrently (see [`Listener`]); `Timeout` when none completed in
+    /// time. A handshake that failed (other than by timing out) is returned as its error.
     pub fn accept(&self, timeout: Option<Duration>) -> Result<Connection> {
-        let tcp = match timeout {
-            None => self.tcp.accept().map(|(s, _)| s),
-            Some(t) => {
-                let deadline = Instant::now() + t;
-                self.tcp.set_nonblocking(true).ok();
-                let r = loop {
-                    match self.tcp.accept() {
-                        Ok((s, _)) => break Ok(s),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            if Instant::now() >= deadline {
-                                self.tcp.set_nonblocking(false).ok();
-                                return Err(Error::new(
-                                    ErrorKind::Timeout,
-                                    format!(
-                                        "accept on {}: no connection within {t:?}",
-                                        self.local_addr()
-                                    ),
-                                ));
-                            }
-                            std::thread::sleep(Duration::from_millis(2));
-                        }
-                        Err(e) => break Err(e),
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut ready = Vec::new();
+        loop {
+            if let Some(done) = self.handshakes.take() {
+                let (mut conn, peer_mtu) = done?;
+                let fd = conn.tcp.as_raw_fd();
+                conn.go_live(peer_mtu, |tcp| {
+                    setup::send_ready(tcp, HANDSHAKE)?;
+                    // Its handshake may have ended a while before this accept call.
+                    if sys::peer_closed(fd) {
+                        return Err(closed(format!(
+                            "side channel to {}: the peer left before the connection was \
+                             accepted",
+                            conn_peer(tcp)
+                        )));
                     }
-                };
-                self.tcp.set_nonblocking(false).ok();
-                r
+                    Ok(())
+                })?;
+                return Ok(conn);
+            }
+            self.start_handshakes()?;
+            let wait = match deadline {
+                None => ACCEPT_SLICE,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::new(
+                            ErrorKind::Timeout,
+                            format!(
+                                "accept on {}: no connection within {:?}",
+                                self.local_addr(),
+                                timeout.unwrap_or_default()
+                            ),
+                        ));
+                    }
+                    left.min(ACCEPT_SLICE)
+                }
+            };
+            let fds = [self.handshakes.wake.raw_fd(), self.tcp.as_raw_fd()];
+            let n = if self.handshakes.has_room() { 2 } else { 1 };
+            sys::poll_readable(&fds[..n], wait, &mut ready)?;
+        }
+    }
+
+    /// Accepts the TCP connections waiting in the backlog (while there is room) and starts
+    /// a handshake thread for each.
+    fn start_handshakes(&self) -> Result<()> {
+        loop {
+            if !self.handshakes.reserve() {
+                return Ok(());
+            }
+            let tcp = match self.tcp.accept() {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    self.handshakes.release();
+                    match e.kind() {
+                        std::io::ErrorKind::WouldBlock => return Ok(()),
+                        // A client that reset before we took it, or a signal: next one.
+                        std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::Interrupted => {
+                            continue;
+                        }
+                        _ => {
+                            return Err(Error::new(
+                                ErrorKind::Io,
+                                format!("accept on {}: {e}", self.local_addr()),
+                            ));
+                        }
+                    }
+                }
+            };
+            if let Err(e) = self.spawn_handshake(tcp) {
+                self.handshakes.release();
+                return Err(e);
             }
         }
-        .map_err(|e| {
+    }
+
+    /// Runs the handshake of `tcp` on a thread of its own; its result goes to `done`.
+    fn spawn_handshake(&self, tcp: TcpStream) -> Result<()> {
+        let io = |e: std::io::Error| {
             Error::new(
                 ErrorKind::Io,
-                format!("accept on {}: {e}", self.local_addr()),
+                format!("accept on {}: handshake: {e}", self.local_addr()),
             )
-        })?;
-        tcp.set_nonblocking(false).ok();
-        Connection::establish(self.ctx.clone(), tcp)
+        };
+        tcp.set_nonblocking(false).map_err(io)?;
+        let peer = tcp.peer_addr().map_err(io)?;
+        let id = {
+            let clone = tcp.try_clone().map_err(io)?;
+            let mut st = self.handshakes.state.lock();
+            let id = st.next_id;
+            st.next_id += 1;
+            st.running.insert(id, clone);
+            id
+        };
+        let ctx = self.ctx.clone();
+        let hs = Arc::clone(&self.handshakes);
+        let timeout = self.handshake_timeout;
+        let spawned = std::thread::Builder::new()
+            .name("rdmx-handshake".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let r = Connection::prepare(ctx, tcp, timeout).and_then(|(mut conn, mtu)| {
+                    let left = timeout.saturating_sub(started.elapsed());
+                    setup::await_ready(&mut conn.tcp, left.max(Duration::from_millis(1)))?;
+                    Ok((conn, mtu))
+                });
+                hs.finish(id, peer, r, started.elapsed() >= timeout, timeout);
+            });
+        if let Err(e) = spawned {
+            self.handshakes.state.lock().running.remove(&id);
+            return Err(io(e));
+        }
+        Ok(())
+    }
+}
+
+fn conn_peer(tcp: &TcpStream) -> String {
+    tcp.peer_addr()
+        .map_or_else(|_| "the peer".to_string(), |a| a.to_string())
+}
+
+impl Handshakes {
+    /// Takes a slot for a new handshake if there is room.
+    fn reserve(&self) -> bool {
+        let mut st = self.state.lock();
+        if st.slots >= MAX_HANDSHAKES {
+            return false;
+        }
+        st.slots += 1;
+        true
+    }
+
+    fn release(&self) {
+        let mut st = self.state.lock();
+        st.slots = st.slots.saturating_sub(1);
+    }
+
+    fn has_room(&self) -> bool {
+        self.state.lock().slots < MAX_HANDSHAKES
+    }
+
+    /// The oldest ended handshake, if any. With none, clears the wakeup: it fires again
+    /// when the next one ends (or a slot frees).
+    fn take(&self) -> Option<Result<(Connection, u32)>> {
+        let mut st = self.state.lock();
+        match st.done.pop_front() {
+            Some(d) => {
+                st.slots = st.slots.saturating_sub(1);
+                Some(d)
+            }
+            None => {
+                self.wake.clear();
+                None
+            }
+        }
+    }
+
+    /// A handshake thread's end: its result is queued for `accept`, except when it ran
+    /// out of time (a silent or slow client: dropped) or the listener is gone.
+    fn finish(
+        &self,
+        id: u64,
+        peer: SocketAddr,
+        r: Result<(Connection, u32)>,
+        timed_out: bool,
+        timeout: Duration,
+    ) {
+        let mut st = self.state.lock();
+        st.running.remove(&id);
+        let drop_it = st.closed || (r.is_err() && timed_out);
+        if drop_it {
+            st.slots = st.slots.saturating_sub(1);
+        } else {
+            st.done.push_back(r);
+            self.wake.signal();
+            return;
+        }
+        // A slot freed: an accept waiting at the limit may take the next client.
+        self.wake.signal();
+        let closed = st.closed;
+        drop(st);
+        match r {
+            Err(e) if !closed => log::debug!(
+                target: "rdmx::msgr",
+                "accept: dropped {peer}: no handshake within {timeout:?}: {e}"
+            ),
+            _ => log::debug!(
+                target: "rdmx::msgr",
+                "accept: dropped {peer}: the listener closed during its handshake"
+            ),
+        }
+        // `r` (a connection, if any) is dropped here, outside the lock.
+    }
+}
+
+impl Drop for Listener {
+    /// Ends running handshakes at once (their sockets are shut down) and drops the
+    /// connections set up but not accepted.
+    fn drop(&mut self) {
+        let (done, running) = {
+            let mut st = self.handshakes.state.lock();
+            st.closed = true;
+            (
+                std::mem::take(&mut st.done),
+                std::mem::take(&mut st.running),
+            )
+        };
+        for s in running.values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        drop(done);
     }
 }
 
 impl Connection {
-    fn establish(ctx: Context, mut tcp: TcpStream) -> Result<Connection> {
+    /// The part of a setup that waits for the peer: creates the QP, exchanges hellos
+    /// within `timeout` and brings the QP to RTS. Returns the connection (not yet watched,
+    /// the peer not yet told it may send) and the peer's offered path MTU.
+    fn prepare(ctx: Context, mut tcp: TcpStream, timeout: Duration) -> Result<(Connection, u32)> {
         let s = &ctx.shared.settings;
         tcp.set_nodelay(true).ok();
         let local_ip = tcp
@@ -200,7 +451,7 @@ impl Connection {
                     })
                     .collect(),
             };
-            let theirs = setup::exchange(&mut tcp, &mine, HANDSHAKE)?;
+            let theirs = setup::exchange(&mut tcp, &mine, timeout)?;
             let n = setup::negotiate(&mine, &theirs, peer.ip())?;
             qp.connect(
                 &Remote {
@@ -229,7 +480,7 @@ impl Connection {
                 return Err(e);
             }
         };
-        let mut conn = Connection {
+        let conn = Connection {
             ctx,
             tcp,
             qp,
@@ -242,27 +493,40 @@ impl Connection {
             closed: false,
             failure_c: std::sync::OnceLock::new(),
         };
-        // The QP can receive now; the peer sends only after `ready`. In between, the
-        // application's hook posts its first receives (dropping `conn` on error cleans up).
-        let hook = conn.ctx.shared.on_connect.read().clone();
+        Ok((conn, peer_mtu))
+    }
+
+    /// The rest of a setup, on the caller's thread: the application's hook posts its
+    /// first receives (the QP can receive now; the peer sends only after our ready byte),
+    /// then `ready` takes the ready step, then the side channel is watched. On error the
+    /// caller drops the connection, which cleans up.
+    fn go_live(
+        &mut self,
+        peer_mtu: u32,
+        ready: impl FnOnce(&mut TcpStream) -> Result<()>,
+    ) -> Result<()> {
+        let hook = self.ctx.shared.on_connect.read().clone();
         if let Some(hook) = hook {
-            hook(&conn)?;
+            hook(self)?;
         }
-        setup::ready(&mut conn.tcp, HANDSHAKE)?;
-        let dev = &conn.ctx.shared.dev;
-        dev.watch(conn.tcp.as_raw_fd(), conn.qp.qpn());
+        ready(&mut self.tcp)?;
+        let dev = &self.ctx.shared.dev;
+        dev.watch(self.tcp.as_raw_fd(), self.qp.qpn());
+        let offer = self.mtu.0;
         log::info!(
             target: "rdmx::msgr",
-            "connected to {peer}: QP {:#x}, {} peer region(s), path MTU {path_mtu} (offered \
-             {}: configured {}, active {} on link MTU {}; the peer offered {peer_mtu})",
-            conn.qp.qpn(),
-            conn.peer_regions.len(),
+            "connected to {}: QP {:#x}, {} peer region(s), path MTU {} (offered {}: \
+             configured {}, active {} on link MTU {}; the peer offered {peer_mtu})",
+            self.peer,
+            self.qp.qpn(),
+            self.peer_regions.len(),
+            self.mtu.1,
             offer.offered,
             offer.configured,
             offer.active,
             offer.link_mtu,
         );
-        Ok(conn)
+        Ok(())
     }
 
     fn check_open(&self, what: &str) -> Result<()> {

@@ -551,25 +551,48 @@ pub fn exchange(stream: &mut TcpStream, mine: &Hello, timeout: Duration) -> Resu
 /// `b'R'` and reads the peer's, so neither sends RC traffic before the other's QP can
 /// receive it (a packet to a QP still in INIT is dropped, costing a retransmission timeout).
 ///
+/// A side may also take the step in two halves, [`await_ready`] then [`send_ready`]: the
+/// peer writes its byte before reading, so reading first cannot deadlock with a peer that
+/// calls `ready` (a listener reads the client's byte while its handshake runs on its own
+/// and sends its own when the application accepts the connection).
+///
 /// Errors: [`ErrorKind::Io`] for IO errors, EOF and timeouts, [`ErrorKind::Parse`] if the
 /// byte is not `b'R'`, [`ErrorKind::InvalidArgument`] for a zero timeout.
 pub fn ready(stream: &mut TcpStream, timeout: Duration) -> Result<()> {
     with_deadline(stream, timeout, |stream, deadline, peer| {
         // One byte each way fits any socket buffer: no deadlock, no thread needed.
-        write_all_by(stream, b"R", deadline, peer, "sending our ready byte")?;
-        let mut b = [0u8; 1];
-        read_exact_by(stream, &mut b, 0, deadline, peer, "the peer's ready byte")?;
-        if b[0] != b'R' {
-            return Err(Error::new(
-                ErrorKind::Parse,
-                format!(
-                    "side channel to {peer}: expected ready byte 0x52 ('R'), got {:#04x}",
-                    b[0]
-                ),
-            ));
-        }
-        Ok(())
+        write_ready_by(stream, deadline, peer)?;
+        read_ready_by(stream, deadline, peer)
     })
+}
+
+/// The writing half of [`ready`]: sends our ready byte within `timeout`.
+pub fn send_ready(stream: &mut TcpStream, timeout: Duration) -> Result<()> {
+    with_deadline(stream, timeout, write_ready_by)
+}
+
+/// The reading half of [`ready`]: waits up to `timeout` for the peer's ready byte.
+pub fn await_ready(stream: &mut TcpStream, timeout: Duration) -> Result<()> {
+    with_deadline(stream, timeout, read_ready_by)
+}
+
+fn write_ready_by(stream: &mut TcpStream, deadline: Instant, peer: &str) -> Result<()> {
+    write_all_by(stream, b"R", deadline, peer, "sending our ready byte")
+}
+
+fn read_ready_by(stream: &mut TcpStream, deadline: Instant, peer: &str) -> Result<()> {
+    let mut b = [0u8; 1];
+    read_exact_by(stream, &mut b, 0, deadline, peer, "the peer's ready byte")?;
+    if b[0] != b'R' {
+        return Err(Error::new(
+            ErrorKind::Parse,
+            format!(
+                "side channel to {peer}: expected ready byte 0x52 ('R'), got {:#04x}",
+                b[0]
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Runs `f` with a deadline `timeout` from now, restoring the socket's timeouts afterwards
@@ -1196,6 +1219,34 @@ mod tests {
             e.message()
                 .contains("timed out waiting for the peer's ready byte"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn ready_in_halves_meets_ready() {
+        // A listener reads the client's byte first and sends its own later.
+        let (mut client, mut server) = pair();
+        let c = std::thread::spawn(move || ready(&mut client, T));
+        await_ready(&mut server, T).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!c.is_finished(), "the client waits for our byte");
+        send_ready(&mut server, T).unwrap();
+        c.join().unwrap().unwrap();
+        // The halves report like `ready`.
+        let (mut ca, mut cb) = pair();
+        cb.write_all(b"X").unwrap();
+        let e = await_ready(&mut ca, T).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Parse, "{e}");
+        let (mut ca, _cb) = pair();
+        let e = await_ready(&mut ca, SHORT).unwrap_err();
+        assert!(
+            e.message()
+                .contains("timed out waiting for the peer's ready byte"),
+            "{e}"
+        );
+        assert_eq!(
+            send_ready(&mut ca, Duration::ZERO).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
         );
     }
 

@@ -27,9 +27,8 @@ impl EventFd {
             return Err(os_error("eventfd"));
         }
         // SAFETY: `fd` is a fresh descriptor owned by nobody else.
-        Ok(EventFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(EventFd { fd })
     }
 
     /// Makes the fd readable (adds 1 to the counter; never blocks).
