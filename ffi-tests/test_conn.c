@@ -166,6 +166,11 @@ static void send_junk(uint16_t port, const void *data, size_t len) {
 static int32_t post_first_recv(void *user, rdmx_conn *conn) {
   struct hook_arg *a = (struct hook_arg *)user;
   a->calls++;
+  /* The connection is lent to the hook: closing or freeing it is refused, not UB. */
+  CHECK_STATUS(rdmx_conn_close(conn), RDMX_INVALID_ARGUMENT);
+  CHECK_ERR_HAS("lent to the on-connect hook");
+  rdmx_conn_free(conn);
+  CHECK_ERR_HAS("lent to the on-connect hook");
   return rdmx_post_recv(conn, &a->sge, 1, 11) == RDMX_OK ? 0 : 1;
 }
 

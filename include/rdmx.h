@@ -173,8 +173,9 @@ typedef struct rdmx_pool rdmx_pool;
 
 /**
  * Called for every new connection (accepted or initiated) once its QP can receive and
- * before the peer is told it may send: post the first receives here. `conn` is borrowed
- * for the call (do not free or close it; the accept/connect call returns it afterwards).
+ * before the peer is told it may send: post the first receives here. `conn` is lent for
+ * the call: `rdmx_conn_close`/`rdmx_conn_free` on it are refused (RDMX_INVALID_ARGUMENT,
+ * nothing happens); the accept/connect call returns it afterwards.
  * Return 0 to go on; anything else fails the accept/connect (RDMX_CLOSED).
  */
 typedef int32_t (*rdmx_on_connect)(void *user_data, rdmx_conn *conn);

@@ -6,13 +6,25 @@
 
 use log::{LevelFilter, Log, Metadata, Record};
 use parking_lot::RwLock;
-use std::sync::Once;
+use std::cell::Cell;
+use std::sync::{Arc, Once};
 
 /// Receives every log line rdmx emits at or above the configured level.
 pub type Sink = Box<dyn Fn(log::Level, &str) + Send + Sync>;
 
+/// A sink as kept: shared, so it can be called outside the lock.
+type SharedSink = Arc<dyn Fn(log::Level, &str) + Send + Sync>;
+
 struct RdmxLogger {
-    sink: RwLock<Option<Sink>>,
+    /// Cloned out of the lock before it is called: a sink may log, or replace the sink,
+    /// from inside without deadlocking.
+    sink: RwLock<Option<SharedSink>>,
+}
+
+thread_local! {
+    /// Set while this thread runs the sink: a line the sink itself causes goes to stderr
+    /// instead of recursing into it.
+    static IN_SINK: Cell<bool> = const { Cell::new(false) };
 }
 
 static LOGGER: RdmxLogger = RdmxLogger {
@@ -30,9 +42,22 @@ impl Log for RdmxLogger {
             return;
         }
         let line = format!("{}: {}", record.target(), record.args());
-        match &*self.sink.read() {
-            Some(sink) => sink(record.level(), &line),
-            None => eprintln!("rdmx {} {}", record.level(), line),
+        let sink = self.sink.read().clone();
+        match sink {
+            Some(sink) if !IN_SINK.with(Cell::get) => {
+                IN_SINK.with(|c| c.set(true));
+                // A panicking sink must not leave the flag set (the FFI boundary catches
+                // the panic and the thread goes on).
+                struct Reset;
+                impl Drop for Reset {
+                    fn drop(&mut self) {
+                        IN_SINK.with(|c| c.set(false));
+                    }
+                }
+                let _reset = Reset;
+                sink(record.level(), &line);
+            }
+            _ => eprintln!("rdmx {} {}", record.level(), line),
         }
     }
 
@@ -60,7 +85,7 @@ pub fn init() {
 /// Routes log lines to `sink` (None: back to stderr) and sets the level filter.
 pub fn set_sink(sink: Option<Sink>, level: LevelFilter) {
     init();
-    *LOGGER.sink.write() = sink;
+    *LOGGER.sink.write() = sink.map(Arc::from);
     log::set_max_level(level);
 }
 
@@ -69,8 +94,12 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
+    /// The sink is process-wide: these tests take turns.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
     #[test]
     fn sink_receives_lines_at_or_above_level() {
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s2 = Arc::clone(&seen);
         set_sink(
@@ -87,6 +116,41 @@ mod tests {
         assert_eq!(
             *seen,
             vec![(log::Level::Info, "rdmx::test: hello 42".to_string())]
+        );
+    }
+
+    #[test]
+    fn a_sink_that_logs_or_replaces_the_sink_does_not_deadlock() {
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let s2 = Arc::clone(&seen);
+            set_sink(
+                Some(Box::new(move |_, msg| {
+                    s2.lock().unwrap().push(msg.to_string());
+                    // Logging from inside the sink: goes to stderr, no recursion.
+                    log::warn!(target: "rdmx::test", "from inside the sink");
+                    // Replacing the sink from inside: takes the write lock.
+                    if msg.contains("replace") {
+                        set_sink(None, LevelFilter::Warn);
+                    }
+                })),
+                LevelFilter::Info,
+            );
+            log::warn!(target: "rdmx::test", "first");
+            log::warn!(target: "rdmx::test", "replace");
+            log::warn!(target: "rdmx::test", "after: to stderr");
+            let got = seen.lock().unwrap().clone();
+            let _ = tx.send(got);
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("logging from a sink deadlocked");
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(
+            got[0].ends_with("first") && got[1].ends_with("replace"),
+            "{got:?}"
         );
     }
 }

@@ -210,6 +210,7 @@ fn read_outside_the_peer_region_and_bad_lkey_fail_cleanly() {
     let (a, b) = (ctx(&[]), ctx(&[]));
     // SAFETY: buffers outlive the use.
     let ma = unsafe { a.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
+    // SAFETY: as above.
     let mb = unsafe {
         b.register(
             b_buf.as_mut_ptr(),
@@ -296,6 +297,7 @@ fn on_connect_hook_posts_receives_before_the_peer_may_send() {
     let mut b_buf = vec![0u8; 4096];
     // SAFETY: buffers outlive the use.
     let ma = unsafe { a.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
+    // SAFETY: as above.
     let mb = unsafe { b.register(b_buf.as_mut_ptr(), b_buf.len(), access::LOCAL_WRITE) }.unwrap();
     let (addr, lkey) = (mb.addr, mb.lkey);
     b.set_on_connect(Some(std::sync::Arc::new(move |c: &Connection| {

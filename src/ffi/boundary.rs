@@ -16,7 +16,7 @@ pub(super) fn last_error_ptr() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-fn set_last_error(msg: &str) {
+pub(super) fn set_last_error(msg: &str) {
     // Interior NULs cannot be represented in a C string; replace rather than lose the text.
     let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
     LAST_ERROR.with(|e| *e.borrow_mut() = c);
@@ -204,9 +204,7 @@ mod tests {
         // SAFETY: `big` is valid for 4 bytes.
         unsafe { write_str("abc", big.as_mut_ptr(), 4, std::ptr::null_mut()) }.unwrap();
         // SAFETY: write_str NUL-terminated it.
-        assert_eq!(
-            unsafe { CStr::from_ptr(big.as_ptr()) }.to_str().unwrap(),
-            "abc"
-        );
+        let s = unsafe { CStr::from_ptr(big.as_ptr()) };
+        assert_eq!(s.to_str().unwrap(), "abc");
     }
 }

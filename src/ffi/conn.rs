@@ -45,12 +45,49 @@ pub struct rdmx_conn {
 }
 
 /// Called for every new connection (accepted or initiated) once its QP can receive and
-/// before the peer is told it may send: post the first receives here. `conn` is borrowed
-/// for the call (do not free or close it; the accept/connect call returns it afterwards).
+/// before the peer is told it may send: post the first receives here. `conn` is lent for
+/// the call: `rdmx_conn_close`/`rdmx_conn_free` on it are refused (RDMX_INVALID_ARGUMENT,
+/// nothing happens); the accept/connect call returns it afterwards.
 /// Return 0 to go on; anything else fails the accept/connect (RDMX_CLOSED).
 #[allow(non_camel_case_types)]
 pub type rdmx_on_connect =
     Option<unsafe extern "C" fn(user_data: *mut c_void, conn: *mut rdmx_conn) -> i32>;
+
+/// Connections lent to an on-connect hook right now (their handles' addresses): closing
+/// or freeing one of them is refused, so the hook's borrow can never become an owner
+/// (`rdmx_conn_close` would make a `&mut` from the `&` it was lent, `rdmx_conn_free` would
+/// free memory rdmx owns).
+static LENT: parking_lot::Mutex<Vec<usize>> = parking_lot::Mutex::new(Vec::new());
+
+/// Err if `c` is lent to an on-connect hook.
+fn not_lent(c: *const rdmx_conn, verb: &str) -> Result<()> {
+    if LENT.lock().contains(&(c as usize)) {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "conn is lent to the on-connect hook: {verb} it after rdmx_connect/rdmx_listener_accept returns it"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Marks a handle lent for the life of the guard.
+struct Lend(usize);
+impl Lend {
+    fn new(p: *const rdmx_conn) -> Lend {
+        LENT.lock().push(p as usize);
+        Lend(p as usize)
+    }
+}
+impl Drop for Lend {
+    fn drop(&mut self) {
+        let mut l = LENT.lock();
+        if let Some(i) = l.iter().position(|&x| x == self.0) {
+            l.swap_remove(i);
+        }
+    }
+}
 
 /// The user's pointer for the on-connect hook.
 struct HookData(*mut c_void);
@@ -88,8 +125,10 @@ pub unsafe extern "C" fn rdmx_context_set_on_connect(
                 // `rdmx_conn` is repr(transparent) over `Connection`: the same address is a
                 // valid handle for the duration of the call.
                 let p = (c as *const Connection).cast_mut().cast::<rdmx_conn>();
+                let _lent = Lend::new(p);
                 // SAFETY: the caller's function pointer with the documented signature; the
-                // handle is valid for the call, the hook must not free it.
+                // handle is valid for the call, and closing or freeing it is refused while
+                // it is lent (`not_lent`).
                 let rc = unsafe { cb(user.ptr(), p) };
                 if rc == 0 {
                     Ok(())
@@ -308,7 +347,8 @@ pub unsafe extern "C" fn rdmx_connect(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_conn_close(c: *mut rdmx_conn) -> rdmx_status {
     boundary::call("rdmx_conn_close", || {
-        // SAFETY: forwarded contract.
+        not_lent(c, "close")?;
+        // SAFETY: forwarded contract; not a handle lent to a hook (checked above).
         unsafe { handle_mut(c, "conn") }?.inner.close();
         Ok(())
     })
@@ -321,10 +361,17 @@ pub unsafe extern "C" fn rdmx_conn_close(c: *mut rdmx_conn) -> rdmx_status {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_conn_free(c: *mut rdmx_conn) {
     boundary::call_value("rdmx_conn_free", (), || {
-        if !c.is_null() {
-            // SAFETY: ownership returns here exactly once, per the contract.
-            drop(unsafe { Box::from_raw(c) });
+        if c.is_null() {
+            return;
         }
+        if let Err(e) = not_lent(c, "free") {
+            log::error!(target: "rdmx::ffi", "rdmx_conn_free: {}", e.message());
+            boundary::set_last_error(&format!("rdmx_conn_free: {}", e.message()));
+            return;
+        }
+        // SAFETY: ownership returns here exactly once, per the contract (and it is not a
+        // handle lent to a hook, checked above).
+        drop(unsafe { Box::from_raw(c) });
     })
 }
 

@@ -81,8 +81,8 @@ pub unsafe extern "C" fn rdmx_context_new(
         boundary::out_ptr(out)?;
         // SAFETY: `out` is non-NULL and writable per the contract.
         unsafe { out.write(std::ptr::null_mut()) };
-        // SAFETY: forwarded contract; NULL means "no config given".
         let owned;
+        // SAFETY: forwarded contract; NULL means "no config given".
         let config = match unsafe { cfg.as_ref() } {
             Some(c) => c.config(),
             None => {

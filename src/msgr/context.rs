@@ -112,7 +112,8 @@ impl Context {
     /// The memory must stay valid and mapped until `deregister` succeeds, and must not be
     /// modified while a send that names it is outstanding.
     pub unsafe fn register(&self, addr: *mut u8, len: usize, access: u32) -> Result<MrInfo> {
-        let r = self.shared.dev.mrs().register(addr, len, access)?;
+        // SAFETY: this function's contract is the table's (valid until deregistered).
+        let r = unsafe { self.shared.dev.mrs().register(addr, len, access) }?;
         Ok(MrInfo {
             addr: r.addr,
             len: r.len,

@@ -319,10 +319,10 @@ fn run(
                 continue; // an answer was acknowledged
             }
             recvs += 1;
-            // SAFETY: the receive completed, so the engine wrote its first byte; nothing
-            // writes the area while we read one byte (the next SEND needs a new receive,
-            // which is reposted below, after this read).
             let first = if wc.byte_len > 0 {
+                // SAFETY: the receive completed, so the engine wrote its first byte; nothing
+                // writes the area while we read one byte (the next SEND needs a new receive,
+                // which is reposted below, after this read).
                 unsafe { base.read_volatile() }
             } else {
                 0

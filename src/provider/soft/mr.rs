@@ -164,7 +164,18 @@ pub struct MrTable {
 impl MrTable {
     /// Registers `[addr, addr + len)` with `access` (`ibv_access_flags` bits) and returns
     /// the region (its lkey and rkey are random and unique in this table).
-    pub fn register(&self, addr: *mut u8, len: usize, access_flags: u32) -> Result<Arc<Region>> {
+    ///
+    /// # Safety
+    /// The engine reads and writes the range (local and remote work requests) until
+    /// `deregister(lkey)` succeeds: it must stay valid and mapped until then, and what the
+    /// caller does with it meanwhile follows verbs rules (a buffer named by an outstanding
+    /// work request, or exposed for remote writes, may change under the caller).
+    pub unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access_flags: u32,
+    ) -> Result<Arc<Region>> {
         if addr.is_null() && len > 0 {
             return Err(Error::new(ErrorKind::InvalidArgument, "addr is NULL"));
         }
@@ -289,7 +300,8 @@ impl crate::mem::Registrar for MrTable {
         len: usize,
         access: u32,
     ) -> Result<crate::mem::MrKeys> {
-        let r = MrTable::register(self, addr, len, access)?;
+        // SAFETY: the trait's contract is this function's (valid until deregistered).
+        let r = unsafe { MrTable::register(self, addr, len, access) }?;
         Ok(crate::mem::MrKeys {
             lkey: r.lkey,
             rkey: r.rkey,
@@ -367,9 +379,16 @@ impl Memory for MemView<'_> {
 
     fn slice(&self, key: Key, addr: u64, len: usize, need: u32) -> Option<&[u8]> {
         let p = self.find(key, addr, len as u64, need).ok()?;
-        // SAFETY: as in `read`; the slice lives no longer than this view (and so the read
-        // guard). As with a NIC DMAing from an MR, the caller must not modify a buffer that
-        // an outstanding send names (verbs semantics, stated in the header).
+        // SAFETY: as in `read`: the range is registered and in bounds, and the slice lives
+        // no longer than this view (and so the read guard; deregistration waits for it).
+        // Deviation, on purpose: a `&[u8]` promises nobody writes meanwhile, but the
+        // application (against verbs rules: a buffer named by an outstanding send is not
+        // to be modified) or a peer's RDMA WRITE into a region exposed for remote writes
+        // may change these bytes while the ICRC is computed over them and the kernel copies
+        // them, as a host may change memory a NIC is DMAing from. The slice is only read
+        // byte-wise (CRC) and handed to sendmsg, never used to decide control flow, so the
+        // worst outcome is a packet whose ICRC does not match: the peer drops it and the
+        // requester retransmits. Copying every payload instead would cost the zero-copy send.
         Some(unsafe { std::slice::from_raw_parts(p, len) })
     }
 }
@@ -378,27 +397,30 @@ impl Memory for MemView<'_> {
 mod tests {
     use super::*;
 
+    /// Registers a test buffer.
+    fn reg(t: &MrTable, addr: *mut u8, len: usize, access: u32) -> Result<Arc<Region>> {
+        // SAFETY: every test's buffer outlives its table's use of it (the table and its
+        // views are dropped, or the region deregistered, before the buffer).
+        unsafe { t.register(addr, len, access) }
+    }
+
     #[test]
     fn keys_are_random_and_access_is_checked() {
         let t = MrTable::default();
         let mut buf = vec![7u8; 64];
-        let ro = t
-            .register(buf.as_mut_ptr(), 32, access::REMOTE_READ)
-            .unwrap();
-        let rw = t
-            .register(
-                unsafe_offset(&mut buf, 32),
-                32,
-                access::LOCAL_WRITE | access::REMOTE_WRITE,
-            )
-            .unwrap();
+        let ro = reg(&t, buf.as_mut_ptr(), 32, access::REMOTE_READ).unwrap();
+        let rw = reg(
+            &t,
+            unsafe_offset(&mut buf, 32),
+            32,
+            access::LOCAL_WRITE | access::REMOTE_WRITE,
+        )
+        .unwrap();
         assert_ne!(ro.lkey, ro.rkey);
         assert_ne!(ro.rkey.wrapping_add(1), rw.rkey, "not sequential");
-        let e = t
-            .register(buf.as_mut_ptr(), 8, access::REMOTE_WRITE)
-            .unwrap_err();
+        let e = reg(&t, buf.as_mut_ptr(), 8, access::REMOTE_WRITE).unwrap_err();
         assert!(e.message().contains("require LOCAL_WRITE"), "{e}");
-        let e = t.register(buf.as_mut_ptr(), 8, 1 << 12).unwrap_err();
+        let e = reg(&t, buf.as_mut_ptr(), 8, 1 << 12).unwrap_err();
         assert!(e.message().contains("unknown bits"), "{e}");
 
         let mut v = t.view();
@@ -433,9 +455,7 @@ mod tests {
     fn deregister_waits_for_work_requests_in_flight() {
         let t = MrTable::default();
         let mut buf = vec![0u8; 16];
-        let r = t
-            .register(buf.as_mut_ptr(), 16, access::LOCAL_WRITE)
-            .unwrap();
+        let r = reg(&t, buf.as_mut_ptr(), 16, access::LOCAL_WRITE).unwrap();
         t.hold(&[r.lkey], true);
         let e = t.deregister(r.lkey).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Busy);
@@ -457,13 +477,11 @@ mod tests {
         let aligned = start.div_ceil(ps) * ps - start; // first page boundary in buf
         // SAFETY: offsets stay inside `buf`.
         let p0 = unsafe { base.add(aligned) };
-        let a = t.register(p0, ps, access::LOCAL_WRITE).unwrap();
+        let a = reg(&t, p0, ps, access::LOCAL_WRITE).unwrap();
         assert_eq!(t.pinned_bytes(), ps as u64);
         // Overlapping the same page and the next: one more page pinned, not two.
         // SAFETY: inside `buf`.
-        let b = t
-            .register(unsafe { p0.add(ps / 2) }, ps, access::LOCAL_WRITE)
-            .unwrap();
+        let b = reg(&t, unsafe { p0.add(ps / 2) }, ps, access::LOCAL_WRITE).unwrap();
         assert_eq!(t.pinned_bytes(), 2 * ps as u64);
         t.deregister(a.lkey).unwrap();
         assert_eq!(t.pinned_bytes(), 2 * ps as u64, "b still pins both pages");
