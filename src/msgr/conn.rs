@@ -426,7 +426,8 @@ impl Connection {
         let result = (|| {
             let mine = Hello {
                 version: setup::VERSION,
-                flags: 0,
+                flags: setup::FLAG_SRC_PORT,
+                src_port: Some(qp.local_udp().port()),
                 qpn: qp.qpn(),
                 psn: setup::random_psn(),
                 udp: dev.udp_addr_for(local_ip).ok_or_else(|| {
@@ -457,6 +458,7 @@ impl Connection {
                 &Remote {
                     dest_qpn: n.dest_qpn,
                     peer_udp: n.peer_udp,
+                    peer_src_port: n.peer_src_port,
                     sq_psn: n.sq_psn,
                     rq_psn: n.rq_psn,
                     path_mtu: n.path_mtu,

@@ -19,7 +19,7 @@
 //! | 0 | 4 | total length in bytes, including these 4 |
 //! | 4 | 4 | magic `b"RDMX"` |
 //! | 8 | 2 | version: major in the high byte, minor in the low byte |
-//! | 10 | 2 | flags (none defined in 1.0; unknown bits are ignored) |
+//! | 10 | 2 | flags: bit 0 [`FLAG_SRC_PORT`] (1.1); unknown bits are ignored |
 //! | 12 | 4 | qpn (24 bits) |
 //! | 16 | 4 | psn (24 bits) |
 //! | 20 | 2 | path MTU in bytes (256, 512, 1024, 2048 or 4096) |
@@ -31,6 +31,7 @@
 //! | +0 | 2 | UDP port |
 //! | +2 | 2 | region count (at most [`MAX_REGIONS`]) |
 //! | +4 | 24 each | regions: addr u64, len u64, rkey u32, access u32 |
+//! | end | 2 | with [`FLAG_SRC_PORT`]: the UDP source port of the sender QP's RC packets |
 //!
 //! [`Hello::decode`] is total: any byte string yields `Ok` or an [`ErrorKind::Parse`] error,
 //! never a panic.
@@ -51,8 +52,11 @@ pub const MAGIC: [u8; 4] = *b"RDMX";
 /// Major protocol version. A different major means a different layout: rejected.
 pub const VERSION_MAJOR: u8 = 1;
 /// Minor protocol version. Minor bumps keep the layout and may only add flag bits, so any
-/// minor of a known major is accepted.
-pub const VERSION_MINOR: u8 = 0;
+/// minor of a known major is accepted. 1.1 added [`FLAG_SRC_PORT`].
+pub const VERSION_MINOR: u8 = 1;
+/// Flag bit: a 2-byte UDP source port follows the regions ([`Hello::src_port`]). Without
+/// it (a 1.0 peer), the receiver learns the port from the peer's first RC packet.
+pub const FLAG_SRC_PORT: u16 = 1;
 /// The version this build sends: major in the high byte, minor in the low byte.
 pub const VERSION: u16 = (VERSION_MAJOR as u16) << 8 | VERSION_MINOR as u16;
 
@@ -123,6 +127,10 @@ pub struct Hello {
     pub credits: u32,
     /// Memory the sender exposes for one-sided access.
     pub regions: Vec<Region>,
+    /// The UDP source port the sender's QP sends its RC packets from (its own socket, not
+    /// `udp`): the receiver takes RC packets only from it (rxe's `check_addr`). Present
+    /// exactly when `flags` has [`FLAG_SRC_PORT`]; encoded after the regions.
+    pub src_port: Option<u16>,
 }
 
 /// The parameters the local QP is brought to RTR/RTS with, from both hellos.
@@ -142,6 +150,8 @@ pub struct Negotiated {
     pub dest_qpn: u32,
     /// Where to send RoCEv2 packets for the peer.
     pub peer_udp: SocketAddr,
+    /// The UDP source port the peer's RC packets come from, if its hello said.
+    pub peer_src_port: Option<u16>,
     /// Memory the peer exposes.
     pub peer_regions: Vec<Region>,
     /// Receive credits the peer grants.
@@ -218,6 +228,18 @@ impl Hello {
                 self.regions.len()
             ));
         }
+        if (self.flags & FLAG_SRC_PORT != 0) != self.src_port.is_some() {
+            return Err(format!(
+                "hello: flag SRC_PORT is {} but the source port is {}",
+                if self.flags & FLAG_SRC_PORT != 0 {
+                    "set"
+                } else {
+                    "clear"
+                },
+                self.src_port
+                    .map_or("absent".to_string(), |p| p.to_string())
+            ));
+        }
         for (i, r) in self.regions.iter().enumerate() {
             if r.addr.checked_add(r.len).is_none() {
                 return Err(format!(
@@ -236,7 +258,12 @@ impl Hello {
             SocketAddr::V4(_) => 4,
             SocketAddr::V6(_) => 16,
         };
-        FIXED_LEN + ip + 2 + 2 + self.regions.len() * REGION_LEN
+        FIXED_LEN
+            + ip
+            + 2
+            + 2
+            + self.regions.len() * REGION_LEN
+            + if self.src_port.is_some() { 2 } else { 0 }
     }
 
     /// Encodes the hello (layout in the module docs).
@@ -275,6 +302,9 @@ impl Hello {
             b.extend_from_slice(&r.len.to_be_bytes());
             b.extend_from_slice(&r.rkey.to_be_bytes());
             b.extend_from_slice(&r.access.to_be_bytes());
+        }
+        if let Some(p) = self.src_port {
+            b.extend_from_slice(&p.to_be_bytes());
         }
         debug_assert_eq!(b.len(), len);
         b
@@ -378,12 +408,15 @@ fn decode(bytes: &[u8]) -> std::result::Result<Hello, String> {
             "hello: {count} regions: at most {MAX_REGIONS} allowed"
         ));
     }
-    // The length prefix matched the input, so `count` regions must fill the rest exactly.
+    // The length prefix matched the input, so `count` regions (and the source port, if
+    // flagged) must fill the rest exactly.
     let left = bytes.len() - c.pos;
-    if left != count * REGION_LEN {
+    let tail = if flags & FLAG_SRC_PORT != 0 { 2 } else { 0 };
+    if left != count * REGION_LEN + tail {
         return Err(format!(
-            "hello: {count} regions need {} bytes, {left} left",
-            count * REGION_LEN
+            "hello: {count} regions{} need {} bytes, {left} left",
+            if tail > 0 { " and the source port" } else { "" },
+            count * REGION_LEN + tail
         ));
     }
     let mut regions = Vec::with_capacity(count);
@@ -395,6 +428,11 @@ fn decode(bytes: &[u8]) -> std::result::Result<Hello, String> {
             access: c.u32("region access")?,
         });
     }
+    let src_port = if tail > 0 {
+        Some(c.u16("source port")?)
+    } else {
+        None
+    };
     let hello = Hello {
         version,
         flags,
@@ -406,6 +444,7 @@ fn decode(bytes: &[u8]) -> std::result::Result<Hello, String> {
         max_dest_rd_atomic,
         credits,
         regions,
+        src_port,
     };
     hello.check()?;
     Ok(hello)
@@ -452,6 +491,7 @@ pub fn negotiate(mine: &Hello, peer: &Hello, peer_tcp_ip: IpAddr) -> Result<Nego
         rq_psn: peer.psn,
         dest_qpn: peer.qpn,
         peer_udp: peer_udp_addr(peer.udp, peer_tcp_ip),
+        peer_src_port: peer.src_port,
         peer_regions: peer.regions.clone(),
         peer_credits: peer.credits,
     })
@@ -777,9 +817,10 @@ mod tests {
     use proptest::prelude::*;
     use std::net::TcpListener;
 
+    /// A 1.0 hello (no source port): `SMALL`'s bytes.
     fn small() -> Hello {
         Hello {
-            version: VERSION,
+            version: 0x0100,
             flags: 0,
             qpn: 0x11,
             psn: 0x12_3456,
@@ -794,6 +835,7 @@ mod tests {
                 rkey: 0xabcd,
                 access: ACCESS_REMOTE_READ | ACCESS_REMOTE_WRITE,
             }],
+            src_port: None,
         }
     }
 
@@ -839,6 +881,45 @@ mod tests {
     }
 
     #[test]
+    fn the_source_port_follows_the_regions_when_flagged() {
+        let mut h = small();
+        h.version = VERSION;
+        h.flags = FLAG_SRC_PORT;
+        h.src_port = Some(0xc011);
+        let mut want = SMALL.to_vec();
+        want[3] = 63; // total length
+        want[9] = 1; // version 1.1
+        want[11] = 1; // flags: SRC_PORT
+        want.extend_from_slice(&[0xc0, 0x11]); // source port 0xc011
+        assert_eq!(h.encode(), want);
+        assert_eq!(h.encoded_len(), want.len());
+        assert_eq!(Hello::decode(&want).unwrap(), h);
+        // The flag and the field go together.
+        let mut no_port = want.clone();
+        no_port[3] = 61;
+        no_port.truncate(61);
+        parse_err(
+            &no_port,
+            "1 regions and the source port need 26 bytes, 24 left",
+        );
+        h.src_port = None;
+        assert!(
+            h.validate()
+                .unwrap_err()
+                .message()
+                .contains("flag SRC_PORT is set")
+        );
+        h.flags = 0;
+        h.src_port = Some(1);
+        assert!(
+            h.validate()
+                .unwrap_err()
+                .message()
+                .contains("flag SRC_PORT is clear")
+        );
+    }
+
+    #[test]
     fn ipv6_literal_bytes() {
         let mut h = small();
         h.udp = "[fe80::1%7]:18515".parse().unwrap();
@@ -878,8 +959,8 @@ mod tests {
     fn decode_accepts_newer_minor_and_unknown_flags() {
         let h = Hello::decode(&patched(8, &[1, 7])).unwrap();
         assert_eq!(h.version, 0x0107);
-        let h = Hello::decode(&patched(10, &[0x80, 0x01])).unwrap();
-        assert_eq!(h.flags, 0x8001);
+        let h = Hello::decode(&patched(10, &[0x80, 0x02])).unwrap();
+        assert_eq!(h.flags, 0x8002);
     }
 
     #[test]
@@ -1268,6 +1349,7 @@ mod tests {
         ];
         (
             (any::<u8>(), any::<u16>(), 0..=MASK_24, 0..=MASK_24, addr),
+            any::<Option<u16>>(),
             (
                 prop::sample::select(MTUS.to_vec()),
                 any::<u8>(),
@@ -1277,17 +1359,21 @@ mod tests {
             prop::collection::vec(arb_region(), 0..8),
         )
             .prop_map(
-                |((minor, flags, qpn, psn, udp), (mtu, rd, dest, credits), regions)| Hello {
-                    version: VERSION & 0xff00 | u16::from(minor),
-                    flags,
-                    qpn,
-                    psn,
-                    udp,
-                    path_mtu: mtu,
-                    max_rd_atomic: rd,
-                    max_dest_rd_atomic: dest,
-                    credits,
-                    regions,
+                |((minor, flags, qpn, psn, udp), src_port, (mtu, rd, dest, credits), regions)| {
+                    Hello {
+                        version: VERSION & 0xff00 | u16::from(minor),
+                        flags: flags & !FLAG_SRC_PORT
+                            | if src_port.is_some() { FLAG_SRC_PORT } else { 0 },
+                        src_port,
+                        qpn,
+                        psn,
+                        udp,
+                        path_mtu: mtu,
+                        max_rd_atomic: rd,
+                        max_dest_rd_atomic: dest,
+                        credits,
+                        regions,
+                    }
                 },
             )
     }

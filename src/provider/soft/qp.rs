@@ -48,6 +48,9 @@ pub struct SendReq {
 pub struct Remote {
     pub dest_qpn: u32,
     pub peer_udp: SocketAddr,
+    /// The UDP source port of the peer QP's packets, if the handshake said (else learnt
+    /// from its first packet).
+    pub peer_src_port: Option<u16>,
     pub sq_psn: u32,
     pub rq_psn: u32,
     pub path_mtu: u32,
@@ -123,9 +126,9 @@ pub struct SoftQp {
     peer_ip: OnceLock<IpAddr>,
     /// The UDP source port of the peer's packets, `PORT_KNOWN | port` once known, else 0.
     /// The peer's QP sends from its own port (0xC000 + its QPN's low bits, or the next free
-    /// one), which the handshake does not carry (its UDP address is the peer device's
-    /// receiving port): the port of the first packet from the peer's IP with a right ICRC
-    /// is taken, and from then on only that exact address is accepted.
+    /// one), which the handshake carries (hello 1.1, `src_port`): set by `connect`. Only
+    /// with a 1.0 peer, whose hello lacks it, is the port of the first packet from the
+    /// peer's IP with a right ICRC taken; from then on only that exact address is accepted.
     peer_port: AtomicU32,
 }
 
@@ -220,6 +223,10 @@ impl SoftQp {
         )?;
         g.peer = Some(r.peer_udp);
         let _ = self.peer_ip.set(r.peer_udp.ip().to_canonical());
+        if let Some(p) = r.peer_src_port {
+            self.peer_port
+                .store(PORT_KNOWN | u32::from(p), Ordering::Release);
+        }
         Ok(())
     }
 
@@ -565,5 +572,90 @@ impl SoftQp {
                 self.send_cq.push(wc);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::soft::sys::EventFd;
+    use std::net::Ipv4Addr;
+
+    fn cq() -> Arc<Cq> {
+        Arc::new(Cq::new(4, Arc::new(EventFd::new().unwrap())))
+    }
+
+    fn remote(peer_src_port: Option<u16>) -> Remote {
+        Remote {
+            dest_qpn: 0x22,
+            peer_udp: "127.0.0.1:4791".parse().unwrap(),
+            peer_src_port,
+            sq_psn: 1,
+            rq_psn: 1,
+            path_mtu: 1024,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+        }
+    }
+
+    const TIMERS: Timers = Timers {
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 2,
+        min_rnr_timer: 12,
+        access: 0,
+    };
+
+    fn qp() -> SoftQp {
+        SoftQp::new(
+            0x4321,
+            QpCaps::default(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            cq(),
+            cq(),
+            0,
+            Arc::new(StallLog::default()),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_peer_source_port_from_the_handshake_is_enforced_before_any_packet() {
+        let q = qp();
+        q.connect(&remote(Some(0xc022)), &TIMERS).unwrap();
+        assert_eq!(
+            q.peer_source(),
+            (Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), Some(0xc022))
+        );
+        // A packet from the peer's IP but another port is refused at once (nothing learnt).
+        let mrs = MrTable::default();
+        let mut view = mrs.view();
+        let dst: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        let junk = [0u8; 32];
+        for port in [0xc023, 4791, 50000] {
+            let src = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+            assert_eq!(
+                q.receive(&mut view, 0, src, dst, &junk),
+                Received::WrongSource
+            );
+        }
+        assert_eq!(q.peer_source().1, Some(0xc022));
+    }
+
+    #[test]
+    fn without_a_port_in_the_handshake_it_is_learnt_from_a_good_packet_only() {
+        let q = qp();
+        q.connect(&remote(None), &TIMERS).unwrap();
+        assert_eq!(q.peer_source().1, None);
+        // A packet with a bad ICRC teaches nothing.
+        let mrs = MrTable::default();
+        let mut view = mrs.view();
+        let src: SocketAddr = "127.0.0.1:50000".parse().unwrap();
+        let dst: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        assert_eq!(
+            q.receive(&mut view, 0, src, dst, &[0u8; 32]),
+            Received::BadIcrc
+        );
+        assert_eq!(q.peer_source().1, None);
     }
 }
