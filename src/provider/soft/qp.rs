@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::cq::{Cq, Wc};
+use super::device::{DeviceTimers, TimerCell};
 use super::diagnose::{HostEvidence, StallLog, describe};
 use super::mr::{MemView, MrTable};
 use super::sys::random_u32;
@@ -130,6 +131,12 @@ pub struct SoftQp {
     /// with a 1.0 peer, whose hello lacks it, is the port of the first packet from the
     /// peer's IP with a right ICRC taken; from then on only that exact address is accepted.
     peer_port: AtomicU32,
+    /// The engine's earliest deadline, published whenever the engine is touched (so
+    /// `next_deadline` takes no lock), and this QP's place in the device's timer heap.
+    timer: Arc<TimerCell>,
+    /// The device's timers, told when this QP's deadline comes earlier (unset outside a
+    /// device: unit tests).
+    device_timers: OnceLock<Arc<DeviceTimers>>,
 }
 
 impl SoftQp {
@@ -172,6 +179,8 @@ impl SoftQp {
             stalls,
             peer_ip: OnceLock::new(),
             peer_port: AtomicU32::new(0),
+            timer: Arc::new(TimerCell::new(qpn)),
+            device_timers: OnceLock::new(),
         })
     }
 
@@ -259,6 +268,10 @@ impl SoftQp {
         let mut posted = 0;
         let mut err = None;
         for w in wrs {
+            if let Err(e) = self.room_in_err(&g, &self.send_cq, "post_send") {
+                err = Some(e);
+                break;
+            }
             let lkeys: SmallVec<[u32; 2]> = w.sges.iter().map(|s| s.lkey).collect();
             let id = g.next_id;
             g.next_id += 1;
@@ -286,10 +299,15 @@ impl SoftQp {
                         },
                     );
                     posted += 1;
+                    if g.qp.state() == QpState::Err {
+                        // Flushed at once: into the CQ now, so the next WR sees its room.
+                        self.collect(&mut g, mrs);
+                    }
                 }
                 Err(e) => {
                     mrs.hold(&lkeys, false);
-                    err = Some(e);
+                    // The engine's typed refusal: converting formats nothing.
+                    err = Some(e.into());
                     break;
                 }
             }
@@ -299,6 +317,7 @@ impl SoftQp {
         self.drive_locked(&mut g, &view, now);
         drop(view);
         self.collect(&mut g, mrs);
+        self.publish_deadline(&g);
         (posted, err)
     }
 
@@ -308,6 +327,10 @@ impl SoftQp {
         let mut posted = 0;
         let mut err = None;
         for (cookie, sges) in wrs {
+            if let Err(e) = self.room_in_err(&g, &self.recv_cq, "post_recv") {
+                err = Some(e);
+                break;
+            }
             let lkeys: SmallVec<[u32; 2]> = sges.iter().map(|s| s.lkey).collect();
             let id = g.next_id;
             g.next_id += 1;
@@ -326,15 +349,20 @@ impl SoftQp {
                         },
                     );
                     posted += 1;
+                    if g.qp.state() == QpState::Err {
+                        self.collect(&mut g, mrs);
+                    }
                 }
                 Err(e) => {
                     mrs.hold(&lkeys, false);
-                    err = Some(e);
+                    // The engine's typed refusal: converting formats nothing.
+                    err = Some(e.into());
                     break;
                 }
             }
         }
         self.collect(&mut g, mrs);
+        self.publish_deadline(&g);
         (posted, err)
     }
 
@@ -368,6 +396,7 @@ impl SoftQp {
         }
         let mut g = self.inner.lock();
         g.qp.handle_packet(now, data, view);
+        self.publish_deadline(&g);
         Received::Processed
     }
 
@@ -401,10 +430,27 @@ impl SoftQp {
         self.drive_locked(&mut g, &view, now);
         drop(view);
         self.collect(&mut g, mrs);
+        self.publish_deadline(&g);
     }
 
+    /// The engine's earliest deadline as last published (after every post, packet, drive
+    /// and failure): one atomic load, no lock.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.inner.lock().qp.next_deadline()
+        self.timer.deadline()
+    }
+
+    /// Joins the device's timer heap (once, at creation): from then on a deadline that
+    /// comes earlier than this QP's entry there is pushed to it.
+    pub fn attach_timers(&self, timers: Arc<DeviceTimers>) {
+        let _ = self.device_timers.set(timers);
+        self.publish_deadline(&self.inner.lock());
+    }
+
+    /// Publishes the engine's deadline (the caller holds the lock, so in order).
+    #[inline]
+    fn publish_deadline(&self, g: &Inner) {
+        self.timer
+            .publish(g.qp.next_deadline(), self.device_timers.get());
     }
 
     /// The peer is gone (TCP EOF): ERR, which flushes every outstanding WR.
@@ -417,6 +463,7 @@ impl SoftQp {
         };
         let _ = g.qp.modify(&err, m::STATE);
         self.collect(&mut g, mrs);
+        self.publish_deadline(&g);
     }
 
     /// Sends every packet the engine has ready, in sendmmsg batches.
@@ -544,12 +591,48 @@ impl SoftQp {
         *note = Some(text);
     }
 
+    /// In ERR a post completes at once (flushed) into `cq`: refused with `Full` while the
+    /// CQ has no room, so posting in a loop against a dead connection cannot overrun it.
+    fn room_in_err(&self, g: &Inner, cq: &Cq, verb: &str) -> Result<()> {
+        if g.qp.state() == QpState::Err && cq.len() >= cq.capacity() {
+            return Err(Error::new(
+                ErrorKind::Full,
+                format!(
+                    "{verb}: QP {:#x} is in error and its completion queue is full ({} flushed completions): poll them first",
+                    self.qpn,
+                    cq.capacity()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Moves engine completions to the CQs, mapping WR ids to cookies and releasing the
-    /// regions the WRs named.
+    /// regions the WRs named. A completion that does not fit (the CQ is full) overruns
+    /// the CQ: as on a NIC (IBV_EVENT_CQ_ERR), the QP goes to error, and what does not fit
+    /// of its flushed WRs is counted by the CQ (`Cq::overflows`).
     fn collect(&self, g: &mut Inner, mrs: &MrTable) {
         if g.qp.failure().is_some() {
             self.describe_failure(g);
         }
+        if self.move_completions(g, mrs) && g.qp.state() != QpState::Err {
+            log::error!(
+                target: "rdmx::soft",
+                "QP {:#x}: completion queue overrun (size send_cq_size/recv_cq_size for the WRs outstanding, and poll): the QP goes to error",
+                self.qpn
+            );
+            let err = QpAttr {
+                qp_state: QpState::Err,
+                ..Default::default()
+            };
+            let _ = g.qp.modify(&err, m::STATE);
+            self.move_completions(g, mrs);
+        }
+    }
+
+    /// The body of `collect`; returns whether a completion did not fit its CQ.
+    fn move_completions(&self, g: &mut Inner, mrs: &MrTable) -> bool {
+        let mut overrun = false;
         while let Some(c) = g.qp.poll_completion() {
             let Some(p) = g.pending.remove(&c.wr_id) else {
                 continue;
@@ -566,12 +649,14 @@ impl SoftQp {
                 imm: c.imm,
                 qp_num: c.qp_num,
             };
-            if c.is_recv {
-                self.recv_cq.push(wc);
+            let fits = if c.is_recv {
+                self.recv_cq.push(wc)
             } else {
-                self.send_cq.push(wc);
-            }
+                self.send_cq.push(wc)
+            };
+            overrun |= !fits;
         }
+        overrun
     }
 }
 
@@ -657,5 +742,46 @@ mod tests {
             Received::BadIcrc
         );
         assert_eq!(q.peer_source().1, None);
+    }
+
+    #[test]
+    fn posting_in_error_stops_at_a_full_cq_instead_of_overrunning_it() {
+        let q = qp(); // CQs of 4
+        q.connect(&remote(Some(0xc022)), &TIMERS).unwrap();
+        let mrs = MrTable::default();
+        q.fail(&mrs);
+        let wr = |cookie| SendReq {
+            cookie,
+            opcode: WrOpcode::Send,
+            flags: send_flags::SIGNALED,
+            sges: SgeList::new(),
+            remote_addr: 0,
+            rkey: 0,
+            imm: 0,
+        };
+        let wrs: Vec<SendReq> = (0..6).map(wr).collect();
+        let (n, e) = q.post_send(&mrs, 0, &wrs);
+        assert_eq!(n, 4, "four flushed completions fit the CQ");
+        let e = e.expect("the fifth is refused");
+        assert_eq!(e.kind(), ErrorKind::Full);
+        assert!(e.message().contains("poll them first"), "{e}");
+        assert_eq!(q.send_cq.overflows(), 0);
+        // Polling makes room again.
+        let mut out = [crate::provider::soft::cq::Wc {
+            cookie: 0,
+            status: WcStatus::Success,
+            opcode: crate::rc::WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            qp_num: 0,
+        }; 4];
+        assert_eq!(q.send_cq.poll(&mut out), 4);
+        assert!(out.iter().all(|w| w.status == WcStatus::WrFlushErr));
+        let (n, e) = q.post_send(&mrs, 0, &wrs[..1]);
+        assert_eq!((n, e.map(|e| e.kind())), (1, None));
+        // Receives likewise.
+        let recvs: Vec<(u64, SgeList)> = (0..5).map(|i| (i, SgeList::new())).collect();
+        let (n, e) = q.post_recv(&mrs, &recvs);
+        assert_eq!((n, e.map(|e| e.kind())), (4, Some(ErrorKind::Full)));
     }
 }
