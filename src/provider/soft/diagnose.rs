@@ -66,8 +66,13 @@ impl HostEvidence {
     }
 }
 
+/// A duration as a person reads it: "4.2 ms", or "8.2 us" below a millisecond.
 fn ms(ns: u64) -> String {
-    format!("{:.1} ms", ns as f64 / 1e6)
+    if ns < 1_000_000 {
+        format!("{:.1} us", ns as f64 / 1e3)
+    } else {
+        format!("{:.1} ms", ns as f64 / 1e6)
+    }
 }
 
 fn host_line(h: &HostEvidence) -> String {
@@ -166,9 +171,16 @@ mod tests {
         let quiet = describe(
             1,
             None,
-            &failure(WcStatus::RetryExcErr),
+            &Failure {
+                timeout: 1,
+                silent_ns: 16_500,
+                ..failure(WcStatus::RetryExcErr)
+            },
             &HostEvidence::default(),
         );
+        // Below a millisecond in microseconds, not "0.0 ms".
+        assert!(quiet.contains("no ACK or response for 16.5 us"), "{quiet}");
+        assert!(quiet.contains("timeout 1 = 8.2 us per try"), "{quiet}");
         assert!(!quiet.contains("stall"), "{quiet}");
         assert!(quiet.contains("load average unknown"), "{quiet}");
     }
@@ -187,6 +199,6 @@ mod tests {
         );
         assert!(m.contains("RNR_RETRY_EXC_ERR"), "{m}");
         assert!(m.contains("3 time(s)"), "{m}");
-        assert!(m.contains("min_rnr_timer 12 = 0.6 ms"), "{m}");
+        assert!(m.contains("min_rnr_timer 12 = 640.0 us"), "{m}");
     }
 }
