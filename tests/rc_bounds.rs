@@ -7,7 +7,7 @@ mod common;
 
 use common::{Params, connect, craft, drain_transmit};
 use rdmx::error::ErrorKind;
-use rdmx::rc::packet::{Hdr, Reth, op, syndrome};
+use rdmx::rc::packet::{Hdr, NakCode, Opcode, RethRepr, Syndrome};
 use rdmx::rc::verbs::{access, attr_mask};
 use rdmx::rc::{
     Qp, QpAttr, QpCaps, QpState, RecvWr, SendWr, Sge, VecMemory, WcStatus, WrOpcode, smallvec,
@@ -30,12 +30,12 @@ fn responder(caps: QpCaps) -> (Qp, VecMemory) {
 }
 
 fn read_req(psn: u32, va: u64, len: u32) -> Vec<u8> {
-    let mut h = Hdr::new(op::READ_REQUEST, ME, psn & 0xFF_FFFF);
+    let mut h = Hdr::new(Opcode::RdmaReadRequest, ME, psn & 0xFF_FFFF);
     h.ack_req = true;
-    h.reth = Some(Reth {
+    h.reth = Some(RethRepr {
         va,
         rkey: RKEY,
-        len,
+        dma_len: len,
     });
     craft(&h, &[])
 }
@@ -45,27 +45,27 @@ fn feed(qp: &mut Qp, mem: &mut VecMemory, pkt: &[u8]) {
 }
 
 /// (opcode, PSN) of each packet.
-fn ops(pkts: &[(Hdr, usize)]) -> Vec<(u8, u32)> {
+fn ops(pkts: &[(Hdr, usize)]) -> Vec<(Opcode, u32)> {
     pkts.iter().map(|(h, _)| (h.opcode, h.psn)).collect()
 }
 
-fn ack(syn: u8, psn: u32) -> (u8, u32, Option<u8>) {
-    (op::ACKNOWLEDGE, psn, Some(syn))
+fn ack(syn: Syndrome, psn: u32) -> (Opcode, u32, Option<Syndrome>) {
+    (Opcode::Acknowledge, psn, Some(syn))
 }
 
-fn acks(pkts: &[(Hdr, usize)]) -> Vec<(u8, u32, Option<u8>)> {
+fn acks(pkts: &[(Hdr, usize)]) -> Vec<(Opcode, u32, Option<Syndrome>)> {
     pkts.iter()
-        .map(|(h, _)| (h.opcode, h.psn, h.aeth.map(|a| a.0)))
+        .map(|(h, _)| (h.opcode, h.psn, h.aeth.map(|a| a.syndrome)))
         .collect()
 }
 
 /// The four responses of a 1 KiB READ at PSN `p`.
-fn read_stream(p: u32) -> Vec<(u8, u32)> {
+fn read_stream(p: u32) -> Vec<(Opcode, u32)> {
     vec![
-        (op::READ_RESP_FIRST, p),
-        (op::READ_RESP_MIDDLE, p + 1),
-        (op::READ_RESP_MIDDLE, p + 2),
-        (op::READ_RESP_LAST, p + 3),
+        (Opcode::RdmaReadResponseFirst, p),
+        (Opcode::RdmaReadResponseMiddle, p + 1),
+        (Opcode::RdmaReadResponseMiddle, p + 2),
+        (Opcode::RdmaReadResponseLast, p + 3),
     ]
 }
 
@@ -156,7 +156,7 @@ fn reads_beyond_max_dest_rd_atomic_are_refused() {
     let pkts = drain_transmit(&mut qp, 0, &mem);
     assert_eq!(
         acks(&pkts),
-        vec![ack(syndrome::NAK_INV_REQ, E + 4)],
+        vec![ack(Syndrome::Nak(NakCode::InvalidRequest), E + 4)],
         "the NAK goes out; the queued READ responses are dropped with the QP"
     );
     assert_eq!(qp.state(), QpState::Err);
@@ -176,7 +176,10 @@ fn reads_within_max_dest_rd_atomic_are_served() {
         }
         let pkts = drain_transmit(&mut qp, 0, &mem);
         assert_eq!(pkts.len(), 4);
-        assert!(pkts.iter().all(|(h, _)| h.opcode == op::READ_RESP_ONLY));
+        assert!(
+            pkts.iter()
+                .all(|(h, _)| h.opcode == Opcode::RdmaReadResponseOnly)
+        );
     }
     assert_eq!(qp.state(), QpState::Rts);
     assert_eq!(qp.counters().rd_atomic_exceeded, 0);
@@ -187,14 +190,16 @@ fn reads_within_max_dest_rd_atomic_are_served() {
 #[test]
 fn rnr_nak_flood_queues_one_nak() {
     let (mut qp, mut mem) = responder(QpCaps::default());
-    let mut h = Hdr::new(op::SEND_ONLY, ME, E);
+    let mut h = Hdr::new(Opcode::SendOnly, ME, E);
     h.ack_req = true;
     let pkt = craft(&h, &[7; 16]);
     for _ in 0..FLOOD {
         feed(&mut qp, &mut mem, &pkt);
     }
     let pkts = drain_transmit(&mut qp, 0, &mem);
-    let rnr = syndrome::RNR_NAK | Params::default().min_rnr_timer;
+    let rnr = Syndrome::RnrNak {
+        timer: Params::default().min_rnr_timer,
+    };
     assert_eq!(acks(&pkts), vec![ack(rnr, E)]);
     assert_eq!(qp.counters().rnr_naks_sent, 1, "counted as sent");
     assert_eq!(qp.state(), QpState::Rts);
@@ -213,12 +218,12 @@ fn sequence_naks_and_reacks_coalesce() {
         access::LOCAL_WRITE | access::REMOTE_WRITE,
     );
     let write = |psn: u32, ack_req: bool| {
-        let mut h = Hdr::new(op::WRITE_ONLY, ME, psn);
+        let mut h = Hdr::new(Opcode::RdmaWriteOnly, ME, psn);
         h.ack_req = ack_req;
-        h.reth = Some(Reth {
+        h.reth = Some(RethRepr {
             va: 0x20_0000,
             rkey: 0x300,
-            len: 8,
+            dma_len: 8,
         });
         craft(&h, &[1; 8])
     };
@@ -229,14 +234,17 @@ fn sequence_naks_and_reacks_coalesce() {
         feed(&mut qp, &mut mem, &write(E + k + 5, true));
     }
     let pkts = drain_transmit(&mut qp, 0, &mem);
-    assert_eq!(acks(&pkts), vec![ack(syndrome::NAK_SEQ, E + n)]);
+    assert_eq!(
+        acks(&pkts),
+        vec![ack(Syndrome::Nak(NakCode::PsnSequenceError), E + n)]
+    );
     assert_eq!(qp.counters().seq_naks_sent, 1);
     // Duplicates of accepted WRITEs: re-ACKed with the last accepted PSN, once.
     for k in 0..FLOOD {
         feed(&mut qp, &mut mem, &write(E + k % n, false));
     }
     let pkts = drain_transmit(&mut qp, 0, &mem);
-    assert_eq!(acks(&pkts), vec![ack(syndrome::ACK, E + n - 1)]);
+    assert_eq!(acks(&pkts), vec![ack(Syndrome::ACK_UNLIMITED, E + n - 1)]);
     assert_eq!(qp.state(), QpState::Rts);
 }
 
@@ -252,7 +260,7 @@ fn mixed_flood_stays_bounded() {
             &read_req(E + 4 * k, VA + 1024 * u64::from(k), 1024),
         );
     }
-    let mut h = Hdr::new(op::SEND_ONLY, ME, E + 16);
+    let mut h = Hdr::new(Opcode::SendOnly, ME, E + 16);
     h.ack_req = true;
     let send = craft(&h, &[7; 16]);
     for i in 0..FLOOD {
@@ -271,7 +279,9 @@ fn mixed_flood_stays_bounded() {
     // NAK's wait is the news).
     let want: Vec<_> = (0..4).flat_map(|k| read_stream(E + 4 * k)).collect();
     assert_eq!(ops(&pkts[..16]), want);
-    let rnr = syndrome::RNR_NAK | Params::default().min_rnr_timer;
+    let rnr = Syndrome::RnrNak {
+        timer: Params::default().min_rnr_timer,
+    };
     assert_eq!(acks(&pkts[16..]), vec![ack(rnr, E + 16)]);
     assert_eq!(qp.counters().rnr_naks_sent, 1);
     assert_eq!(qp.state(), QpState::Rts);
@@ -319,7 +329,7 @@ fn posting_in_err_is_bounded_by_the_queue_sizes() {
     feed(
         &mut qp,
         &mut mem,
-        &craft(&Hdr::new(op::SEND_LAST, ME, E), &[1; 4]),
+        &craft(&Hdr::new(Opcode::SendLast, ME, E), &[1; 4]),
     );
     assert_eq!(qp.state(), QpState::Err);
     let mut sends_ok = 0;

@@ -152,7 +152,9 @@ fn rnr_nak_times(sim: &Sim) -> Vec<u64> {
         .filter(|(_, to, _)| *to == 0)
         .filter_map(|(t, _, b)| {
             let (h, _) = rdmx::rc::packet::parse(b).ok()?;
-            h.aeth.filter(|(syn, _)| syn & 0x60 == 0x20).map(|_| *t)
+            h.aeth
+                .filter(|a| matches!(a.syndrome, rdmx::wire::Syndrome::RnrNak { .. }))
+                .map(|_| *t)
         })
         .collect()
 }

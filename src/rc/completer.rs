@@ -5,7 +5,7 @@
 //! spec), not infinite; only rnr_retry = 7 is infinite.
 
 use super::memory::{self, Memory};
-use super::packet::{Hdr, op, syndrome};
+use super::packet::{AethRepr, Hdr, NakCode, Opcode, Syndrome};
 use super::psn;
 use super::qp::{Qp, whole_packets};
 use super::verbs::WcStatus;
@@ -28,22 +28,21 @@ impl Qp {
             return;
         }
         match hdr.opcode {
-            op::ACKNOWLEDGE => {
-                let Some((syn, _msn)) = hdr.aeth else {
+            Opcode::Acknowledge => {
+                let Some(AethRepr { syndrome, .. }) = hdr.aeth else {
                     self.counters.malformed += 1;
                     return;
                 };
-                match syn & 0x60 {
-                    0x00 => self.ack_until(now, psn::add(hdr.psn, 1)),
-                    0x20 => self.on_rnr_nak(now, hdr.psn, syn & 0x1F),
-                    0x60 => self.on_nak(now, hdr.psn, syn),
-                    _ => self.counters.malformed += 1,
+                match syndrome {
+                    Syndrome::Ack { .. } => self.ack_until(now, psn::add(hdr.psn, 1)),
+                    Syndrome::RnrNak { timer } => self.on_rnr_nak(now, hdr.psn, timer),
+                    Syndrome::Nak(code) => self.on_nak(now, hdr.psn, code),
                 }
             }
-            op::READ_RESP_FIRST
-            | op::READ_RESP_MIDDLE
-            | op::READ_RESP_LAST
-            | op::READ_RESP_ONLY => self.on_read_response(now, hdr, payload, mem),
+            Opcode::RdmaReadResponseFirst
+            | Opcode::RdmaReadResponseMiddle
+            | Opcode::RdmaReadResponseLast
+            | Opcode::RdmaReadResponseOnly => self.on_read_response(now, hdr, payload, mem),
             _ => self.counters.malformed += 1,
         }
     }
@@ -129,8 +128,8 @@ impl Qp {
         self.req.ack_deadline = None;
     }
 
-    fn on_nak(&mut self, now: u64, nak_psn: u32, syn: u8) {
-        if syn == syndrome::NAK_SEQ {
+    fn on_nak(&mut self, now: u64, nak_psn: u32, code: NakCode) {
+        if code == NakCode::PsnSequenceError {
             self.counters.seq_naks_received += 1;
         }
         if psn::diff(nak_psn, self.req.comp_psn) < 0 {
@@ -140,16 +139,16 @@ impl Qp {
         if self.req.sq.is_empty() {
             return;
         }
-        let status = match syn {
-            syndrome::NAK_SEQ => {
+        let status = match code {
+            NakCode::PsnSequenceError => {
                 // Part of a retry already under way, or fallout of an RNR wait: not new.
                 if !self.retry_under_way() && self.req.rnr_until.is_none() {
                     self.retry(now);
                 }
                 return;
             }
-            syndrome::NAK_INV_REQ => WcStatus::RemInvReqErr,
-            syndrome::NAK_REM_ACCESS => WcStatus::RemAccessErr,
+            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
             _ => WcStatus::RemOpErr,
         };
         self.fail_head(status);
@@ -173,9 +172,9 @@ impl Qp {
         let is_first_psn = hdr.psn == w.first_psn;
         let is_last_psn = hdr.psn == w.last_psn();
         let opcode_ok = match hdr.opcode {
-            op::READ_RESP_ONLY => is_first_psn && is_last_psn,
-            op::READ_RESP_FIRST => is_first_psn && !is_last_psn,
-            op::READ_RESP_MIDDLE => !is_first_psn && !is_last_psn,
+            Opcode::RdmaReadResponseOnly => is_first_psn && is_last_psn,
+            Opcode::RdmaReadResponseFirst => is_first_psn && !is_last_psn,
+            Opcode::RdmaReadResponseMiddle => !is_first_psn && !is_last_psn,
             _ => !is_first_psn && is_last_psn, // LAST
         };
         let want = (w.len - w.read_received).min(mtu) as usize;

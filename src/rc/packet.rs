@@ -3,67 +3,29 @@
 
 use crate::wire::{
     AETH_LEN, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN, Aeth, BTH_LEN, Bth, ICRC_LEN, IMMDT_LEN, ImmDt,
-    Opcode, RETH_LEN, Reth as WireReth, Syndrome, WireError, pad_len,
+    RETH_LEN, Reth, WireError, pad_len,
 };
-
-/// RC opcodes as bytes (values from `crate::wire::Opcode`, docs/rc-transport.md §2.1).
-pub mod op {
-    use crate::wire::Opcode as O;
-    pub const SEND_FIRST: u8 = O::SendFirst as u8;
-    pub const SEND_MIDDLE: u8 = O::SendMiddle as u8;
-    pub const SEND_LAST: u8 = O::SendLast as u8;
-    pub const SEND_LAST_IMM: u8 = O::SendLastWithImmediate as u8;
-    pub const SEND_ONLY: u8 = O::SendOnly as u8;
-    pub const SEND_ONLY_IMM: u8 = O::SendOnlyWithImmediate as u8;
-    pub const WRITE_FIRST: u8 = O::RdmaWriteFirst as u8;
-    pub const WRITE_MIDDLE: u8 = O::RdmaWriteMiddle as u8;
-    pub const WRITE_LAST: u8 = O::RdmaWriteLast as u8;
-    pub const WRITE_LAST_IMM: u8 = O::RdmaWriteLastWithImmediate as u8;
-    pub const WRITE_ONLY: u8 = O::RdmaWriteOnly as u8;
-    pub const WRITE_ONLY_IMM: u8 = O::RdmaWriteOnlyWithImmediate as u8;
-    pub const READ_REQUEST: u8 = O::RdmaReadRequest as u8;
-    pub const READ_RESP_FIRST: u8 = O::RdmaReadResponseFirst as u8;
-    pub const READ_RESP_MIDDLE: u8 = O::RdmaReadResponseMiddle as u8;
-    pub const READ_RESP_LAST: u8 = O::RdmaReadResponseLast as u8;
-    pub const READ_RESP_ONLY: u8 = O::RdmaReadResponseOnly as u8;
-    pub const ACKNOWLEDGE: u8 = O::Acknowledge as u8;
-    pub const ATOMIC_ACKNOWLEDGE: u8 = O::AtomicAcknowledge as u8;
-}
-
-/// AETH syndrome bytes the engine sends and matches (§1.4).
-pub mod syndrome {
-    pub const ACK: u8 = 0x1F;
-    pub const RNR_NAK: u8 = 0x20;
-    pub const NAK_SEQ: u8 = 0x60;
-    pub const NAK_INV_REQ: u8 = 0x61;
-    pub const NAK_REM_ACCESS: u8 = 0x62;
-    pub const NAK_REM_OP: u8 = 0x63;
-}
-
-/// RETH fields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reth {
-    pub va: u64,
-    pub rkey: u32,
-    pub len: u32,
-}
+pub use crate::wire::{AethRepr, NakCode, Opcode, RethRepr, Syndrome};
 
 /// Header fields of a packet to send or just received (payload handled separately).
+/// Typed with the wire layer's own values, decoded once by `parse`: the opcode is a
+/// [`Opcode`] (an unknown or unsupported opcode byte is rejected at parse, so every `Hdr`
+/// holds one the engine can act on), the AETH a [`AethRepr`] whose [`Syndrome`] says ACK,
+/// RNR NAK (with its timer) or NAK (with its code), and the RETH a [`RethRepr`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hdr {
-    pub opcode: u8,
+    pub opcode: Opcode,
     pub dest_qp: u32,
     pub psn: u32,
     pub ack_req: bool,
     pub solicited: bool,
-    pub reth: Option<Reth>,
-    /// (syndrome, msn)
-    pub aeth: Option<(u8, u32)>,
+    pub reth: Option<RethRepr>,
+    pub aeth: Option<AethRepr>,
     pub imm: Option<u32>,
 }
 
 impl Hdr {
-    pub fn new(opcode: u8, dest_qp: u32, psn: u32) -> Hdr {
+    pub fn new(opcode: Opcode, dest_qp: u32, psn: u32) -> Hdr {
         Hdr {
             opcode,
             dest_qp,
@@ -131,7 +93,7 @@ fn read_hdr(buf: &[u8]) -> Result<(Hdr, Opcode, u8), WireError> {
     }
     let headers = buf.get(..opcode.header_len()).ok_or(WireError::Truncated)?;
     let mut hdr = Hdr {
-        opcode: opcode.as_u8(),
+        opcode,
         dest_qp: bth.dest_qp(),
         psn: bth.psn(),
         ack_req: bth.ack_req(),
@@ -143,11 +105,11 @@ fn read_hdr(buf: &[u8]) -> Result<(Hdr, Opcode, u8), WireError> {
     // Order as in `PacketRepr::parse`: RETH|AtomicETH|AETH, then AtomicAckETH|ImmDt|IETH.
     let mut at = BTH_LEN;
     if opcode.has_reth() {
-        let r = WireReth::new_unchecked(&headers[at..]);
-        hdr.reth = Some(Reth {
+        let r = Reth::new_unchecked(&headers[at..]);
+        hdr.reth = Some(RethRepr {
             va: r.va(),
             rkey: r.rkey(),
-            len: r.dma_len(),
+            dma_len: r.dma_len(),
         });
         at += RETH_LEN;
     }
@@ -156,8 +118,10 @@ fn read_hdr(buf: &[u8]) -> Result<(Hdr, Opcode, u8), WireError> {
     }
     if opcode.has_aeth() {
         let a = Aeth::new_unchecked(&headers[at..]);
-        let syn = Syndrome::from_u8(a.syndrome_raw())?.to_u8();
-        hdr.aeth = Some((syn, a.msn()));
+        hdr.aeth = Some(AethRepr {
+            syndrome: Syndrome::from_u8(a.syndrome_raw())?,
+            msn: a.msn(),
+        });
         at += AETH_LEN;
     }
     if opcode.has_atomic_ack_eth() {
@@ -174,7 +138,7 @@ fn read_hdr(buf: &[u8]) -> Result<(Hdr, Opcode, u8), WireError> {
 /// None if `buf` is too small or the headers do not match the opcode. Writes through the
 /// wire views' setters (not the Reprs): this runs for every packet.
 pub fn emit_header(hdr: &Hdr, pad: u8, buf: &mut [u8]) -> Option<usize> {
-    let opcode = Opcode::from_u8(hdr.opcode).ok()?;
+    let opcode = hdr.opcode;
     // Exactly the headers the opcode carries; the engine never sends atomics or IETH.
     let matches = opcode.has_reth() == hdr.reth.is_some()
         && opcode.has_aeth() == hdr.aeth.is_some()
@@ -192,7 +156,7 @@ pub fn emit_header(hdr: &Hdr, pad: u8, buf: &mut [u8]) -> Option<usize> {
     // the packet buffer.
     let mut b = [0u8; BTH_LEN];
     let mut bth = Bth::new_unchecked(&mut b[..]);
-    bth.set_opcode_raw(hdr.opcode);
+    bth.set_opcode_raw(opcode.as_u8());
     bth.set_solicited(hdr.solicited);
     bth.set_pad_count(pad);
     bth.set_pkey(0xFFFF);
@@ -203,18 +167,13 @@ pub fn emit_header(hdr: &Hdr, pad: u8, buf: &mut [u8]) -> Option<usize> {
     let mut at = BTH_LEN;
     if let Some(r) = hdr.reth {
         let mut b = [0u8; RETH_LEN];
-        let mut v = WireReth::new_unchecked(&mut b[..]);
-        v.set_va(r.va);
-        v.set_rkey(r.rkey);
-        v.set_dma_len(r.len);
+        r.emit(&mut Reth::new_unchecked(&mut b[..]));
         head[at..at + RETH_LEN].copy_from_slice(&b);
         at += RETH_LEN;
     }
-    if let Some((syn, msn)) = hdr.aeth {
+    if let Some(a) = hdr.aeth {
         let mut b = [0u8; AETH_LEN];
-        let mut v = Aeth::new_unchecked(&mut b[..]);
-        v.set_syndrome_raw(syn);
-        v.set_msn(msn);
+        a.emit(&mut Aeth::new_unchecked(&mut b[..]));
         head[at..at + AETH_LEN].copy_from_slice(&b);
         at += AETH_LEN;
     }
@@ -237,17 +196,13 @@ mod tests {
     /// What `PacketRepr` makes of the same bytes, in the engine's terms.
     fn hdr_of(p: &PacketRepr<'_>) -> Hdr {
         Hdr {
-            opcode: p.bth.opcode.as_u8(),
+            opcode: p.bth.opcode,
             dest_qp: p.bth.dest_qp,
             psn: p.bth.psn,
             ack_req: p.bth.ack_req,
             solicited: p.bth.solicited,
-            reth: p.reth.map(|r| Reth {
-                va: r.va,
-                rkey: r.rkey,
-                len: r.dma_len,
-            }),
-            aeth: p.aeth.map(|a| (a.syndrome.to_u8(), a.msn)),
+            reth: p.reth,
+            aeth: p.aeth,
             imm: p.immdt.map(|i| i.imm),
         }
     }
@@ -316,9 +271,15 @@ mod tests {
             0, 0, 0, 0,
         ];
         let (h, payload) = parse(&bytes).unwrap();
-        assert_eq!(h.opcode, op::READ_RESP_ONLY);
+        assert_eq!(h.opcode, Opcode::RdmaReadResponseOnly);
         assert_eq!((h.dest_qp, h.psn, h.ack_req), (0x11, 0x12_3456, true));
-        assert_eq!(h.aeth, Some((syndrome::ACK, 7)));
+        assert_eq!(
+            h.aeth,
+            Some(AethRepr {
+                syndrome: Syndrome::ACK_UNLIMITED,
+                msn: 7
+            })
+        );
         assert_eq!(payload, &[1, 2, 3, 4]);
         assert_eq!(parse_head(&bytes[..16], &bytes[16..20]).unwrap(), h);
     }

@@ -14,7 +14,7 @@ use super::attr::{QpAttr, check_modify};
 use super::counters::Counters;
 use super::emit::TxParts;
 use super::memory::Memory;
-use super::packet::{self, Hdr, op};
+use super::packet::{self, Hdr};
 use super::requester::Requester;
 use super::responder::Responder;
 use super::verbs::{QpState, WcOpcode, WcStatus, attr_mask};
@@ -347,7 +347,7 @@ impl Qp {
         }
         self.counters.rx_packets += 1;
         self.counters.rx_bytes += len as u64;
-        let is_response = (op::READ_RESP_FIRST..=op::ATOMIC_ACKNOWLEDGE).contains(&hdr.opcode);
+        let is_response = hdr.opcode.is_response();
         match (is_response, self.state) {
             (true, QpState::Rts) => self.on_response(now, hdr, payload, mem),
             (false, QpState::Rtr | QpState::Rts) => self.on_request(hdr, payload, mem),

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use super::emit::{EmitError, PayloadSrc, TxParts};
 use super::memory::{self, Memory, sge_total};
-use super::packet::{Hdr, Reth, op};
+use super::packet::{Hdr, Opcode, RethRepr};
 use super::psn;
 use super::qp::{Qp, packets_for};
 use super::verbs::{QpState, WcStatus, WrOpcode, access, send_flags};
@@ -129,22 +129,22 @@ impl Requester {
     }
 }
 
-fn send_opcode(wr: WrOpcode, first: bool, last: bool) -> u8 {
+fn send_opcode(wr: WrOpcode, first: bool, last: bool) -> Opcode {
     let imm = matches!(wr, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
     let write = matches!(wr, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm);
     match (write, first, last, imm) {
-        (false, true, true, false) => op::SEND_ONLY,
-        (false, true, true, true) => op::SEND_ONLY_IMM,
-        (false, true, false, _) => op::SEND_FIRST,
-        (false, false, false, _) => op::SEND_MIDDLE,
-        (false, false, true, false) => op::SEND_LAST,
-        (false, false, true, true) => op::SEND_LAST_IMM,
-        (true, true, true, false) => op::WRITE_ONLY,
-        (true, true, true, true) => op::WRITE_ONLY_IMM,
-        (true, true, false, _) => op::WRITE_FIRST,
-        (true, false, false, _) => op::WRITE_MIDDLE,
-        (true, false, true, false) => op::WRITE_LAST,
-        (true, false, true, true) => op::WRITE_LAST_IMM,
+        (false, true, true, false) => Opcode::SendOnly,
+        (false, true, true, true) => Opcode::SendOnlyWithImmediate,
+        (false, true, false, _) => Opcode::SendFirst,
+        (false, false, false, _) => Opcode::SendMiddle,
+        (false, false, true, false) => Opcode::SendLast,
+        (false, false, true, true) => Opcode::SendLastWithImmediate,
+        (true, true, true, false) => Opcode::RdmaWriteOnly,
+        (true, true, true, true) => Opcode::RdmaWriteOnlyWithImmediate,
+        (true, true, false, _) => Opcode::RdmaWriteFirst,
+        (true, false, false, _) => Opcode::RdmaWriteMiddle,
+        (true, false, true, false) => Opcode::RdmaWriteLast,
+        (true, false, true, true) => Opcode::RdmaWriteLastWithImmediate,
     }
 }
 
@@ -200,12 +200,12 @@ impl Qp {
         let w = &self.req.sq[idx];
         let (n, consumed, done) = if w.is_read() {
             let remaining = w.len - w.read_received;
-            let mut h = Hdr::new(op::READ_REQUEST, dest_qp, psn_now);
+            let mut h = Hdr::new(Opcode::RdmaReadRequest, dest_qp, psn_now);
             h.ack_req = true;
-            h.reth = Some(Reth {
+            h.reth = Some(RethRepr {
                 va: w.wr.remote_addr + w.read_received,
                 rkey: w.wr.rkey,
-                len: remaining as u32,
+                dma_len: remaining as u32,
             });
             let pkts = packets_for(remaining, mtu);
             let t = match self.emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored) {
@@ -227,10 +227,10 @@ impl Qp {
                     WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
                 )
             {
-                h.reth = Some(Reth {
+                h.reth = Some(RethRepr {
                     va: w.wr.remote_addr,
                     rkey: w.wr.rkey,
-                    len: w.len as u32,
+                    dma_len: w.len as u32,
                 });
             }
             if last

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 
 use super::emit::{EmitError, PayloadSrc, TxParts};
 use super::memory::{self, Key, Memory, sge_total};
-use super::packet::{Hdr, op, syndrome};
+use super::packet::{AethRepr, Hdr, NakCode, Opcode, Syndrome};
 use super::psn;
 use super::qp::{Qp, packets_for};
 use super::verbs::{WcOpcode, WcStatus, access};
@@ -36,7 +36,7 @@ pub(super) struct ReadRes {
 #[derive(Debug, Clone, Copy)]
 pub(super) enum RespItem {
     /// ACKNOWLEDGE with this syndrome and PSN (ACK, RNR NAK or NAK).
-    Ack { syn: u8, psn: u32 },
+    Ack { syn: Syndrome, psn: u32 },
     /// READ responses for `res` from `psn` on; `replay` when a duplicate asked for them
     /// again (§5.4), not a new READ.
     Read {
@@ -100,16 +100,16 @@ impl Responder {
     /// one says nothing the NAK does not, and is dropped, as is a sequence NAK for the PSN
     /// an RNR NAK refused. An error NAK (the QP is going to ERR) replaces any of them and
     /// is never replaced: the requester must learn why (§5.3).
-    fn push_ack(&mut self, syn: u8, psn: u32) {
+    fn push_ack(&mut self, syn: Syndrome, psn: u32) {
         if let Some(RespItem::Ack { syn: s, psn: q }) = self.out.back_mut() {
             let newer = match *s {
-                syndrome::ACK => true,
+                Syndrome::Ack { .. } => true,
                 s if is_error_nak(s) => false,
                 // A sequence NAK for the PSN an RNR NAK refused follows from that refusal
                 // (the SEND after it found a gap): the RNR NAK's wait is what counts.
                 _ => match psn::diff(psn, *q) {
                     d if d > 0 => true,
-                    0 => syn != syndrome::NAK_SEQ,
+                    0 => syn != NAK_SEQ,
                     _ => is_error_nak(syn),
                 },
             };
@@ -130,10 +130,18 @@ impl Responder {
     }
 }
 
+/// The syndromes the responder sends (§1.4): ACK without credit information (0x1F, as
+/// rxe), the sequence NAK and the error NAKs.
+const ACK: Syndrome = Syndrome::ACK_UNLIMITED;
+const NAK_SEQ: Syndrome = Syndrome::Nak(NakCode::PsnSequenceError);
+const NAK_INV_REQ: Syndrome = Syndrome::Nak(NakCode::InvalidRequest);
+const NAK_REM_ACCESS: Syndrome = Syndrome::Nak(NakCode::RemoteAccessError);
+const NAK_REM_OP: Syndrome = Syndrome::Nak(NakCode::RemoteOperationalError);
+
 /// A NAK after which the responder's QP goes to ERR (Invalid Request, Remote Access,
 /// Remote Operational: 0x61..0x7F; 0x60 is the sequence NAK).
-fn is_error_nak(syn: u8) -> bool {
-    syn & 0xE0 == syndrome::NAK_SEQ && syn != syndrome::NAK_SEQ
+fn is_error_nak(syn: Syndrome) -> bool {
+    matches!(syn, Syndrome::Nak(code) if code != NakCode::PsnSequenceError)
 }
 
 /// Why a request was refused: which NAK to send and what to complete locally.
@@ -143,14 +151,14 @@ enum Refuse {
     RemOp,
 }
 
-fn needs_recv_wqe(opcode: u8) -> bool {
+fn needs_recv_wqe(opcode: Opcode) -> bool {
     matches!(
         opcode,
-        op::SEND_FIRST
-            | op::SEND_ONLY
-            | op::SEND_ONLY_IMM
-            | op::WRITE_LAST_IMM
-            | op::WRITE_ONLY_IMM
+        Opcode::SendFirst
+            | Opcode::SendOnly
+            | Opcode::SendOnlyWithImmediate
+            | Opcode::RdmaWriteLastWithImmediate
+            | Opcode::RdmaWriteOnlyWithImmediate
     )
 }
 
@@ -162,7 +170,7 @@ impl Qp {
             if !self.resp.nak_sent {
                 self.resp.nak_sent = true;
                 let e = self.resp.epsn;
-                self.resp.push_ack(syndrome::NAK_SEQ, e);
+                self.resp.push_ack(NAK_SEQ, e);
             }
             return;
         }
@@ -174,9 +182,9 @@ impl Qp {
         self.resp.nak_sent = false;
         if let Err(r) = self.execute(hdr, payload, mem) {
             let syn = match r {
-                Refuse::InvReq => syndrome::NAK_INV_REQ,
-                Refuse::RemAccess => syndrome::NAK_REM_ACCESS,
-                Refuse::RemOp => syndrome::NAK_REM_OP,
+                Refuse::InvReq => NAK_INV_REQ,
+                Refuse::RemAccess => NAK_REM_ACCESS,
+                Refuse::RemOp => NAK_REM_OP,
             };
             self.resp.push_ack(syn, hdr.psn);
             self.enter_error();
@@ -184,7 +192,7 @@ impl Qp {
     }
 
     fn on_duplicate(&mut self, hdr: &Hdr) {
-        if hdr.opcode == op::READ_REQUEST {
+        if hdr.opcode == Opcode::RdmaReadRequest {
             let Some(reth) = hdr.reth else { return };
             let mtu = u64::from(self.attr.path_mtu);
             let found = self.resp.resources.iter().find(|r| {
@@ -193,7 +201,7 @@ impl Qp {
                     && psn::diff(r.last_psn, hdr.psn) >= 0
                     && r.rkey == reth.rkey
                     && reth.va == r.va + k as u64 * mtu
-                    && reth.va + u64::from(reth.len) <= r.va + r.len
+                    && reth.va + u64::from(reth.dma_len) <= r.va + r.len
             });
             // Replay (re-reading memory); a recycled resource means silent drop (§5.4).
             if let Some(res) = found.copied() {
@@ -206,7 +214,7 @@ impl Qp {
             .resp
             .ack_psn
             .unwrap_or_else(|| psn::add(self.resp.epsn, psn::PSN_MASK));
-        self.resp.push_ack(syndrome::ACK, p);
+        self.resp.push_ack(ACK, p);
     }
 
     /// Queues the responses of `res` again from PSN `p` for a duplicate READ, bounded:
@@ -251,13 +259,13 @@ impl Qp {
         let opc = hdr.opcode;
         let starts = matches!(
             opc,
-            op::SEND_FIRST
-                | op::SEND_ONLY
-                | op::SEND_ONLY_IMM
-                | op::WRITE_FIRST
-                | op::WRITE_ONLY
-                | op::WRITE_ONLY_IMM
-                | op::READ_REQUEST
+            Opcode::SendFirst
+                | Opcode::SendOnly
+                | Opcode::SendOnlyWithImmediate
+                | Opcode::RdmaWriteFirst
+                | Opcode::RdmaWriteOnly
+                | Opcode::RdmaWriteOnlyWithImmediate
+                | Opcode::RdmaReadRequest
         );
         // Opcode sequence: a new message only when none is open; continuations only of
         // the matching kind.
@@ -265,12 +273,20 @@ impl Qp {
             (Some(_), true) => return Err(Refuse::InvReq),
             (None, false) => return Err(Refuse::InvReq),
             (Some(InMsg::Send { .. }), false)
-                if !matches!(opc, op::SEND_MIDDLE | op::SEND_LAST | op::SEND_LAST_IMM) =>
+                if !matches!(
+                    opc,
+                    Opcode::SendMiddle | Opcode::SendLast | Opcode::SendLastWithImmediate
+                ) =>
             {
                 return Err(Refuse::InvReq);
             }
             (Some(InMsg::Write { .. }), false)
-                if !matches!(opc, op::WRITE_MIDDLE | op::WRITE_LAST | op::WRITE_LAST_IMM) =>
+                if !matches!(
+                    opc,
+                    Opcode::RdmaWriteMiddle
+                        | Opcode::RdmaWriteLast
+                        | Opcode::RdmaWriteLastWithImmediate
+                ) =>
             {
                 return Err(Refuse::InvReq);
             }
@@ -278,38 +294,41 @@ impl Qp {
         }
         // Packet length rules (§2.2).
         let len_ok = match opc {
-            op::SEND_FIRST | op::SEND_MIDDLE | op::WRITE_FIRST | op::WRITE_MIDDLE => {
-                payload.len() == mtu
-            }
-            op::SEND_LAST | op::SEND_LAST_IMM | op::WRITE_LAST | op::WRITE_LAST_IMM => {
-                (1..=mtu).contains(&payload.len())
-            }
-            op::READ_REQUEST => payload.is_empty(),
+            Opcode::SendFirst
+            | Opcode::SendMiddle
+            | Opcode::RdmaWriteFirst
+            | Opcode::RdmaWriteMiddle => payload.len() == mtu,
+            Opcode::SendLast
+            | Opcode::SendLastWithImmediate
+            | Opcode::RdmaWriteLast
+            | Opcode::RdmaWriteLastWithImmediate => (1..=mtu).contains(&payload.len()),
+            Opcode::RdmaReadRequest => payload.is_empty(),
             _ => payload.len() <= mtu,
         };
         if !len_ok {
             return Err(Refuse::InvReq);
         }
-        if opc == op::READ_REQUEST {
+        if opc == Opcode::RdmaReadRequest {
             return self.start_read(hdr, mem);
         }
         // RNR: a packet that needs a receive WQE and finds none is NAKed, not dropped (§5.2).
         if needs_recv_wqe(opc) && self.resp.rq.is_empty() {
             let code = self.attr.min_rnr_timer & 0x1F;
-            self.resp.push_ack(syndrome::RNR_NAK | code, hdr.psn);
+            self.resp
+                .push_ack(Syndrome::RnrNak { timer: code }, hdr.psn);
             return Ok(());
         }
         match opc {
-            op::SEND_FIRST | op::SEND_ONLY | op::SEND_ONLY_IMM => {
+            Opcode::SendFirst | Opcode::SendOnly | Opcode::SendOnlyWithImmediate => {
                 let wr = self.resp.rq.pop_front().expect("checked non-empty");
                 self.resp.cur = Some(InMsg::Send { wr, off: 0 });
             }
-            op::WRITE_FIRST | op::WRITE_ONLY | op::WRITE_ONLY_IMM => {
+            Opcode::RdmaWriteFirst | Opcode::RdmaWriteOnly | Opcode::RdmaWriteOnlyWithImmediate => {
                 let reth = hdr.reth.ok_or(Refuse::InvReq)?;
                 if self.attr.qp_access_flags & access::REMOTE_WRITE == 0 {
                     return Err(Refuse::InvReq);
                 }
-                let total = u64::from(reth.len);
+                let total = u64::from(reth.dma_len);
                 if total > 1 << 31 {
                     return Err(Refuse::InvReq);
                 }
@@ -328,14 +347,14 @@ impl Qp {
         }
         let last = matches!(
             opc,
-            op::SEND_LAST
-                | op::SEND_LAST_IMM
-                | op::SEND_ONLY
-                | op::SEND_ONLY_IMM
-                | op::WRITE_LAST
-                | op::WRITE_LAST_IMM
-                | op::WRITE_ONLY
-                | op::WRITE_ONLY_IMM
+            Opcode::SendLast
+                | Opcode::SendLastWithImmediate
+                | Opcode::SendOnly
+                | Opcode::SendOnlyWithImmediate
+                | Opcode::RdmaWriteLast
+                | Opcode::RdmaWriteLastWithImmediate
+                | Opcode::RdmaWriteOnly
+                | Opcode::RdmaWriteOnlyWithImmediate
         );
         let qpn = self.qpn;
         match self.resp.cur.as_mut().expect("set above") {
@@ -406,7 +425,7 @@ impl Qp {
         self.resp.ack_psn = Some(hdr.psn);
         self.resp.epsn = psn::add(hdr.psn, 1);
         if hdr.ack_req {
-            self.resp.push_ack(syndrome::ACK, hdr.psn);
+            self.resp.push_ack(ACK, hdr.psn);
         }
         Ok(())
     }
@@ -427,7 +446,7 @@ impl Qp {
             self.counters.rd_atomic_exceeded += 1;
             return Err(Refuse::InvReq);
         }
-        let len = u64::from(reth.len);
+        let len = u64::from(reth.dma_len);
         if len > 1 << 31 {
             return Err(Refuse::InvReq);
         }
@@ -492,16 +511,16 @@ impl Qp {
         match item {
             RespItem::Ack { syn, psn: p } => {
                 self.resp.out.pop_front();
-                let mut h = Hdr::new(op::ACKNOWLEDGE, dest_qp, p);
-                h.aeth = Some((syn, msn));
+                let mut h = Hdr::new(Opcode::Acknowledge, dest_qp, p);
+                h.aeth = Some(AethRepr { syndrome: syn, msn });
                 let t = self
                     .emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored)
                     .ok()?;
                 // Counted as sent, not as queued: a queued NAK may be coalesced away.
-                if syn == syndrome::NAK_SEQ {
-                    self.counters.seq_naks_sent += 1;
-                } else if syn & 0xE0 == syndrome::RNR_NAK {
-                    self.counters.rnr_naks_sent += 1;
+                match syn {
+                    NAK_SEQ => self.counters.seq_naks_sent += 1,
+                    Syndrome::RnrNak { .. } => self.counters.rnr_naks_sent += 1,
+                    _ => {}
                 }
                 Some(t)
             }
@@ -513,14 +532,14 @@ impl Qp {
                 let first = p == res.first_psn;
                 let last = p == res.last_psn;
                 let opcode = match (first, last) {
-                    (true, true) => op::READ_RESP_ONLY,
-                    (true, false) => op::READ_RESP_FIRST,
-                    (false, true) => op::READ_RESP_LAST,
-                    (false, false) => op::READ_RESP_MIDDLE,
+                    (true, true) => Opcode::RdmaReadResponseOnly,
+                    (true, false) => Opcode::RdmaReadResponseFirst,
+                    (false, true) => Opcode::RdmaReadResponseLast,
+                    (false, false) => Opcode::RdmaReadResponseMiddle,
                 };
                 let mut h = Hdr::new(opcode, dest_qp, p);
-                if opcode != op::READ_RESP_MIDDLE {
-                    h.aeth = Some((syndrome::ACK, msn));
+                if opcode != Opcode::RdmaReadResponseMiddle {
+                    h.aeth = Some(AethRepr { syndrome: ACK, msn });
                 }
                 let src = PayloadSrc::Remote {
                     rkey: res.rkey,
@@ -532,7 +551,7 @@ impl Qp {
                     Err(EmitError::Memory(_)) => {
                         // The region went away or lost its rights since the request.
                         self.resp.out.pop_front();
-                        self.resp.push_ack(syndrome::NAK_REM_ACCESS, p);
+                        self.resp.push_ack(NAK_REM_ACCESS, p);
                         self.enter_error();
                         return self.next_response(mem, buf, vectored);
                     }

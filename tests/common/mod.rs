@@ -284,7 +284,7 @@ impl Sim {
                         h.psn,
                         h.ack_req,
                         h.aeth,
-                        h.reth.map(|r| r.len),
+                        h.reth.map(|r| r.dma_len),
                         pl.len(),
                     )
                 });
