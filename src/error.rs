@@ -1,6 +1,8 @@
 //! The crate-wide error: a kind (which maps 1:1 onto a C status code) and a message that
 //! names what was wrong, the value given and what is allowed.
 
+use crate::rc::PostError;
+use std::borrow::Cow;
 use std::fmt;
 
 /// What went wrong, coarsely. Each kind is one `rdmx_status` code in the C ABI.
@@ -37,17 +39,37 @@ pub enum ErrorKind {
 }
 
 /// An error with a human-readable message (what `rdmx_last_error()` returns in C).
+///
+/// The message is built only when someone asks for it: a fixed text is a `&'static str`,
+/// and a refused post carries the engine's typed refusal ([`PostError`]) and formats it on
+/// `Display`/`message()`. So a refusal on the hot path (a full send queue) allocates
+/// nothing until the C boundary writes it into its reused last-error buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {
     kind: ErrorKind,
-    message: String,
+    detail: Detail,
+}
+
+/// What an [`Error`] says, formatted lazily.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Detail {
+    Text(Cow<'static, str>),
+    Post(PostError),
 }
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error {
             kind,
-            message: message.into(),
+            detail: Detail::Text(Cow::Owned(message.into())),
+        }
+    }
+
+    /// An error with a fixed message: no allocation.
+    pub const fn fixed(kind: ErrorKind, message: &'static str) -> Self {
+        Error {
+            kind,
+            detail: Detail::Text(Cow::Borrowed(message)),
         }
     }
 
@@ -55,14 +77,40 @@ impl Error {
         self.kind
     }
 
-    pub fn message(&self) -> &str {
-        &self.message
+    /// The message. Borrowed for a text error; formatted (allocated) here for a typed one
+    /// such as a refused post: write it with `Display` to avoid the allocation.
+    pub fn message(&self) -> Cow<'_, str> {
+        match &self.detail {
+            Detail::Text(t) => Cow::Borrowed(t),
+            Detail::Post(p) => Cow::Owned(p.to_string()),
+        }
+    }
+
+    /// The engine's typed refusal, if this error is one.
+    pub fn post_error(&self) -> Option<&PostError> {
+        match &self.detail {
+            Detail::Post(p) => Some(p),
+            Detail::Text(_) => None,
+        }
+    }
+}
+
+/// A refused post keeps its type (and its kind): converting formats nothing.
+impl From<PostError> for Error {
+    fn from(e: PostError) -> Self {
+        Error {
+            kind: e.kind(),
+            detail: Detail::Post(e),
+        }
     }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        match &self.detail {
+            Detail::Text(t) => f.write_str(t),
+            Detail::Post(p) => fmt::Display::fmt(p, f),
+        }
     }
 }
 

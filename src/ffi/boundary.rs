@@ -5,21 +5,64 @@
 use super::status::rdmx_status;
 use crate::error::{Error, ErrorKind, Result};
 use std::cell::RefCell;
-use std::ffi::{CStr, CString, c_char};
+use std::ffi::{CStr, c_char};
+use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// The last error's text and its NUL; empty means "" (the last fallible call
+    /// succeeded). Cleared by truncation and rewritten in place, so that once it has grown
+    /// to fit the messages a thread sees, clearing it on every call and setting it on a
+    /// refusal allocate nothing.
+    static LAST_ERROR: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 pub(super) fn last_error_ptr() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR.with(|e| {
+        let e = e.borrow();
+        if e.is_empty() {
+            c"".as_ptr()
+        } else {
+            e.as_ptr().cast()
+        }
+    })
+}
+
+/// Clears the last error: no allocation, no formatting.
+fn clear_last_error() {
+    LAST_ERROR.with(|e| e.borrow_mut().clear());
+}
+
+/// Writes text into the last-error buffer, replacing interior NULs (which a C string
+/// cannot hold) by `\0` rather than losing the text after them.
+struct NulEscaping<'a>(&'a mut Vec<u8>);
+
+impl fmt::Write for NulEscaping<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for (i, part) in s.split('\0').enumerate() {
+            if i > 0 {
+                self.0.extend_from_slice(b"\\0");
+            }
+            self.0.extend_from_slice(part.as_bytes());
+        }
+        Ok(())
+    }
+}
+
+/// Sets the last error to the formatted `args`, in place (allocates only to grow the
+/// buffer).
+pub(super) fn set_last_error_fmt(args: fmt::Arguments<'_>) {
+    LAST_ERROR.with(|e| {
+        let mut buf = e.borrow_mut();
+        buf.clear();
+        // Writing into a Vec cannot fail; a Display impl that errs leaves what it wrote.
+        let _ = fmt::Write::write_fmt(&mut NulEscaping(&mut buf), args);
+        buf.push(0);
+    });
 }
 
 pub(super) fn set_last_error(msg: &str) {
-    // Interior NULs cannot be represented in a C string; replace rather than lose the text.
-    let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    set_last_error_fmt(format_args!("{msg}"));
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -36,16 +79,17 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// an `Err` into its status with "name: message" as the last error.
 pub(super) fn call(name: &str, f: impl FnOnce() -> Result<()>) -> rdmx_status {
     crate::logging::init();
-    set_last_error("");
+    clear_last_error();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => rdmx_status::RDMX_OK,
         Ok(Err(e)) => {
-            log::debug!(target: "rdmx::ffi", "{name} failed: {}", e.message());
-            set_last_error(&format!("{name}: {}", e.message()));
+            log::debug!(target: "rdmx::ffi", "{name} failed: {e}");
+            // Formatted once, straight into the reused buffer.
+            set_last_error_fmt(format_args!("{name}: {e}"));
             e.kind().into()
         }
         Err(payload) => {
-            set_last_error(&format!(
+            set_last_error_fmt(format_args!(
                 "{name}: internal panic: {}",
                 panic_message(&*payload)
             ));
@@ -60,7 +104,7 @@ pub(super) fn call_value<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(payload) => {
-            set_last_error(&format!(
+            set_last_error_fmt(format_args!(
                 "{name}: internal panic: {}",
                 panic_message(&*payload)
             ));
@@ -187,6 +231,29 @@ mod tests {
         assert_eq!(last(), "rdmx_x: bad mix");
         assert_eq!(call("rdmx_x", || Ok(())), rdmx_status::RDMX_OK);
         assert_eq!(last(), "");
+        // A typed refusal is formatted here, once, with its kind's status.
+        let full = crate::rc::PostError::QueueFull {
+            queue: crate::rc::PostQueue::Send,
+            outstanding: 4,
+            limit: 4,
+        };
+        let st = call("rdmx_post_send", || Err(full.into()));
+        assert_eq!(st, rdmx_status::RDMX_FULL);
+        assert_eq!(
+            last(),
+            "rdmx_post_send: post_send: send queue full (4 WRs outstanding = max_send_wr)"
+        );
+        // A shorter message after a longer one: the buffer is rewritten, not appended to.
+        let st = call("rdmx_x", || Err(Error::fixed(ErrorKind::Busy, "b")));
+        assert_eq!(st, rdmx_status::RDMX_BUSY);
+        assert_eq!(last(), "rdmx_x: b");
+    }
+
+    #[test]
+    fn interior_nul_is_escaped_not_truncated() {
+        let st = call("rdmx_x", || Err(Error::new(ErrorKind::Parse, "a\0b")));
+        assert_eq!(st, rdmx_status::RDMX_PARSE_ERROR);
+        assert_eq!(last(), "rdmx_x: a\\0b");
     }
 
     #[test]

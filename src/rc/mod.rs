@@ -25,7 +25,7 @@ pub use counters::Counters;
 pub use emit::TxParts;
 pub use failure::Failure;
 pub use memory::{Key, MemError, Memory, Sge, SgeList};
-pub use qp::{Qp, QpCaps, max_packet_len};
+pub use qp::{PostError, PostQueue, Qp, QpCaps, max_packet_len};
 pub use smallvec::smallvec;
 pub use vec_memory::VecMemory;
 pub use verbs::{QpState, WcOpcode, WcStatus, WrOpcode};

@@ -9,17 +9,18 @@
 //! the field zero on output and does not check it on input (`crate::wire::icrc` does).
 
 use std::collections::VecDeque;
+use std::fmt;
 
 use super::attr::{QpAttr, check_modify};
 use super::counters::Counters;
 use super::emit::TxParts;
-use super::memory::Memory;
+use super::memory::{Memory, sge_total};
 use super::packet::{self, Hdr};
 use super::requester::Requester;
 use super::responder::Responder;
 use super::verbs::{QpState, WcOpcode, WcStatus, attr_mask};
 use super::wr::{Completion, RecvWr, SendWr};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{ErrorKind, Result};
 use crate::wire::ICRC_LEN;
 
 /// Sizes fixed at QP creation (`ibv_qp_init_attr.cap` and friends).
@@ -70,32 +71,154 @@ pub(super) fn whole_packets(bytes: u64, mtu: u32) -> u32 {
     (bytes >> mtu.trailing_zeros()) as u32
 }
 
-/// Refuses a post when the queue is full or the WR has more SGEs than the QP allows.
-/// `queue` = (name, length, limit, limit's name); `sges` = (count, limit, limit's name).
-/// Inline with the error built out of line: it runs on every post.
-#[inline]
-fn check_room(verb: &str, queue: (&str, usize, u32, &str), sges: (usize, u32, &str)) -> Result<()> {
-    if queue.1 >= queue.2 as usize || sges.0 > sges.1 as usize {
-        return Err(room_error(verb, queue, sges));
-    }
-    Ok(())
+/// The queue a post was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PostQueue {
+    Send,
+    Recv,
 }
 
-#[cold]
-fn room_error(verb: &str, queue: (&str, usize, u32, &str), sges: (usize, u32, &str)) -> Error {
-    let (qname, len, max_wr, wr_key) = queue;
-    let (n, max_sge, sge_key) = sges;
-    if len >= max_wr as usize {
-        Error::new(
-            ErrorKind::Full,
-            format!("{verb}: {qname} full ({len} WRs outstanding = {wr_key})"),
-        )
-    } else {
-        Error::new(
-            ErrorKind::InvalidArgument,
-            format!("{verb}: {n} SGEs exceed {sge_key} {max_sge}"),
-        )
+impl PostQueue {
+    /// The verb that posts to it ("post_send", "post_recv").
+    pub fn verb(self) -> &'static str {
+        match self {
+            PostQueue::Send => "post_send",
+            PostQueue::Recv => "post_recv",
+        }
     }
+
+    fn name(self) -> &'static str {
+        match self {
+            PostQueue::Send => "send queue",
+            PostQueue::Recv => "receive queue",
+        }
+    }
+
+    /// The configuration key of its depth.
+    pub fn wr_key(self) -> &'static str {
+        match self {
+            PostQueue::Send => "max_send_wr",
+            PostQueue::Recv => "max_recv_wr",
+        }
+    }
+
+    /// The configuration key of its SGE limit.
+    pub fn sge_key(self) -> &'static str {
+        match self {
+            PostQueue::Send => "max_send_sge",
+            PostQueue::Recv => "max_recv_sge",
+        }
+    }
+}
+
+/// Why `Qp::post_send`/`post_recv` refused a WR. Plain data (no allocation): the message
+/// is made by `Display` (or `crate::Error`'s, after `into()`) only when someone needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// `outstanding` WRs fill the queue (`limit` = its depth); in ERR, flushed completions
+    /// not yet polled hold the slots. Retry after polling. Kind `Full`.
+    QueueFull {
+        queue: PostQueue,
+        outstanding: usize,
+        limit: u32,
+    },
+    /// The WR has `n` SGEs, more than the QP's `limit`. Kind `InvalidArgument`.
+    TooManySges {
+        queue: PostQueue,
+        n: usize,
+        limit: u32,
+    },
+    /// The QP's state does not take posts to this queue (send: RTS or ERR; receive: INIT,
+    /// RTR, RTS or ERR). Kind `InvalidArgument`.
+    WrongState {
+        queue: PostQueue,
+        qpn: u32,
+        state: QpState,
+    },
+    /// A send of `len` bytes, more than a message may carry (2^31). Kind
+    /// `InvalidArgument`.
+    MessageTooLong { len: u64 },
+}
+
+impl PostError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            PostError::QueueFull { .. } => ErrorKind::Full,
+            _ => ErrorKind::InvalidArgument,
+        }
+    }
+
+    /// The message, formatted (allocates: prefer `Display` where that matters).
+    pub fn message(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for PostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            PostError::QueueFull {
+                queue, outstanding, ..
+            } => write!(
+                f,
+                "{}: {} full ({outstanding} WRs outstanding = {})",
+                queue.verb(),
+                queue.name(),
+                queue.wr_key()
+            ),
+            PostError::TooManySges { queue, n, limit } => write!(
+                f,
+                "{}: {n} SGEs exceed {} {limit}",
+                queue.verb(),
+                queue.sge_key()
+            ),
+            PostError::WrongState {
+                queue: PostQueue::Send,
+                qpn,
+                state,
+            } => write!(f, "post_send: QP {qpn:#x} is in {state:?}, needs RTS"),
+            PostError::WrongState {
+                queue: PostQueue::Recv,
+                qpn,
+                state,
+            } => write!(f, "post_recv: QP {qpn:#x} is in {state:?}"),
+            PostError::MessageTooLong { len } => {
+                write!(f, "post_send: message of {len} bytes exceeds 2^31")
+            }
+        }
+    }
+}
+
+impl std::error::Error for PostError {}
+
+/// Largest message a send WR may carry (as `Requester::push` checks).
+const MAX_MSG_LEN: u64 = 1 << 31;
+
+/// Refuses a post when the queue (`len` WRs of at most `max_wr`) is full or the WR has
+/// more SGEs than `max_sge`. Runs on every post; the refusal is plain data.
+#[inline]
+fn check_room(
+    queue: PostQueue,
+    len: usize,
+    max_wr: u32,
+    sges: usize,
+    max_sge: u32,
+) -> std::result::Result<(), PostError> {
+    if len >= max_wr as usize {
+        return Err(PostError::QueueFull {
+            queue,
+            outstanding: len,
+            limit: max_wr,
+        });
+    }
+    if sges > max_sge as usize {
+        return Err(PostError::TooManySges {
+            queue,
+            n: sges,
+            limit: max_sge,
+        });
+    }
+    Ok(())
 }
 
 /// One RC queue pair.
@@ -227,79 +350,75 @@ impl Qp {
     /// WR_FLUSH_ERR (§4.8), but still takes a send queue slot until that completion is
     /// polled (as a NIC's does): with `max_send_wr` send completions waiting, the post is
     /// refused (Full), so completions in ERR stay bounded by the queue sizes.
-    pub fn post_send(&mut self, wr: SendWr) -> Result<()> {
+    pub fn post_send(&mut self, wr: SendWr) -> std::result::Result<(), PostError> {
         match self.state {
             QpState::Rts => {}
             QpState::Err => {
                 check_room(
-                    "post_send",
-                    (
-                        "send queue",
-                        self.completions_waiting(false),
-                        self.caps.max_send_wr,
-                        "max_send_wr",
-                    ),
-                    (wr.sges.len(), self.caps.max_send_sge, "max_send_sge"),
+                    PostQueue::Send,
+                    self.completions_waiting(false),
+                    self.caps.max_send_wr,
+                    wr.sges.len(),
+                    self.caps.max_send_sge,
                 )?;
                 self.push_completion(wr.wr_id, WcStatus::WrFlushErr, wr.opcode.wc_opcode(), false);
                 return Ok(());
             }
-            s => {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!("post_send: QP {:#x} is in {s:?}, needs RTS", self.qpn),
-                ));
+            state => {
+                return Err(PostError::WrongState {
+                    queue: PostQueue::Send,
+                    qpn: self.qpn,
+                    state,
+                });
             }
         }
         check_room(
-            "post_send",
-            (
-                "send queue",
-                self.req.sq.len(),
-                self.caps.max_send_wr,
-                "max_send_wr",
-            ),
-            (wr.sges.len(), self.caps.max_send_sge, "max_send_sge"),
+            PostQueue::Send,
+            self.req.sq.len(),
+            self.caps.max_send_wr,
+            wr.sges.len(),
+            self.caps.max_send_sge,
         )?;
-        self.req.push(wr, self.attr.path_mtu)
+        let len = sge_total(&wr.sges);
+        if len > MAX_MSG_LEN {
+            return Err(PostError::MessageTooLong { len });
+        }
+        self.req
+            .push(wr, self.attr.path_mtu)
+            .map_err(|_| PostError::MessageTooLong { len })
     }
 
     /// `ibv_post_recv` for one WR. In ERR the WR completes at once with WR_FLUSH_ERR,
     /// bounded as `post_send`'s: refused (Full) with `max_recv_wr` receive completions
     /// waiting to be polled.
-    pub fn post_recv(&mut self, wr: RecvWr) -> Result<()> {
+    pub fn post_recv(&mut self, wr: RecvWr) -> std::result::Result<(), PostError> {
         match self.state {
             QpState::Init | QpState::Rtr | QpState::Rts => {}
             QpState::Err => {
                 check_room(
-                    "post_recv",
-                    (
-                        "receive queue",
-                        self.completions_waiting(true),
-                        self.caps.max_recv_wr,
-                        "max_recv_wr",
-                    ),
-                    (wr.sges.len(), self.caps.max_recv_sge, "max_recv_sge"),
+                    PostQueue::Recv,
+                    self.completions_waiting(true),
+                    self.caps.max_recv_wr,
+                    wr.sges.len(),
+                    self.caps.max_recv_sge,
                 )?;
                 self.push_completion(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, true);
                 return Ok(());
             }
-            QpState::Reset => {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!("post_recv: QP {:#x} is in Reset", self.qpn),
-                ));
+            state @ QpState::Reset => {
+                return Err(PostError::WrongState {
+                    queue: PostQueue::Recv,
+                    qpn: self.qpn,
+                    state,
+                });
             }
         }
         check_room(
-            "post_recv",
-            (
-                "receive queue",
-                self.resp.rq.len(),
-                self.caps.max_recv_wr,
-                "max_recv_wr",
-            ),
-            (wr.sges.len(), self.caps.max_recv_sge, "max_recv_sge"),
+            PostQueue::Recv,
+            self.resp.rq.len(),
+            self.caps.max_recv_wr,
+            wr.sges.len(),
+            self.caps.max_recv_sge,
         )?;
         self.resp.rq.push_back(wr);
         Ok(())
