@@ -31,7 +31,7 @@ use crate::server::empty_wc;
 
 pub const USAGE: &str = "usage: rdmx-perf {read_bw|write_bw|send_bw|read_lat|send_lat} --connect ADDR:PORT \
      [--size BYTES (4096)] [--qd N (bw: 32, lat: 1)] [--duration SECONDS (5)] [--batch N (config post_batch, 32)] \
-     [--verify N (bw: 16, lat: 1)] [--set KEY=VALUE]... [--profile NAME] [--json]";
+     [--verify N (bw: 16, lat: 1)] [--idle-conns N (0)] [--set KEY=VALUE]... [--profile NAME] [--json]";
 
 /// `rdmx-perf TEST --help`.
 pub const HELP: &str = "\
@@ -52,6 +52,9 @@ options:
   --batch N            work requests per post call (default: the config's post_batch, 32;
                        at most --qd)
   --verify N           check every Nth READ's content (default: bandwidth 16, latency 1)
+  --idle-conns N       before the run, open N more connections to the server on the same
+                       context and keep them open, unused, until it ends (default 0; for
+                       the cost of idle connections: bench/scale.sh)
   --set KEY=VALUE      a configuration knob (`rdmx-perf config` lists them); repeatable
   --profile NAME       a configuration profile (e.g. ceph-after)
   --json               stdout is one JSON object only; the table goes to stderr
@@ -123,6 +126,8 @@ struct Args {
     json: bool,
     profile: Option<String>,
     sets: Vec<(String, String)>,
+    /// Extra connections opened before the run and left unused (`--idle-conns`).
+    idle_conns: usize,
 }
 
 impl Args {
@@ -142,6 +147,7 @@ fn parse(test: Test, args: &[String]) -> Result<Args, String> {
     let mut json = false;
     let mut profile = None;
     let mut sets = Vec::new();
+    let mut idle_conns = 0;
     let mut it = args.iter();
     let num = |flag: &str, v: &str| {
         v.parse::<usize>()
@@ -159,6 +165,7 @@ fn parse(test: Test, args: &[String]) -> Result<Args, String> {
             "--qd" => qd = Some(num(flag, &value()?)?),
             "--batch" => batch = Some(num(flag, &value()?)?),
             "--verify" => verify = Some(num(flag, &value()?)?),
+            "--idle-conns" => idle_conns = num(flag, &value()?)?,
             "--duration" => {
                 let v = value()?;
                 duration = v
@@ -204,6 +211,7 @@ fn parse(test: Test, args: &[String]) -> Result<Args, String> {
         json,
         profile,
         sets,
+        idle_conns,
     })
 }
 
@@ -341,8 +349,24 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
     let conn = ctx
         .connect(&a.connect, CONNECT_TIMEOUT)
         .map_err(|e| once_prefixed("connect to", &a.connect, &e.to_string()))?;
-    ctx.set_on_connect(None);
     wait_ready(&conn)?;
+    // Idle connections: each gets the server's ready message (into the same 64 bytes, the
+    // hook posts its receive) and is then left alone until the run ends.
+    let mut idle = Vec::with_capacity(a.idle_conns);
+    for i in 0..a.idle_conns {
+        let c = ctx.connect(&a.connect, CONNECT_TIMEOUT).map_err(|e| {
+            format!(
+                "idle connection {} of {}: {}",
+                i + 1,
+                a.idle_conns,
+                once_prefixed("connect to", &a.connect, &e.to_string())
+            )
+        })?;
+        wait_ready(&c)
+            .map_err(|e| format!("idle connection {} of {}: {e}", i + 1, a.idle_conns))?;
+        idle.push(c);
+    }
+    ctx.set_on_connect(None);
     let need = match a.test.opcode() {
         WrOpcode::RdmaRead => access::REMOTE_READ,
         WrOpcode::RdmaWrite => access::REMOTE_WRITE,
@@ -400,6 +424,7 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
     let kdrops = conn.kernel_drops();
     let stalls = conn.progress_stats();
     drop(conn);
+    drop(idle);
     drop(local);
     drop(ready_buf);
 
@@ -426,6 +451,7 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
     r.int("qd", a.qd as u64);
     r.int("batch", a.batch() as u64);
     r.int("path_mtu", u64::from(path_mtu));
+    r.int("idle_conns", a.idle_conns as u64);
     r.num("duration_s", secs, 3);
     r.int("ops", out.ops);
     r.num("ops_per_sec", ops_per_sec, 1);

@@ -11,8 +11,10 @@ use crate::wire::{BTH_LEN, Bth};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::BinaryHeap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
@@ -48,6 +50,227 @@ const PASS_PER_ITEM_NS: u64 = 50_000;
 
 /// QPs one progress pass drives (inline: a pass runs per poll, so no heap allocation).
 type Touched = SmallVec<[Arc<SoftQp>; 4]>;
+/// Most stale heap entries one pass repairs at the top (see [`DeviceTimers::settle`]).
+const SETTLE_MAX: usize = 64;
+
+/// One QP's timer as the device sees it: the engine's earliest deadline, published by the
+/// QP whenever its engine is touched, so reading it needs no lock, and where the QP stands
+/// in the device's timer heap. Shared by the QP and its heap entries (which never keep the
+/// QP itself alive).
+#[derive(Debug)]
+pub struct TimerCell {
+    qpn: u32,
+    /// The engine's earliest deadline (device clock ns; u64::MAX: none). Written under the
+    /// QP's lock, so in order.
+    deadline: AtomicU64,
+    /// The earliest entry of this QP in the heap (u64::MAX: none), written under the heap
+    /// lock. `queued <= deadline` whenever the QP has a deadline, except for a QP a pass
+    /// took from the heap and is about to drive (which publishes again).
+    queued: AtomicU64,
+}
+
+impl TimerCell {
+    pub fn new(qpn: u32) -> TimerCell {
+        TimerCell {
+            qpn,
+            deadline: AtomicU64::new(u64::MAX),
+            queued: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// The published deadline.
+    pub fn deadline(&self) -> Option<u64> {
+        let d = self.deadline.load(Ordering::Acquire);
+        (d != u64::MAX).then_some(d)
+    }
+
+    /// Publishes the engine's deadline `d` (called under the QP's lock after anything
+    /// touched its engine). The device's heap is told only when `d` comes before the QP's
+    /// entry there: a deadline that moves later (every ACK) costs an atomic store; the
+    /// heap learns it when the old entry comes due. `timers`: None for a QP outside a
+    /// device (unit tests).
+    #[inline]
+    pub fn publish(self: &Arc<Self>, d: Option<u64>, timers: Option<&Arc<DeviceTimers>>) {
+        let d = d.unwrap_or(u64::MAX);
+        // SeqCst store then load here, SeqCst store of `queued` then load of `deadline` in
+        // `take_due`: one of the two sides sees the other's write, so a deadline is never
+        // left without an entry at or before it.
+        if self.deadline.load(Ordering::Relaxed) != d {
+            self.deadline.store(d, Ordering::SeqCst);
+        }
+        if d < self.queued.load(Ordering::SeqCst)
+            && let Some(t) = timers
+        {
+            t.arm(self, d);
+        }
+    }
+}
+
+/// A heap entry: `cell`'s QP had a deadline at `at` when it was pushed (it may have moved
+/// later since: checked when the entry comes to the top).
+struct Entry {
+    at: u64,
+    cell: Arc<TimerCell>,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, o: &Entry) -> bool {
+        self.cmp(o) == CmpOrdering::Equal
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Entry) -> Option<CmpOrdering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    /// Reversed: `BinaryHeap` is a max-heap, the earliest deadline must be on top.
+    fn cmp(&self, o: &Entry) -> CmpOrdering {
+        (o.at, o.cell.qpn).cmp(&(self.at, self.cell.qpn))
+    }
+}
+
+/// The device's timers: a min-heap of (deadline, QP) with lazy deletion, fed by QPs whose
+/// deadline came earlier than their entry, so a progress pass pops only due entries and the
+/// progress thread sleeps until the heap's minimum. Idle QPs cost a pass nothing.
+pub struct DeviceTimers {
+    heap: Mutex<BinaryHeap<Entry>>,
+    /// The heap's minimum (u64::MAX: empty), written under the heap lock: the earliest
+    /// armed timer, when a pass is due (stall accounting). It may be early (a QP's deadline
+    /// moved later since its entry was pushed), never late; a pass that drove QPs repairs
+    /// it ([`DeviceTimers::settle`]).
+    min: AtomicU64,
+    /// When the progress thread will wake next (ns on the device clock).
+    planned_wake: AtomicU64,
+    /// Wakes the progress thread.
+    wake: EventFd,
+}
+
+impl std::fmt::Debug for DeviceTimers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceTimers")
+            .field("entries", &self.heap.lock().len())
+            .field("min", &self.min.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl DeviceTimers {
+    fn new() -> Result<DeviceTimers> {
+        Ok(DeviceTimers {
+            heap: Mutex::new(BinaryHeap::new()),
+            min: AtomicU64::new(u64::MAX),
+            planned_wake: AtomicU64::new(0),
+            wake: EventFd::new()?,
+        })
+    }
+
+    /// The earliest armed timer (u64::MAX: none); possibly early, never late.
+    fn min(&self) -> u64 {
+        self.min.load(Ordering::Acquire)
+    }
+
+    fn store_min(&self, heap: &BinaryHeap<Entry>) {
+        let m = heap.peek().map_or(u64::MAX, |e| e.at);
+        self.min.store(m, Ordering::Release);
+    }
+
+    /// `cell`'s QP has a deadline at `d`, earlier than its entry: pushes one, and wakes the
+    /// progress thread if it planned to sleep past `d` (timers fire whether or not the
+    /// application polls).
+    #[cold]
+    fn arm(&self, cell: &Arc<TimerCell>, d: u64) {
+        {
+            let mut heap = self.heap.lock();
+            if d >= cell.queued.load(Ordering::SeqCst) {
+                return; // another thread pushed it meanwhile
+            }
+            cell.queued.store(d, Ordering::SeqCst);
+            heap.push(Entry {
+                at: d,
+                cell: Arc::clone(cell),
+            });
+            if d < self.min.load(Ordering::Relaxed) {
+                self.min.store(d, Ordering::Release);
+            }
+        }
+        self.wake_by(d);
+    }
+
+    /// Wakes the progress thread if it planned to sleep past `d`.
+    fn wake_by(&self, d: u64) {
+        if d < self.planned_wake.load(Ordering::Acquire) {
+            self.planned_wake.store(d, Ordering::Release);
+            self.wake.signal();
+        }
+    }
+
+    /// Pops the entries due at `now`: a QP whose deadline is due goes to `due` (and leaves
+    /// the heap: driving it publishes its next deadline); one whose deadline moved later
+    /// is pushed again at it; stale entries are dropped. Nothing is locked when nothing is
+    /// due.
+    fn take_due(&self, now: u64, due: &mut SmallVec<[Arc<TimerCell>; 4]>) {
+        if self.min() > now {
+            return;
+        }
+        let mut heap = self.heap.lock();
+        while heap.peek().is_some_and(|e| e.at <= now) {
+            let Some(e) = heap.pop() else { break };
+            let cell = e.cell;
+            if cell.queued.load(Ordering::SeqCst) != e.at {
+                continue; // a duplicate: the QP's entry is another one
+            }
+            cell.queued.store(u64::MAX, Ordering::SeqCst);
+            let d = cell.deadline.load(Ordering::SeqCst);
+            if d <= now {
+                due.push(cell);
+            } else if d != u64::MAX {
+                cell.queued.store(d, Ordering::SeqCst);
+                heap.push(Entry { at: d, cell });
+            }
+        }
+        self.store_min(&heap);
+    }
+
+    /// Makes the heap's top exact (its QP's deadline is the entry's), so `min` is the
+    /// earliest deadline of any QP: entries whose QP's deadline moved later are pushed
+    /// again at it, duplicates dropped (at most [`SETTLE_MAX`]). Run by a pass that drove
+    /// QPs (their deadlines moved). Returns the minimum.
+    fn settle(&self) -> u64 {
+        let mut heap = self.heap.lock();
+        for _ in 0..SETTLE_MAX {
+            let Some(top) = heap.peek() else { break };
+            let cell = &top.cell;
+            let at = top.at;
+            if cell.queued.load(Ordering::SeqCst) != at {
+                heap.pop();
+                continue;
+            }
+            let d = cell.deadline.load(Ordering::SeqCst);
+            if d == at {
+                break;
+            }
+            // The deadline moved (later, or earlier by a QP that is about to push it).
+            let Some(e) = heap.pop() else { break };
+            e.cell.queued.store(d, Ordering::SeqCst);
+            if d != u64::MAX {
+                heap.push(Entry {
+                    at: d,
+                    cell: e.cell,
+                });
+            }
+        }
+        self.store_min(&heap);
+        self.min()
+    }
+
+    /// Entries in the heap (QPs with a deadline, plus stale entries not yet dropped).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.heap.lock().len()
+    }
+}
 
 /// A receiving UDP port (one per IP family) and how many QPs of its family exist: a port
 /// without QPs is not polled, so an unused family costs no syscalls.
@@ -64,16 +287,14 @@ struct Shared {
     qps: RwLock<HashMap<u32, Arc<SoftQp>>>,
     /// TCP side channels to watch for EOF: fd -> QP.
     watches: Mutex<HashMap<RawFd, u32>>,
-    wake: EventFd,
+    /// The same fds, as the epoll set the progress thread polls.
+    watch_set: WatchSet,
+    /// Every QP's timer (heap), the thread's planned wakeup and its wake fd.
+    timers: Arc<DeviceTimers>,
     stop: AtomicBool,
     /// Serializes receive processing (the thread, or an inline poller).
     rx: Mutex<RxBatch>,
     epoch: Instant,
-    /// When the progress thread will wake next (ns on the device clock).
-    planned_wake: AtomicU64,
-    /// The earliest armed timer of any QP (ns on the device clock; u64::MAX: none), as of
-    /// the last progress pass or a later post: when a pass is due.
-    next_timer: AtomicU64,
     /// Last time the application drove progress itself (progress=inline), ns.
     last_app_poll: AtomicU64,
     /// Real time left out of the engine clock (`now`): the device was not listening.
@@ -206,12 +427,11 @@ impl SoftDevice {
             ports,
             qps: RwLock::new(HashMap::default()),
             watches: Mutex::new(HashMap::default()),
-            wake: EventFd::new()?,
+            watch_set: WatchSet::new()?,
+            timers: Arc::new(DeviceTimers::new()?),
             stop: AtomicBool::new(false),
             rx: Mutex::new(RxBatch::new(RX_BATCH, crate::rc::max_packet_len(4096) + 64)),
             epoch: Instant::now(),
-            planned_wake: AtomicU64::new(0),
-            next_timer: AtomicU64::new(u64::MAX),
             last_app_poll: AtomicU64::new(0),
             stalled_ns: AtomicU64::new(0),
             last_pass: AtomicU64::new(0),
@@ -328,7 +548,7 @@ impl SoftDevice {
         let shared = &self.shared;
         let qp = self.add_qp(
             &mut |qpn| {
-                SoftQp::new(
+                let qp = SoftQp::new(
                     qpn,
                     caps,
                     ip,
@@ -336,13 +556,15 @@ impl SoftDevice {
                     Arc::clone(&recv_cq),
                     shared.settings.soft_drop_ppb,
                     Arc::clone(&shared.stats.log),
-                )
+                )?;
+                qp.attach_timers(Arc::clone(&shared.timers));
+                Ok(qp)
             },
             &mut sys::try_random_u32,
         )?;
         self.shared.ports[port].qps.fetch_add(1, Ordering::AcqRel);
         // The progress thread may be asleep without watching this port yet.
-        self.shared.wake.signal();
+        self.shared.timers.wake.signal();
         Ok(qp)
     }
 
@@ -382,38 +604,43 @@ impl SoftDevice {
         {
             self.shared.ports[port].qps.fetch_sub(1, Ordering::AcqRel);
         }
-        self.shared.watches.lock().retain(|_, q| *q != qpn);
+        let mut w = self.shared.watches.lock();
+        w.retain(|fd, q| {
+            if *q == qpn {
+                self.shared.watch_set.remove(*fd);
+            }
+            *q != qpn
+        });
     }
 
     /// Watches a TCP side channel: when its peer closes, the QP goes to ERR (flushing
     /// every outstanding WR) and its CQ channel is signaled.
     pub fn watch(&self, fd: RawFd, qpn: u32) {
-        self.shared.watches.lock().insert(fd, qpn);
-        self.shared.wake.signal();
+        let mut w = self.shared.watches.lock();
+        w.insert(fd, qpn);
+        self.shared.watch_set.add(fd);
     }
 
     pub fn unwatch(&self, fd: RawFd) {
-        self.shared.watches.lock().remove(&fd);
+        let mut w = self.shared.watches.lock();
+        if w.remove(&fd).is_some() {
+            self.shared.watch_set.remove(fd);
+        }
     }
 
     /// Wakes the progress thread (e.g. after a post whose packets the caller could not
     /// send, or to re-evaluate timers).
     pub fn kick(&self) {
-        self.shared.wake.signal();
+        self.shared.timers.wake.signal();
     }
 
     /// A caller armed a timer due at `deadline`: wakes the progress thread if it planned
-    /// to sleep past it (timers fire whether or not the application polls). Two atomic
-    /// loads in the common case; a wakeup only when the new deadline is the earliest.
+    /// to sleep past it (timers fire whether or not the application polls). A QP of this
+    /// device already told the device's timer heap when its engine armed the timer, so this
+    /// is one atomic load in the common case.
     pub fn timer_armed(&self, deadline: Option<u64>) {
-        let Some(d) = deadline else { return };
-        // A pass is due at `d` (for stall accounting), whoever runs it.
-        if d < self.shared.next_timer.load(Ordering::Acquire) {
-            self.shared.next_timer.fetch_min(d, Ordering::AcqRel);
-        }
-        if d < self.shared.planned_wake.load(Ordering::Acquire) {
-            self.shared.planned_wake.store(d, Ordering::Release);
-            self.shared.wake.signal();
+        if let Some(d) = deadline {
+            self.shared.timers.wake_by(d);
         }
     }
 
@@ -439,7 +666,7 @@ impl SoftDevice {
     pub fn app_sleeping(&self) {
         if self.shared.settings.progress == Progress::Inline {
             self.shared.last_app_poll.store(0, Ordering::Relaxed);
-            self.shared.wake.signal();
+            self.shared.timers.wake.signal();
         }
     }
 }
@@ -447,7 +674,7 @@ impl SoftDevice {
 impl Drop for SoftDevice {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.wake.signal();
+        self.shared.timers.wake.signal();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -481,7 +708,7 @@ impl Shared {
         let due = self
             .last_pass
             .load(Ordering::Relaxed)
-            .max(self.next_timer.load(Ordering::Acquire));
+            .max(self.timers.min());
         self.stall(now, now.saturating_sub(due))
     }
 
@@ -530,7 +757,7 @@ impl Shared {
             }
         }
         let mut touched: Touched = SmallVec::new();
-        let timer_at_start = self.next_timer.load(Ordering::Acquire);
+        let timer_at_start = self.timers.min();
         let mut start = start;
         let mut drained = true;
         let mut now = start;
@@ -559,61 +786,43 @@ impl Shared {
         }
         // Responses for what arrived, and every due timer, but only once every packet that
         // arrived before now has been processed: an ACK queued behind the pass's bound
-        // must not lose the race against its own timer.
-        let mut later = u64::MAX; // the earliest timer not due now
-        let due: Touched = if drained {
-            self.qps
-                .read()
-                .values()
-                .filter(|q| match q.next_deadline() {
-                    Some(d) if d <= now => true,
-                    Some(d) => {
-                        later = later.min(d);
-                        false
+        // must not lose the race against its own timer. Only due heap entries are looked
+        // at: idle QPs cost nothing.
+        let mut due: Touched = SmallVec::new();
+        if drained {
+            let mut cells: SmallVec<[Arc<TimerCell>; 4]> = SmallVec::new();
+            self.timers.take_due(now, &mut cells);
+            if !cells.is_empty() {
+                let qps = self.qps.read();
+                for c in &cells {
+                    // A destroyed QP's entry just leaves the heap.
+                    if let Some(qp) = qps.get(&c.qpn)
+                        && !touched.iter().any(|q| Arc::ptr_eq(q, qp))
+                    {
+                        due.push(Arc::clone(qp));
                     }
-                    None => false,
-                })
-                .cloned()
-                .collect()
+                }
+            }
         } else {
             self.stats.timers_deferred.fetch_add(1, Ordering::Relaxed);
-            self.wake.signal(); // the thread comes back for the rest at once
-            SmallVec::new()
-        };
-        let mut earliest: Option<u64> = None;
-        if !drained {
-            // Timers were not looked at: keep the one we knew of.
-            earliest = Some(timer_at_start);
-        } else if later != u64::MAX {
-            earliest = Some(later);
+            self.timers.wake.signal(); // the thread comes back for the rest at once
         }
+        // Driving publishes each QP's next deadline to the heap (a new or earlier one wakes
+        // the thread if it planned to sleep past it).
         for qp in touched.iter().chain(due.iter()) {
             qp.drive(&self.mrs, now, drained);
-            if let Some(d) = qp.next_deadline() {
-                earliest = Some(earliest.map_or(d, |e| e.min(d)));
-            }
         }
+        // Deadlines of the QPs driven moved: make the heap's minimum exact again.
+        let driven = touched.len() + due.len();
+        let timer = if driven > 0 {
+            self.timers.settle()
+        } else {
+            self.timers.min()
+        };
         // Stopped while sending: the deadlines just armed must not count that time.
-        let timer = earliest.unwrap_or(u64::MAX);
-        let end = self.stall_inside(now, self.now(), touched.len() + due.len(), timer);
-        // A post may have armed an earlier timer meanwhile: keep the smaller one.
-        if self
-            .next_timer
-            .compare_exchange(timer_at_start, timer, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            self.next_timer.fetch_min(timer, Ordering::AcqRel);
-        }
+        let end = self.stall_inside(now, self.now(), driven, timer);
         self.last_pass.store(end, Ordering::Relaxed);
         drop(rx);
-        // A timer armed in this pass (a retransmission, a new request) must wake the
-        // thread if it planned to sleep past it.
-        if let Some(d) = earliest
-            && d < self.planned_wake.load(Ordering::Acquire)
-        {
-            self.planned_wake.store(d, Ordering::Release);
-            self.wake.signal();
-        }
         Some(now)
     }
 
@@ -687,14 +896,26 @@ impl Shared {
     /// is gone.
     fn check_watches(&self, fds: &[RawFd]) {
         let dead: Vec<(RawFd, u32)> = {
-            let w = self.watches.lock();
-            fds.iter()
+            let mut w = self.watches.lock();
+            let dead: Vec<(RawFd, u32)> = fds
+                .iter()
                 .filter(|fd| w.contains_key(fd) && sys::peer_closed(**fd))
                 .map(|fd| (*fd, w[fd]))
-                .collect()
+                .collect();
+            // No longer watched (dead, or unwatched meanwhile): out of the epoll set, which
+            // would otherwise report it again at once.
+            for fd in fds {
+                if !w.contains_key(fd) {
+                    self.watch_set.remove(*fd);
+                }
+            }
+            for (fd, _) in &dead {
+                w.remove(fd);
+                self.watch_set.remove(*fd);
+            }
+            dead
         };
-        for (fd, qpn) in dead {
-            self.watches.lock().remove(&fd);
+        for (_, qpn) in dead {
             if let Some(qp) = self.qps.read().get(&qpn).cloned() {
                 log::info!(target: "rdmx::soft", "QP {qpn:#x}: peer closed the side channel; flushing");
                 qp.fail(&self.mrs);
@@ -703,12 +924,11 @@ impl Shared {
         }
     }
 
+    /// The earliest armed timer of any QP (possibly early: a pass then finds nothing due
+    /// and repairs it; never late).
     fn next_deadline(&self) -> Option<u64> {
-        self.qps
-            .read()
-            .values()
-            .filter_map(|q| q.next_deadline())
-            .min()
+        let m = self.timers.min();
+        (m != u64::MAX).then_some(m)
     }
 }
 
@@ -720,9 +940,14 @@ fn inline_handover(s: &Shared) -> Duration {
 }
 
 fn progress_thread(s: &Shared) {
-    let mut fds: Vec<RawFd> = Vec::new();
-    let mut ready = Vec::new();
+    // The poll set, owned by the loop (no allocation per loop): the wake fd, the receiving
+    // ports while this thread receives, and the epoll set of watched side channels (one
+    // fd however many connections the device has).
+    let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(2 + s.ports.len());
+    let mut events: Vec<libc::epoll_event> = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+    let mut readable: Vec<RawFd> = Vec::with_capacity(64);
     let inline = s.settings.progress == Progress::Inline;
+    let t = &s.timers;
     while !s.stop.load(Ordering::Acquire) {
         let now = s.now();
         // progress=thread: this thread receives. progress=inline: the caller's poll does,
@@ -732,20 +957,21 @@ fn progress_thread(s: &Shared) {
         let app_polling = inline
             && now.saturating_sub(s.last_app_poll.load(Ordering::Relaxed))
                 < handover.as_nanos() as u64;
-        fds.clear();
-        fds.push(s.wake.raw_fd());
+        pfds.clear();
+        pfds.push(sys::pollin(t.wake.raw_fd()));
+        pfds.push(sys::pollin(s.watch_set.raw_fd()));
         if !app_polling {
-            fds.extend(
+            pfds.extend(
                 s.ports
                     .iter()
                     .filter(|p| p.qps.load(Ordering::Acquire) > 0)
-                    .map(|p| p.sock.raw_fd()),
+                    .map(|p| sys::pollin(p.sock.raw_fd())),
             );
         }
-        fds.extend(s.watches.lock().keys().copied());
-        // Announce the longest sleep first, then look at the deadlines: a post between the
-        // two sees the long sleep and kicks; one before is in `next_deadline`.
-        s.planned_wake
+        // Announce the longest sleep first, then look at the deadlines: a timer armed
+        // between the two sees the long sleep and kicks; one before is in the heap's
+        // minimum.
+        t.planned_wake
             .store(now + IDLE_SLEEP.as_nanos() as u64, Ordering::Release);
         let mut timeout = match s.next_deadline() {
             Some(d) if d <= now => Duration::ZERO,
@@ -756,24 +982,93 @@ fn progress_thread(s: &Shared) {
             // Look again when the caller may have stopped polling.
             timeout = timeout.min(handover);
         }
-        s.planned_wake
+        t.planned_wake
             .store(now + timeout.as_nanos() as u64, Ordering::Release);
-        if let Err(e) = sys::poll_readable(&fds, timeout, &mut ready) {
+        if let Err(e) = sys::poll_set(&mut pfds, timeout) {
             log::error!(target: "rdmx::soft", "progress: {e}");
             std::thread::sleep(Duration::from_millis(10));
         }
-        s.wake.clear();
-        let readable: Vec<RawFd> = ready.iter().map(|&i| fds[i]).collect();
-        let side_channel_event = {
-            let w = s.watches.lock();
-            readable.iter().any(|fd| w.contains_key(fd))
-        };
+        t.wake.clear();
+        readable.clear();
+        if pfds[1].revents != 0 {
+            s.watch_set.ready(&mut events, &mut readable);
+        }
+        let side_channel_event = !readable.is_empty();
         // Inline: skip if the caller is at it (try-lock); thread: wait for the lock. Before
         // acting on a side-channel event always receive first (waiting for the lock): a peer
         // that answers (e.g. with a NAK) and then closes must have its answer processed
         // before its EOF fails the QP.
         s.progress_once(!inline || side_channel_event);
-        s.check_watches(&readable);
+        if side_channel_event {
+            s.check_watches(&readable);
+        }
+    }
+}
+
+/// The watched TCP side channels as one epoll set (readable or hung up), so the progress
+/// thread polls one fd however many connections there are.
+struct WatchSet(OwnedFd);
+
+impl WatchSet {
+    fn new() -> Result<WatchSet> {
+        // SAFETY: epoll_create1 takes no pointers; a valid fd is returned or -1.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("epoll_create1: {}", std::io::Error::last_os_error()),
+            ));
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        Ok(WatchSet(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd) -> std::io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: `ev` lives for the call; the kernel copies it (and ignores it for DEL).
+        if unsafe { libc::epoll_ctl(self.raw_fd(), op, fd, &mut ev) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn add(&self, fd: RawFd) {
+        let r = match self.ctl(libc::EPOLL_CTL_ADD, fd) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => self.ctl(libc::EPOLL_CTL_MOD, fd),
+            r => r,
+        };
+        if let Err(e) = r {
+            log::warn!(target: "rdmx::soft", "side channel fd {fd}: cannot watch: {e}");
+        }
+    }
+
+    /// Stops watching `fd` (already gone from the set if it was closed: ignored).
+    fn remove(&self, fd: RawFd) {
+        let _ = self.ctl(libc::EPOLL_CTL_DEL, fd);
+    }
+
+    /// The watched fds that are ready now, into `out` (`events`: the caller's buffer).
+    fn ready(&self, events: &mut [libc::epoll_event], out: &mut Vec<RawFd>) {
+        // SAFETY: `events` is a live buffer of `events.len()` entries the kernel fills;
+        // timeout 0 does not block.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.raw_fd(),
+                events.as_mut_ptr(),
+                events.len().min(i32::MAX as usize) as i32,
+                0,
+            )
+        };
+        for e in events.iter().take(n.max(0) as usize) {
+            out.push(e.u64 as RawFd);
+        }
     }
 }
 
@@ -945,6 +1240,61 @@ mod tests {
         for q in &qps {
             dev.destroy_qp(q.qpn());
         }
+    }
+
+    #[test]
+    fn the_timer_heap_pops_only_due_qps_and_follows_moved_deadlines() {
+        let t = Arc::new(DeviceTimers::new().unwrap());
+        let cells: Vec<Arc<TimerCell>> = (0..1000).map(|q| Arc::new(TimerCell::new(q))).collect();
+        // 998 idle QPs (no deadline) cost nothing: not in the heap.
+        for c in &cells {
+            c.publish(None, Some(&t));
+        }
+        assert_eq!((t.len(), t.min()), (0, u64::MAX));
+        let (a, b) = (&cells[7], &cells[500]);
+        a.publish(Some(1_000), Some(&t));
+        b.publish(Some(5_000), Some(&t));
+        assert_eq!((t.len(), t.min()), (2, 1_000));
+        let mut due = SmallVec::new();
+        t.take_due(999, &mut due);
+        assert!(due.is_empty());
+        // `a`'s deadline moves later (an ACK): no heap work, the entry is found stale when
+        // due and pushed again at the new deadline.
+        a.publish(Some(2_000), Some(&t));
+        assert_eq!((t.len(), t.min()), (2, 1_000));
+        t.take_due(1_500, &mut due);
+        assert!(due.is_empty());
+        assert_eq!((t.len(), t.min()), (2, 2_000));
+        // Earlier again: pushed at once; the later entry is a duplicate, dropped.
+        a.publish(Some(1_800), Some(&t));
+        assert_eq!((t.len(), t.min()), (3, 1_800));
+        t.take_due(2_000, &mut due);
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].qpn, 7);
+        assert_eq!((t.len(), t.min()), (1, 5_000));
+        // Driving the due QP publishes its next deadline (its entry left the heap).
+        a.publish(Some(9_000), Some(&t));
+        assert_eq!((t.len(), t.min()), (2, 5_000));
+        // `b` moved later: settle makes the minimum exact without waiting for it.
+        b.publish(Some(20_000), Some(&t));
+        assert_eq!(t.settle(), 9_000);
+        // A deadline cleared (ACKed, QP in ERR): the entry leaves at settle.
+        a.publish(None, Some(&t));
+        assert_eq!(t.settle(), 20_000);
+        due.clear();
+        t.take_due(u64::MAX - 1, &mut due);
+        assert_eq!(due.len(), 1);
+        assert_eq!((t.len(), t.min()), (0, u64::MAX));
+    }
+
+    #[test]
+    fn a_qps_deadline_is_read_without_its_lock_and_reaches_the_device() {
+        let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let dev = SoftDevice::open(&settings(), &[v4]).unwrap();
+        let qp = dev.create_qp(QpCaps::default(), v4, cq(), cq()).unwrap();
+        assert_eq!(qp.next_deadline(), None);
+        assert_eq!(dev.shared.timers.min(), u64::MAX);
+        dev.destroy_qp(qp.qpn());
     }
 
     #[test]

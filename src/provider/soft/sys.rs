@@ -3,6 +3,7 @@
 //! `/dev/urandom`), and poll(2) over a set of fds.
 
 use crate::error::{Error, ErrorKind, Result};
+use smallvec::SmallVec;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
@@ -139,17 +140,42 @@ pub fn random_u32() -> u32 {
 }
 
 /// Waits until one of `fds` is readable (or hung up) or `timeout` passes; returns the fds
-/// that are ready, as indices into `fds`, in `ready`.
+/// that are ready, as indices into `fds`, in `ready`. Up to 8 fds it allocates nothing;
+/// a loop over a larger or changing set keeps its own buffer with [`poll_set`].
 pub fn poll_readable(fds: &[RawFd], timeout: Duration, ready: &mut Vec<usize>) -> Result<()> {
     ready.clear();
-    let mut pfds: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN | libc::POLLRDHUP,
-            revents: 0,
-        })
-        .collect();
+    let mut pfds: SmallVec<[libc::pollfd; 8]> = fds.iter().map(|&fd| pollin(fd)).collect();
+    ppoll(&mut pfds, timeout)?;
+    ready.extend(
+        pfds.iter()
+            .enumerate()
+            .filter(|(_, p)| p.revents != 0)
+            .map(|(i, _)| i),
+    );
+    Ok(())
+}
+
+/// A `pollfd` asking for readability and hang-ups (`POLLIN | POLLRDHUP`), for [`poll_set`].
+pub fn pollin(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    }
+}
+
+/// Waits until one of the caller's `pfds` (see [`pollin`]) is ready or `timeout` passes;
+/// each entry's `revents` says (0: not ready). The caller owns and reuses the buffer, so a
+/// loop polls without allocating. Returns how many entries are ready (0 on a timeout or
+/// a signal).
+pub fn poll_set(pfds: &mut [libc::pollfd], timeout: Duration) -> Result<usize> {
+    ppoll(pfds, timeout)
+}
+
+fn ppoll(pfds: &mut [libc::pollfd], timeout: Duration) -> Result<usize> {
+    for p in pfds.iter_mut() {
+        p.revents = 0;
+    }
     // ppoll: nanosecond timeouts, so a 0.64 ms RNR wait is not rounded to 0 (a spin) or
     // to 1 ms.
     let ts = libc::timespec {
@@ -169,17 +195,14 @@ pub fn poll_readable(fds: &[RawFd], timeout: Duration, ready: &mut Vec<usize>) -
     if n < 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::Interrupted {
-            return Ok(());
+            for p in pfds.iter_mut() {
+                p.revents = 0;
+            }
+            return Ok(0);
         }
         return Err(Error::new(ErrorKind::Io, format!("poll: {e}")));
     }
-    ready.extend(
-        pfds.iter()
-            .enumerate()
-            .filter(|(_, p)| p.revents != 0)
-            .map(|(i, _)| i),
-    );
-    Ok(())
+    Ok(n as usize)
 }
 
 /// Waits up to `timeout` for `fd` to accept writes (used when a UDP send buffer is full).
