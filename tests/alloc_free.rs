@@ -205,6 +205,8 @@ struct Seen {
     polls_without: u64,
     allocs_with: (u64, u64),
     allocs_without: (u64, u64),
+    /// Allocations of the successful posts (reported, not asserted).
+    allocs_posts: (u64, u64),
 }
 
 /// `rounds` RDMA WRITEs one at a time, each polled until it completes; every poll is
@@ -219,7 +221,9 @@ fn writes_and_polls(
     let mut wc = [EMPTY; 4];
     for i in 0..rounds {
         // SAFETY: live connection; one SGE.
-        let st = unsafe { rdmx_post_write(ca, src, 1, dst.addr, dst.rkey, i, 0) };
+        let (st, d) = measure(|| unsafe { rdmx_post_write(ca, src, 1, dst.addr, dst.rkey, i, 0) });
+        seen.allocs_posts.0 += d.0;
+        seen.allocs_posts.1 += d.1;
         assert_eq!(st, rdmx_status::RDMX_OK, "post_write: {}", last_error());
         let end = Instant::now() + Duration::from_secs(10);
         loop {
@@ -322,7 +326,8 @@ fn poll_and_a_refused_post_allocate_nothing() {
 
     eprintln!(
         "polls with completions: {} ({} allocations, {} bytes); without: {} ({} allocations, \
-         {} bytes); refused posts: {N} ({} allocations, {} bytes)",
+         {} bytes); refused posts: {N} ({} allocations, {} bytes); successful WRITE posts: {N} ({} \
+         allocations, {} bytes)",
         seen.polls_with,
         seen.allocs_with.0,
         seen.allocs_with.1,
@@ -330,7 +335,9 @@ fn poll_and_a_refused_post_allocate_nothing() {
         seen.allocs_without.0,
         seen.allocs_without.1,
         refused.0,
-        refused.1
+        refused.1,
+        seen.allocs_posts.0,
+        seen.allocs_posts.1
     );
     assert_eq!(seen.polls_with, N);
     assert!(seen.polls_without >= N);
