@@ -14,7 +14,7 @@ mod driver;
 use std::time::Instant;
 
 /// Programs per plain `cargo test` run.
-const DEFAULT_ITERS: u64 = 300;
+const DEFAULT_ITERS: u64 = 1000;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {

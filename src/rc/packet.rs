@@ -167,13 +167,18 @@ pub fn emit_header(hdr: &Hdr, pad: u8, buf: &mut [u8]) -> Option<usize> {
     let mut at = BTH_LEN;
     if let Some(r) = hdr.reth {
         let mut b = [0u8; RETH_LEN];
-        r.emit(&mut Reth::new_unchecked(&mut b[..]));
+        let mut v = Reth::new_unchecked(&mut b[..]);
+        v.set_va(r.va);
+        v.set_rkey(r.rkey);
+        v.set_dma_len(r.dma_len);
         head[at..at + RETH_LEN].copy_from_slice(&b);
         at += RETH_LEN;
     }
     if let Some(a) = hdr.aeth {
         let mut b = [0u8; AETH_LEN];
-        a.emit(&mut Aeth::new_unchecked(&mut b[..]));
+        let mut v = Aeth::new_unchecked(&mut b[..]);
+        v.set_syndrome_raw(a.syndrome.to_u8());
+        v.set_msn(a.msn);
         head[at..at + AETH_LEN].copy_from_slice(&b);
         at += AETH_LEN;
     }

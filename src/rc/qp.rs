@@ -15,7 +15,7 @@ use super::attr::{QpAttr, check_modify};
 use super::counters::Counters;
 use super::emit::TxParts;
 use super::memory::{Memory, sge_total};
-use super::packet::{self, Hdr};
+use super::packet::{self, Hdr, Opcode};
 use super::requester::Requester;
 use super::responder::Responder;
 use super::verbs::{QpState, WcOpcode, WcStatus, attr_mask};
@@ -466,7 +466,8 @@ impl Qp {
         }
         self.counters.rx_packets += 1;
         self.counters.rx_bytes += len as u64;
-        let is_response = hdr.opcode.is_response();
+        let is_response =
+            (Opcode::RdmaReadResponseFirst..=Opcode::AtomicAcknowledge).contains(&hdr.opcode);
         match (is_response, self.state) {
             (true, QpState::Rts) => self.on_response(now, hdr, payload, mem),
             (false, QpState::Rtr | QpState::Rts) => self.on_request(hdr, payload, mem),

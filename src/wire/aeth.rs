@@ -49,6 +49,7 @@ pub enum NakCode {
 
 impl NakCode {
     /// Decodes a 5-bit NAK code (higher bits ignored).
+    #[inline]
     pub const fn from_code(code: u8) -> NakCode {
         match code & VALUE_MASK {
             0 => NakCode::PsnSequenceError,
@@ -61,6 +62,7 @@ impl NakCode {
     }
 
     /// The 5-bit code (a `Reserved` value is truncated to 5 bits).
+    #[inline]
     pub const fn code(self) -> u8 {
         match self {
             NakCode::PsnSequenceError => 0,
@@ -106,6 +108,7 @@ impl Syndrome {
     };
 
     /// Decodes the syndrome byte; bit 7 set or type 10b (0x40–0x5F) give `BadSyndrome`.
+    #[inline]
     pub const fn from_u8(value: u8) -> Result<Syndrome> {
         if value & RESERVED_BIT != 0 {
             return Err(WireError::BadSyndrome(value));
@@ -121,6 +124,7 @@ impl Syndrome {
     }
 
     /// Encodes the syndrome byte; 5-bit values are truncated to 5 bits.
+    #[inline]
     pub const fn to_u8(self) -> u8 {
         match self {
             Syndrome::Ack { credit_code } => TYPE_ACK | (credit_code & VALUE_MASK),
