@@ -28,9 +28,8 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::mem;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -121,22 +120,7 @@ pub fn route_mtu_of(fd: BorrowedFd<'_>, v6_socket: bool) -> io::Result<u32> {
     } else {
         (libc::IPPROTO_IP, libc::IP_MTU)
     };
-    let mut value: libc::c_int = 0;
-    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are live locals; `len` holds the size of `value`, which the
-    // kernel writes at most.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            ptr::from_mut(&mut value).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let value = super::udp::getsockopt_int(fd, level, name)?;
     u32::try_from(value)
         .ok()
         .filter(|&v| v > 0)

@@ -68,6 +68,7 @@ use crate::wire::{BTH_LEN, ICRC_LEN};
 mod framing;
 mod rx_batch;
 mod sockopt;
+pub(super) use sockopt::getsockopt_int;
 #[cfg(test)]
 mod tests;
 

@@ -79,7 +79,7 @@ pub(super) fn setsockopt_int(
     }
 }
 
-pub(super) fn getsockopt_int(
+pub(in crate::provider::soft) fn getsockopt_int(
     fd: BorrowedFd<'_>,
     level: libc::c_int,
     name: libc::c_int,
