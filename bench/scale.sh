@@ -60,33 +60,9 @@ if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt "$need" ]; then
     }
 fi
 
-# start NAME ARGS...: a server in the background; sets ADDR to the address it printed.
-start() {
-    local name=$1
-    shift
-    "$BIN" "$@" >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err" &
-    local pid=$!
-    PIDS+=("$pid")
-    SERVER=$pid
-    for _ in $(seq 1 200); do
-        ADDR=$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$LOGDIR/$name.out" | head -1)
-        [ -n "$ADDR" ] && return 0
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.05
-    done
-    echo "bench/scale.sh: server $name did not start: $(cat "$LOGDIR/$name.err")" >&2
-    exit 2
-}
-
-stop() {
-    kill "$SERVER" 2>/dev/null
-    wait "$SERVER" 2>/dev/null
-}
-
-# field JSON KEY: a number field of the JSON line.
-field() {
-    sed -n "s/.*\"$2\":\([-0-9.e]*\).*/\1/p" <<<"$1"
-}
+# start, stop, field
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 # median V...: the median of the numbers (the mean of the middle two for an even count).
 median() {

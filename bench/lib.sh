@@ -1,0 +1,32 @@
+# Shared by bench/load.sh and bench/scale.sh (sourced): servers in the background and the
+# JSON fields of a client's last line. Needs BIN, LOGDIR and a PIDS array.
+
+# start NAME ARGS...: `$BIN ARGS...` in the background (logs in $LOGDIR/NAME.out/.err),
+# waits for its "listening on" line; sets ADDR to the address it printed, SERVER to its pid.
+start() {
+    local name=$1
+    shift
+    "$BIN" "$@" >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err" &
+    local pid=$!
+    PIDS+=("$pid")
+    SERVER=$pid
+    for _ in $(seq 1 200); do
+        ADDR=$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$LOGDIR/$name.out" | head -1)
+        [ -n "$ADDR" ] && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    echo "$(basename "$0"): server $name did not start: $(cat "$LOGDIR/$name.err")" >&2
+    exit 2
+}
+
+# stop: kills and reaps the last server started.
+stop() {
+    kill "$SERVER" 2>/dev/null
+    wait "$SERVER" 2>/dev/null
+}
+
+# field JSON KEY: a number field of the JSON line.
+field() {
+    sed -n "s/.*\"$2\":\([-0-9.e]*\).*/\1/p" <<<"$1"
+}
