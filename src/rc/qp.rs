@@ -138,12 +138,20 @@ pub enum PostError {
     /// A send of `len` bytes, more than a message may carry (2^31). Kind
     /// `InvalidArgument`.
     MessageTooLong { len: u64 },
+    /// The QP is in ERR, where a post completes at once (flushed), and the completion
+    /// queue it would go to holds `capacity` completions not yet polled: refused rather
+    /// than overrunning it. Kind `Full`.
+    FlushCqFull {
+        queue: PostQueue,
+        qpn: u32,
+        capacity: usize,
+    },
 }
 
 impl PostError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            PostError::QueueFull { .. } => ErrorKind::Full,
+            PostError::QueueFull { .. } | PostError::FlushCqFull { .. } => ErrorKind::Full,
             _ => ErrorKind::InvalidArgument,
         }
     }
@@ -185,6 +193,15 @@ impl fmt::Display for PostError {
             PostError::MessageTooLong { len } => {
                 write!(f, "post_send: message of {len} bytes exceeds 2^31")
             }
+            PostError::FlushCqFull {
+                queue,
+                qpn,
+                capacity,
+            } => write!(
+                f,
+                "{}: QP {qpn:#x} is in error and its completion queue is full ({capacity} flushed completions): poll them first",
+                queue.verb()
+            ),
         }
     }
 }

@@ -6,7 +6,9 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::rc::memory::SgeList;
 use crate::rc::verbs::{QpState, WcStatus, WrOpcode, attr_mask as m, send_flags};
-use crate::rc::{Counters, QpAttr, QpCaps, RecvWr, SendWr, max_packet_len};
+use crate::rc::{
+    Counters, PostError, PostQueue, QpAttr, QpCaps, RecvWr, SendWr, max_packet_len,
+};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
@@ -370,7 +372,7 @@ impl SoftQp {
         let mut posted = 0;
         let mut err = None;
         for w in wrs {
-            if let Err(e) = self.room_in_err(&g, &self.send_cq, "post_send") {
+            if let Err(e) = self.room_in_err(&g, &self.send_cq, PostQueue::Send) {
                 err = Some(e);
                 break;
             }
@@ -429,7 +431,7 @@ impl SoftQp {
         let mut posted = 0;
         let mut err = None;
         for (cookie, sges) in wrs {
-            if let Err(e) = self.room_in_err(&g, &self.recv_cq, "post_recv") {
+            if let Err(e) = self.room_in_err(&g, &self.recv_cq, PostQueue::Recv) {
                 err = Some(e);
                 break;
             }
@@ -727,16 +729,15 @@ impl SoftQp {
 
     /// In ERR a post completes at once (flushed) into `cq`: refused with `Full` while the
     /// CQ has no room, so posting in a loop against a dead connection cannot overrun it.
-    fn room_in_err(&self, g: &Inner, cq: &Cq, verb: &str) -> Result<()> {
+    /// The refusal is typed (formatted only if someone reads it).
+    fn room_in_err(&self, g: &Inner, cq: &Cq, queue: PostQueue) -> Result<()> {
         if g.qp.state() == QpState::Err && cq.len() >= cq.capacity() {
-            return Err(Error::new(
-                ErrorKind::Full,
-                format!(
-                    "{verb}: QP {:#x} is in error and its completion queue is full ({} flushed completions): poll them first",
-                    self.qpn,
-                    cq.capacity()
-                ),
-            ));
+            return Err(PostError::FlushCqFull {
+                queue,
+                qpn: self.qpn,
+                capacity: cq.capacity(),
+            }
+            .into());
         }
         Ok(())
     }
