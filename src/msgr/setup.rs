@@ -163,19 +163,12 @@ pub struct Negotiated {
 /// Random start PSNs (as `ibv_rc_pingpong` and Ceph use) make it unlikely that late packets
 /// of an earlier QP with the same number fall into the new QP's PSN window.
 pub fn random_psn() -> u32 {
-    let mut buf = [0u8; 4];
-    loop {
-        // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the whole call.
-        let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n == buf.len() as isize {
-            return u32::from_be_bytes(buf) & MASK_24;
-        }
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        // getrandom(2) missing (pre-3.17 kernel or seccomp): a PSN needs to be unpredictable
-        // across QPs, not secret, so std's per-process random hash keys are enough.
-        return RandomState::new().hash_one(Instant::now()) as u32 & MASK_24;
+    match crate::provider::soft::sys::try_random_u32() {
+        Ok(v) => v & MASK_24,
+        // Neither getrandom(2) nor /dev/urandom (the error is logged there): a PSN needs to
+        // be unpredictable across QPs, not secret, so std's per-process random hash keys
+        // are enough.
+        Err(_) => RandomState::new().hash_one(Instant::now()) as u32 & MASK_24,
     }
 }
 

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::sys::random_u32;
+use super::sys::try_random_u32;
 
 /// Access bits a soft region may carry.
 const KNOWN_ACCESS: u32 =
@@ -205,14 +205,29 @@ impl MrTable {
         }
         let mut t = self.tables.write();
         t.pin(addr as u64, len as u64)?;
-        let fresh = |m: &HashMap<u32, Arc<Region>>| loop {
-            let k = random_u32();
-            if k != 0 && !m.contains_key(&k) {
-                break k;
+        // Keys are random (not predictable from one registration to the next) and never 0.
+        // Bounded: with at most a few million regions in a 2^32 space, 64 draws that all
+        // collide mean the randomness is broken, which is reported, not looped on.
+        let fresh = |m: &HashMap<u32, Arc<Region>>| -> Result<u32> {
+            for _ in 0..64 {
+                let k = try_random_u32()?;
+                if k != 0 && !m.contains_key(&k) {
+                    return Ok(k);
+                }
+            }
+            Err(Error::new(
+                ErrorKind::Io,
+                "memory registration: 64 random keys in a row were taken: kernel randomness is broken",
+            ))
+        };
+        let keys = fresh(&t.by_lkey).and_then(|l| Ok((l, fresh(&t.by_rkey)?)));
+        let (lkey, rkey) = match keys {
+            Ok(k) => k,
+            Err(e) => {
+                t.unpin(addr as u64, len as u64);
+                return Err(e);
             }
         };
-        let lkey = fresh(&t.by_lkey);
-        let rkey = fresh(&t.by_rkey);
         let r = Arc::new(Region {
             addr: addr as u64,
             len: len as u64,

@@ -6,9 +6,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::rc::memory::SgeList;
 use crate::rc::verbs::{QpState, WcStatus, WrOpcode, attr_mask as m, send_flags};
-use crate::rc::{
-    Counters, PostError, PostQueue, QpAttr, QpCaps, RecvWr, SendWr, max_packet_len,
-};
+use crate::rc::{Counters, PostError, PostQueue, QpAttr, QpCaps, RecvWr, SendWr, max_packet_len};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
@@ -20,7 +18,7 @@ use super::cq::{Cq, Wc};
 use super::device::{DeviceTimers, TimerCell};
 use super::diagnose::{HostEvidence, StallLog, describe};
 use super::mr::{MemView, MrTable};
-use super::sys::random_u32;
+use super::sys::try_random_u32;
 use super::udp::{self, TxDatagram, UdpPort};
 
 /// Packets sent per sendmmsg call.
@@ -256,7 +254,7 @@ impl SoftQp {
                     .map(|_| vec![0u8; max_packet_len(4096)])
                     .collect(),
                 tails: vec![[0u8; 8]; TX_BATCH],
-                drop_state: u64::from(random_u32()) << 1 | 1,
+                drop_state: u64::from(try_random_u32()?) << 1 | 1,
                 backlog: TxBacklog::default(),
             }),
             send_cq,

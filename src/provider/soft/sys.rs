@@ -129,16 +129,6 @@ pub fn try_random_u32() -> Result<u32> {
     Ok(u32::from_ne_bytes(v))
 }
 
-/// A random u32 from the kernel ([`fill_random`]).
-///
-/// # Panics
-/// When the host has neither getrandom(2) nor a readable `/dev/urandom`: the values are
-/// rkeys and the like, which must not be predictable, and there is no other source. Code
-/// that can report errors uses [`try_random_u32`].
-pub fn random_u32() -> u32 {
-    try_random_u32().unwrap_or_else(|e| panic!("{e}"))
-}
-
 /// Waits until one of `fds` is readable (or hung up) or `timeout` passes; returns the fds
 /// that are ready, as indices into `fds`, in `ready`. Up to 8 fds it allocates nothing;
 /// a loop over a larger or changing set keeps its own buffer with [`poll_set`].
@@ -307,7 +297,7 @@ mod tests {
 
     #[test]
     fn random_values_differ() {
-        let v: Vec<u32> = (0..8).map(|_| random_u32()).collect();
+        let v: Vec<u32> = (0..8).map(|_| try_random_u32().unwrap()).collect();
         assert!(v.windows(2).any(|w| w[0] != w[1]));
     }
 }
