@@ -559,6 +559,7 @@ impl Qp {
             imm: None,
             qp_num: self.qpn,
             is_recv,
+            solicited: false,
         });
     }
 

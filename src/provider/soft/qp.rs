@@ -21,6 +21,9 @@ use super::mr::{MemView, MrTable};
 use super::sys::random_u32;
 use super::udp::{self, TxDatagram, UdpPort};
 
+mod verbs;
+pub use verbs::QpErrorEvent;
+
 /// Packets sent per sendmmsg call.
 const TX_BATCH: usize = 32;
 /// One packet of a send batch: head length (in `heads`), payload lent by memory, tail
@@ -137,6 +140,8 @@ pub struct SoftQp {
     /// The device's timers, told when this QP's deadline comes earlier (unset outside a
     /// device: unit tests).
     device_timers: OnceLock<Arc<DeviceTimers>>,
+    /// What a verbs QP adds (its SRQ, its async error events): `verbs.rs`.
+    verbs: OnceLock<verbs::Hooks>,
 }
 
 impl SoftQp {
@@ -181,6 +186,7 @@ impl SoftQp {
             peer_port: AtomicU32::new(0),
             timer: Arc::new(TimerCell::new(qpn)),
             device_timers: OnceLock::new(),
+            verbs: OnceLock::new(),
         })
     }
 
@@ -395,6 +401,7 @@ impl SoftQp {
             self.learn_peer_port(src);
         }
         let mut g = self.inner.lock();
+        self.srq_refill(&mut g, data);
         g.qp.handle_packet(now, data, view);
         self.publish_deadline(&g);
         Received::Processed
@@ -628,6 +635,7 @@ impl SoftQp {
             let _ = g.qp.modify(&err, m::STATE);
             self.move_completions(g, mrs);
         }
+        self.verbs_after_collect(g);
     }
 
     /// The body of `collect`; returns whether a completion did not fit its CQ.
@@ -650,7 +658,7 @@ impl SoftQp {
                 qp_num: c.qp_num,
             };
             let fits = if c.is_recv {
-                self.recv_cq.push(wc)
+                self.recv_cq.push_solicited(wc, c.solicited)
             } else {
                 self.send_cq.push(wc)
             };
