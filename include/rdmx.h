@@ -266,6 +266,15 @@ typedef struct {
    * (the peer ignored its max_rd_atomic): NAK Invalid Request, QP to ERR.
    */
   uint64_t rd_atomic_exceeded;
+  /**
+   * Datagrams that found the QP's UDP send buffer full and were sent later from its
+   * backlog: back-pressure (posts then find the send queue full), not loss.
+   */
+  uint64_t tx_deferred;
+  /**
+   * Datagrams the kernel refused outright (e.g. no route): lost, then retransmitted.
+   */
+  uint64_t tx_errors;
 } rdmx_counters;
 
 /**

@@ -220,6 +220,11 @@ pub struct rdmx_counters {
     /// READ requests refused because max_dest_rd_atomic READs were still being answered
     /// (the peer ignored its max_rd_atomic): NAK Invalid Request, QP to ERR.
     pub rd_atomic_exceeded: u64,
+    /// Datagrams that found the QP's UDP send buffer full and were sent later from its
+    /// backlog: back-pressure (posts then find the send queue full), not loss.
+    pub tx_deferred: u64,
+    /// Datagrams the kernel refused outright (e.g. no route): lost, then retransmitted.
+    pub tx_errors: u64,
 }
 
 fn timeout_of(ms: i32) -> Option<Duration> {
@@ -820,6 +825,8 @@ pub unsafe extern "C" fn rdmx_conn_counters(
             stalled_ns: c.inner.progress_stats().stalled_ns,
             dropped_duplicate_reads: k.dropped_duplicate_reads,
             rd_atomic_exceeded: k.rd_atomic_exceeded,
+            tx_deferred: c.inner.tx_deferred(),
+            tx_errors: c.inner.tx_errors(),
         };
         // SAFETY: `out` checked non-NULL and writable.
         unsafe { out.write(v) };

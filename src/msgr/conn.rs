@@ -636,6 +636,17 @@ impl Connection {
         self.qp.injected_drops()
     }
 
+    /// Datagrams that found the QP's UDP send buffer full and were sent later (back-pressure:
+    /// the sender waited, nothing was lost).
+    pub fn tx_deferred(&self) -> u64 {
+        self.qp.tx_deferred()
+    }
+
+    /// Datagrams the kernel refused outright (lost; the transport retransmitted them).
+    pub fn tx_errors(&self) -> u64 {
+        self.qp.tx_errors()
+    }
+
     /// Datagrams the kernel dropped on the context's UDP receive queue.
     pub fn kernel_drops(&self) -> u64 {
         self.ctx.kernel_drops()

@@ -30,6 +30,13 @@ const TX_BATCH: usize = 32;
 /// length (in `tails`), and whether it is still to be sent.
 type TxSlot<'m> = (usize, &'m [u8], usize, bool);
 
+/// While datagrams wait in a QP's [`TxBacklog`], the device drives the QP again after this
+/// long, doubling per attempt that still finds the socket full, up to
+/// [`BACKLOG_RETRY_MAX_NS`]. (A progress pass costs a few microseconds; a UDP send buffer
+/// drains at link speed, megabytes per millisecond.)
+const BACKLOG_RETRY_MIN_NS: u64 = 50_000;
+const BACKLOG_RETRY_MAX_NS: u64 = 1_000_000;
+
 /// Send runs of equal-length packets to the peer as UDP GSO messages
 /// ([`UdpPort::send_batch_gso`]: IPv6 always, IPv4 towards locally delivered peers only).
 /// `false`: one datagram per packet, as before.
@@ -90,6 +97,82 @@ struct Inner {
     tails: Vec<[u8; 8]>,
     /// Deterministic per-QP drop decisions for `soft_drop_ratio` (xorshift).
     drop_state: u64,
+    /// Datagrams the UDP socket had no room for, waiting to be sent first.
+    backlog: TxBacklog,
+}
+
+/// Datagrams the QP's UDP socket had no room for (a short `sendmmsg` count), sealed and
+/// copied out of the memory they borrowed from, oldest first. While any are held the engine
+/// is asked for nothing new: its send queue (at most `max_send_wr` WRs) holds the rest, and
+/// a post that finds that queue full is refused with `Full`. That is the back-pressure; no
+/// thread sleeps and nothing is turned into a loss that only the ACK timer would repair.
+/// The device drives the QP again at `retry_at` (published with the engine's deadline, so
+/// the device's timer heap wakes a progress pass), and every post or received packet tries
+/// too. At most one send batch ([`TX_BATCH`] datagrams) is ever held: the copy is bounded by
+/// TX_BATCH x the largest packet per QP, and is only made when the socket is full.
+#[derive(Debug, Default)]
+struct TxBacklog {
+    bytes: Vec<u8>,
+    /// End offset in `bytes` of each datagram.
+    ends: SmallVec<[usize; TX_BATCH]>,
+    /// Datagrams of `ends` sent so far.
+    sent: usize,
+    /// Consecutive attempts that found the socket full (sets the retry delay).
+    blocked: u32,
+    /// When the device should try again (engine clock, ns) while datagrams are held.
+    retry_at: Option<u64>,
+}
+
+impl TxBacklog {
+    fn is_empty(&self) -> bool {
+        self.sent == self.ends.len()
+    }
+
+    /// Takes copies of `rest` (the datagrams of a batch the socket did not take).
+    #[cold]
+    fn hold(&mut self, rest: &[TxDatagram<'_>], now: u64) {
+        debug_assert!(self.is_empty());
+        self.bytes.clear();
+        self.ends.clear();
+        self.sent = 0;
+        for d in rest {
+            for part in d.parts {
+                self.bytes.extend_from_slice(part);
+            }
+            self.ends.push(self.bytes.len());
+        }
+        self.blocked = 0;
+        self.still_blocked(now);
+    }
+
+    /// The socket was full again: retry later (exponential, capped).
+    fn still_blocked(&mut self, now: u64) {
+        let delay = (BACKLOG_RETRY_MIN_NS << self.blocked.min(8)).min(BACKLOG_RETRY_MAX_NS);
+        self.blocked = self.blocked.saturating_add(1);
+        self.retry_at = Some(now.saturating_add(delay));
+    }
+
+    /// Everything was sent (or dropped with the QP): no retry.
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+        self.sent = 0;
+        self.blocked = 0;
+        self.retry_at = None;
+    }
+
+    /// The held datagrams not sent yet, as one batch to `peer`.
+    fn pending(&self, peer: SocketAddr) -> SmallVec<[TxDatagram<'_>; TX_BATCH]> {
+        (self.sent..self.ends.len())
+            .map(|i| {
+                let start = if i == 0 { 0 } else { self.ends[i - 1] };
+                TxDatagram {
+                    dst: peer,
+                    parts: [&self.bytes[start..self.ends[i]], &[], &[]],
+                }
+            })
+            .collect()
+    }
 }
 
 /// What [`SoftQp::receive`] did with a datagram.
@@ -118,6 +201,10 @@ pub struct SoftQp {
     drop_ppb: u32,
     /// Packets not sent because of `soft_drop_ratio`.
     injected_drops: AtomicU64,
+    /// Datagrams that found the UDP socket full and waited in the backlog.
+    tx_deferred: AtomicU64,
+    /// Datagrams the kernel refused outright (lost; the engine retransmits them).
+    tx_errors: AtomicU64,
     /// Set when the peer is known to be gone (TCP EOF): the QP is in ERR.
     peer_gone: AtomicBool,
     /// Why the requester gave up (RETRY_EXC_ERR, RNR_RETRY_EXC_ERR), in words; set once.
@@ -173,12 +260,15 @@ impl SoftQp {
                     .collect(),
                 tails: vec![[0u8; 8]; TX_BATCH],
                 drop_state: u64::from(random_u32()) << 1 | 1,
+                backlog: TxBacklog::default(),
             }),
             send_cq,
             recv_cq,
             sock,
             drop_ppb,
             injected_drops: AtomicU64::new(0),
+            tx_deferred: AtomicU64::new(0),
+            tx_errors: AtomicU64::new(0),
             peer_gone: AtomicBool::new(false),
             failure_note: Mutex::new(None),
             stalls,
@@ -255,6 +345,18 @@ impl SoftQp {
 
     pub fn injected_drops(&self) -> u64 {
         self.injected_drops.load(Ordering::Relaxed)
+    }
+
+    /// Datagrams that found the UDP socket's send buffer full and were sent later from the
+    /// QP's backlog (back-pressure, not loss).
+    pub fn tx_deferred(&self) -> u64 {
+        self.tx_deferred.load(Ordering::Relaxed)
+    }
+
+    /// Datagrams the kernel refused outright (e.g. larger than the route's MTU, no route):
+    /// lost, and repaired by the engine's retransmission.
+    pub fn tx_errors(&self) -> u64 {
+        self.tx_errors.load(Ordering::Relaxed)
     }
 
     /// Why the QP's requester gave up, in words, if it did.
@@ -453,11 +555,15 @@ impl SoftQp {
         self.publish_deadline(&self.inner.lock());
     }
 
-    /// Publishes the engine's deadline (the caller holds the lock, so in order).
+    /// Publishes the engine's deadline, or the backlog's retry if earlier (the caller holds
+    /// the lock, so in order).
     #[inline]
     fn publish_deadline(&self, g: &Inner) {
-        self.timer
-            .publish(g.qp.next_deadline(), self.device_timers.get());
+        let d = match (g.qp.next_deadline(), g.backlog.retry_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.timer.publish(d, self.device_timers.get());
     }
 
     /// The peer is gone (TCP EOF): ERR, which flushes every outstanding WR.
@@ -469,13 +575,18 @@ impl SoftQp {
             ..Default::default()
         };
         let _ = g.qp.modify(&err, m::STATE);
+        g.backlog.clear(); // nothing more goes to a gone peer
         self.collect(&mut g, mrs);
         self.publish_deadline(&g);
     }
 
-    /// Sends every packet the engine has ready, in sendmmsg batches.
+    /// Sends every packet the engine has ready, in sendmmsg batches, after whatever waits in
+    /// the backlog; stops (keeping the rest in the engine) when the socket is full.
     fn drive_locked(&self, g: &mut Inner, view: &MemView<'_>, now: u64) {
         let Some(peer) = g.peer else { return };
+        if !g.backlog.is_empty() && !self.flush_backlog(g, peer, now) {
+            return;
+        }
         let src = self.sock.local_addr();
         loop {
             let Inner {
@@ -483,6 +594,7 @@ impl SoftQp {
                 heads,
                 tails,
                 drop_state,
+                backlog,
                 ..
             } = &mut *g;
             // 1. Packets from the engine: headers into `heads`, payloads lent by memory.
@@ -543,43 +655,65 @@ impl SoftQp {
                     parts: [&heads[i][..hl], payload, &tails[i][..tl]],
                 })
                 .collect();
-            self.send_all(&batch, peer);
+            let sent = self.send_all(&batch, peer);
+            if sent < batch.len() {
+                // The socket is full: keep the rest, ask the engine for nothing more.
+                backlog.hold(&batch[sent..], now);
+                self.tx_deferred
+                    .fetch_add((batch.len() - sent) as u64, Ordering::Relaxed);
+                return;
+            }
             if !full {
                 return;
             }
         }
     }
 
-    /// Sends a batch (with GSO when [`USE_GSO`]); when the socket buffer is full (a short
-    /// count), waits briefly for room and sends the rest, so a burst is not turned into
-    /// losses that only the ACK timer would repair. Bounded: after a few tries what is left
-    /// counts as lost (the engine retransmits it), as does a datagram the kernel refuses
-    /// outright.
-    fn send_all(&self, batch: &[TxDatagram<'_>], peer: SocketAddr) {
+    /// Sends what waits in the backlog; true when it is empty afterwards. A QP in ERR drops
+    /// it (its peer is gone or will discard it).
+    #[cold]
+    fn flush_backlog(&self, g: &mut Inner, peer: SocketAddr, now: u64) -> bool {
+        if g.qp.state() == QpState::Err {
+            g.backlog.clear();
+            return true;
+        }
+        let sent = {
+            let batch = g.backlog.pending(peer);
+            self.send_all(&batch, peer)
+        };
+        let b = &mut g.backlog;
+        b.sent += sent;
+        if b.is_empty() {
+            b.clear();
+            true
+        } else {
+            b.still_blocked(now);
+            false
+        }
+    }
+
+    /// Sends a batch (with GSO when [`USE_GSO`]) until the socket is full; returns how many
+    /// datagrams, from the front, are done: sent, or refused outright by the kernel (lost and
+    /// counted; the engine retransmits them). Never waits.
+    fn send_all(&self, batch: &[TxDatagram<'_>], peer: SocketAddr) -> usize {
         let mut at = 0;
-        let mut tries = 0;
-        while at < batch.len() && tries < 8 {
+        while at < batch.len() {
             let r = if USE_GSO {
                 self.sock.send_batch_gso(&batch[at..])
             } else {
                 self.sock.send_batch(&batch[at..])
             };
             match r {
-                Ok(n) if n > 0 => at += n,
-                Ok(_) => {
-                    tries += 1;
-                    super::sys::wait_writable(
-                        self.sock.raw_fd(),
-                        std::time::Duration::from_millis(1),
-                    );
-                }
+                Ok(0) => break, // send buffer full
+                Ok(n) => at += n,
                 Err(e) => {
                     log::debug!(target: "rdmx::soft", "QP {:#x}: send to {peer}: {e}", self.qpn);
-                    at += 1; // that datagram is lost; the engine retransmits it
-                    tries += 1;
+                    self.tx_errors.fetch_add(1, Ordering::Relaxed);
+                    at += 1;
                 }
             }
         }
+        at
     }
 
     /// Describes a retry-exhausted failure once (logged, and kept for `failure_note`),

@@ -205,20 +205,6 @@ fn ppoll(pfds: &mut [libc::pollfd], timeout: Duration) -> Result<usize> {
     Ok(n as usize)
 }
 
-/// Waits up to `timeout` for `fd` to accept writes (used when a UDP send buffer is full).
-pub fn wait_writable(fd: RawFd, timeout: Duration) {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    let ms = i32::try_from(timeout.as_millis())
-        .unwrap_or(i32::MAX)
-        .max(1);
-    // SAFETY: one live pollfd for the call; the outcome only decides whether to retry.
-    unsafe { libc::poll(&mut p, 1, ms) };
-}
-
 /// True when the TCP peer has closed (or reset) the connection on `fd`. Bytes the peer
 /// sent after the handshake are read and dropped (nothing is expected there), so a
 /// readable-but-open side channel does not make the caller's poll spin.

@@ -1,0 +1,229 @@
+//! Back-pressure instead of sleeping or losing packets when a QP's UDP send buffer is full
+//! (issue 16, item 6).
+//!
+//! Two network namespaces joined by a veth pair; b's end of the link is shaped by a token
+//! bucket (`tc qdisc tbf`, 400 Mbit/s, a queue far larger than a socket's send buffer), so the
+//! datagrams b's QP sends queue in the qdisc, still charged to the socket, and the socket's
+//! send buffer fills: `sendmmsg` returns short counts. a READs 2 x 16 MiB from b: a
+//! requester's window keeps its own packets in flight few (128 PSNs), but a responder
+//! answers a READ with all its response packets at once.
+//!
+//! Before: the sender slept up to 8 x 1 ms per batch holding the QP lock, then dropped what
+//! was left, which the peer saw as gaps (NAK, go-back-N retransmission). Now the rest of
+//! the batch waits in the QP's backlog and the engine is asked for nothing more until the
+//! socket takes it: every READ completes, every byte arrives, datagrams are counted as
+//! deferred (`tx_deferred` > 0), none as refused (`tx_errors` = 0), and a retransmission
+//! happens only if the receiver's own socket dropped something (its kernel drop counter).
+//! Skipped, with the reason printed, where namespaces or tc cannot be used.
+
+mod support;
+
+use rdmx::msgr::context::MrInfo;
+use rdmx::msgr::{Connection, Context};
+use rdmx::provider::soft::qp::SendReq;
+use rdmx::rc::verbs::{access, send_flags};
+use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
+use std::time::{Duration, Instant};
+use support::{NetnsPair, empty_wc, in_netns, run, serial};
+
+/// READs posted; each answer is sent at once by the responder.
+const READS: usize = 2;
+
+/// One READ's length: 16 MiB (16,384 packets at the veth's 1024-byte path MTU), or more on a
+/// host whose sockets may hold more: a send buffer is at most 2 x net.core.wmem_max (8 MiB
+/// on a host tuned to 4 MiB), and the answer must not fit. (A requester's own packets never
+/// fill it: its window keeps 128 PSNs in flight.)
+fn read_len() -> usize {
+    let wmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    (4 * wmem_max)
+        .next_power_of_two()
+        .clamp(16 << 20, 128 << 20)
+}
+
+struct Side {
+    ctx: Context,
+    buf: Vec<u8>,
+    mr: MrInfo,
+}
+
+impl Side {
+    fn new(ns: &str, len: usize) -> Side {
+        // timeout 18 (1.07 s): a READ's answer (16 MiB) takes 0.35 s to cross the shaped
+        // link, so an ACK timer never fires merely because packets wait
+        // in the qdisc.
+        let ctx = in_netns(Some(ns), || {
+            Context::new(&support::config(&[
+                ("timeout", "18"),
+                ("max_send_wr", "64"),
+            ]))
+            .expect("context")
+        });
+        let mut buf = vec![0u8; len];
+        // SAFETY: `buf` lives in the returned value, whose Drop deregisters it; connections
+        // are dropped (flushing every WR naming it) before the sides.
+        let mr = unsafe {
+            ctx.register(
+                buf.as_mut_ptr(),
+                buf.len(),
+                access::LOCAL_WRITE | access::REMOTE_READ,
+            )
+        }
+        .expect("register");
+        Side { ctx, buf, mr }
+    }
+
+    fn sge(&self, off: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.mr.addr + off as u64,
+            length: len as u32,
+            lkey: self.mr.lkey,
+        }
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        let _ = self.ctx.deregister(self.mr.lkey);
+    }
+}
+
+fn connect(pair: &NetnsPair, a: &Side, b: &Side) -> (Connection, Connection) {
+    let l = in_netns(Some(&pair.a), || {
+        a.ctx.listen(&format!("{}:0", pair.ip_a)).expect("listen")
+    });
+    let port = l.local_addr().port();
+    std::thread::scope(|s| {
+        let accepted = s.spawn(|| {
+            in_netns(Some(&pair.a), || {
+                l.accept(Some(Duration::from_secs(10))).expect("accept")
+            })
+        });
+        let cb = in_netns(Some(&pair.b), || {
+            b.ctx
+                .connect(&format!("{}:{port}", pair.ip_a), Duration::from_secs(10))
+                .expect("connect")
+        });
+        (accepted.join().unwrap(), cb)
+    })
+}
+
+#[test]
+fn a_full_send_buffer_defers_datagrams_instead_of_dropping_them() {
+    let _g = serial();
+    let pair = match NetnsPair::create() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("skipping (needs network namespaces and a veth pair): {why}");
+            return;
+        }
+    };
+    // 400 Mbit/s with a 256 MiB queue: everything b sends waits in the qdisc, charged to its
+    // socket, instead of being dropped there.
+    if let Err(why) = run(&[
+        "ip",
+        "netns",
+        "exec",
+        &pair.b,
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        &pair.veth_b,
+        "root",
+        "tbf",
+        "rate",
+        "400mbit",
+        "burst",
+        "64kb",
+        "limit",
+        "256mb",
+    ]) {
+        println!("skipping (needs tc's tbf qdisc): {why}");
+        return;
+    }
+    let read_len = read_len();
+    let buf_len = READS * read_len;
+    let mut a = Side::new(&pair.a, buf_len);
+    let mut b = Side::new(&pair.b, buf_len);
+    let (ca, cb) = connect(&pair, &a, &b);
+    let remote = ca.peer_regions()[0];
+
+    let mut x = u64::from(support::random_u32()) << 1 | 1;
+    for v in b.buf.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *v = (x >> 24) as u8;
+    }
+    a.buf.fill(0);
+    let wrs: Vec<SendReq> = (0..READS)
+        .map(|i| SendReq {
+            cookie: i as u64,
+            opcode: WrOpcode::RdmaRead,
+            flags: send_flags::SIGNALED,
+            sges: smallvec![a.sge(i * read_len, read_len)],
+            remote_addr: remote.addr + (i * read_len) as u64,
+            rkey: remote.rkey,
+            imm: 0,
+        })
+        .collect();
+    let started = Instant::now();
+    let mut longest_post = Duration::ZERO;
+    let mut posted = 0;
+    let mut done = Vec::new();
+    let mut wcs = [empty_wc(); 16];
+    let end = started + Duration::from_secs(30);
+    while done.len() < READS {
+        assert!(
+            Instant::now() < end,
+            "{} of {READS} READs completed within 30 s; a's counters {:?}, b's deferred {}",
+            done.len(),
+            ca.counters(),
+            cb.tx_deferred()
+        );
+        if posted < READS {
+            let t = Instant::now();
+            posted += ca.post_send(&wrs[posted..]).unwrap_or(0);
+            longest_post = longest_post.max(t.elapsed());
+        }
+        let n = ca.poll(&mut wcs);
+        done.extend_from_slice(&wcs[..n]);
+        let _ = cb.poll(&mut wcs);
+        if n == 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    let took = started.elapsed();
+    for w in &done {
+        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+        assert_eq!(w.opcode, WcOpcode::RdmaRead, "{w:?}");
+    }
+    if let Some(i) = a.buf.iter().zip(&b.buf).position(|(x, y)| x != y) {
+        panic!("byte {i} of the {buf_len} read differs");
+    }
+    let k = ca.counters();
+    let (deferred, errors, rx_drops) = (cb.tx_deferred(), cb.tx_errors(), ca.kernel_drops());
+    println!(
+        "{READS} x {read_len} B READs over a 400 Mbit/s shaped veth in {took:?}: \
+         tx_deferred {deferred}, tx_errors {errors}, retransmits {}, ack_timeouts {}, \
+         receiver kernel drops {rx_drops}, longest post_send {longest_post:?}; \
+         responder's counters {:?}",
+        k.retransmits,
+        k.ack_timeouts,
+        cb.counters()
+    );
+    assert!(
+        deferred > 0,
+        "the send buffer never filled: the test did not exercise back-pressure"
+    );
+    assert_eq!(errors, 0, "datagrams refused by the kernel");
+    assert!(
+        k.retransmits == 0 || rx_drops > 0,
+        "{} READs re-requested with no drop at the requester: the responder lost datagrams",
+        k.retransmits
+    );
+    drop((ca, cb));
+}
