@@ -29,12 +29,23 @@ pub fn gid_text(gid: &[u8; 16]) -> String {
         .join(":")
 }
 
-/// The node GUID shown in sysfs (`ibv_devices`): a locally administered EUI-64 from the
-/// address, so that two devices on two addresses differ.
+/// The node GUID shown in sysfs (`ibv_devices`, `ibv_get_device_guid`): the same as
+/// `ibv_query_device` reports (`verbs::Device`): 0x02 (locally administered), 'r', 'x',
+/// then the IPv4 address (a zero byte first) or the last 5 bytes of the IPv6 address.
 pub fn node_guid(ip: IpAddr) -> u64 {
-    let g = gid_of(ip);
-    let low = u32::from_be_bytes([g[12], g[13], g[14], g[15]]);
-    (0x0200_00ff_u64 << 32) | u64::from(low)
+    let tail: [u8; 5] = match ip {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            [0, o[0], o[1], o[2], o[3]]
+        }
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            [o[11], o[12], o[13], o[14], o[15]]
+        }
+    };
+    u64::from_be_bytes([
+        0x02, b'r', b'x', tail[0], tail[1], tail[2], tail[3], tail[4],
+    ])
 }
 
 fn guid_text(guid: u64) -> String {
