@@ -5,23 +5,37 @@
 //! the `struct ib_uverbs_comp_event_desc { u64 cq_handle; }` libibverbs' `ibv_get_cq_event`
 //! reads and casts to `struct ibv_cq *`. One event per arm, as verbs.
 
-use rdmx::error::Result;
-use rdmx::provider::soft::cq::Cq as SoftCq;
+use rdmx::config::Progress;
+use rdmx::error::{Error, ErrorKind, Result};
+use rdmx::provider::soft::cq::{Cq as SoftCq, Wc};
+use rdmx::rc::verbs::wc_flags;
+use rdmx::rc::{WcOpcode, WcStatus};
 use std::os::fd::RawFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use super::device::Device;
+use super::device::{Device, limits};
 use super::sys::RecordPipe;
 
 /// A completion channel (`ibv_create_comp_channel`).
 #[derive(Debug)]
 pub struct CompChannel {
     pipe: RecordPipe,
+    /// CQs using this channel and not destroyed.
+    cqs: AtomicUsize,
+    /// Events lost because the application did not read the channel (pipe full).
+    dropped: AtomicU64,
+    dead: AtomicBool,
 }
 
 impl CompChannel {
     pub fn new() -> Result<Arc<CompChannel>> {
-        todo!()
+        Ok(Arc::new(CompChannel {
+            pipe: RecordPipe::new()?,
+            cqs: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+            dead: AtomicBool::new(false),
+        }))
     }
 
     /// The read end (`ibv_comp_channel.fd`): 8-byte CQ handles.
@@ -31,7 +45,34 @@ impl CompChannel {
 
     /// `ibv_destroy_comp_channel`: Busy while CQs use it.
     pub fn destroy(&self) -> Result<()> {
-        todo!()
+        let n = self.cqs.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("destroy_comp_channel: {n} completion queue(s) still use it"),
+            ));
+        }
+        self.dead.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Events lost because the pipe was full (the application stopped reading it).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Writes one `ib_uverbs_comp_event_desc` for the CQ `handle`.
+    fn notify(&self, handle: u64) {
+        if !self.pipe.write_record(&handle.to_ne_bytes()) {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed);
+            if n % 1024 == 0 {
+                log::warn!(
+                    target: "rdmx::ibv",
+                    "completion event for CQ {handle:#x} dropped: the channel is not read (pipe full; {} dropped so far)",
+                    n + 1
+                );
+            }
+        }
     }
 }
 
@@ -50,7 +91,7 @@ pub struct WorkCompletion {
     /// `wc_flags & WITH_IMM`.
     pub imm_data: u32,
     pub qp_num: u32,
-    /// The peer QP's number (RC: the QP's dest_qp_num).
+    /// 0: verbs defines `src_qp` for UD only.
     pub src_qp: u32,
     /// `enum ibv_wc_flags` (WITH_IMM = 2).
     pub wc_flags: u32,
@@ -60,12 +101,39 @@ pub struct WorkCompletion {
     pub dlid_path_bits: u8,
 }
 
+impl WorkCompletion {
+    fn from_soft(w: &Wc) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: w.cookie,
+            status: w.status as u32,
+            opcode: w.opcode as u32,
+            byte_len: w.byte_len,
+            imm_data: w.imm.map_or(0, u32::to_be),
+            qp_num: w.qp_num,
+            wc_flags: if w.imm.is_some() {
+                wc_flags::WITH_IMM
+            } else {
+                0
+            },
+            ..Default::default()
+        }
+    }
+}
+
+/// Completions converted per batch of a poll.
+const POLL_CHUNK: usize = 32;
+
 /// A completion queue (`ibv_create_cq`).
 #[derive(Debug)]
 pub struct Cq {
     pub(crate) dev: Arc<Device>,
     pub(crate) soft: Arc<SoftCq>,
     handle: u64,
+    channel: Option<Arc<CompChannel>>,
+    /// QPs using this CQ (as send or receive CQ, counted once per use).
+    pub(crate) qps: AtomicUsize,
+    inline: bool,
+    dead: AtomicBool,
 }
 
 impl Cq {
@@ -77,8 +145,40 @@ impl Cq {
         channel: Option<Arc<CompChannel>>,
         handle: u64,
     ) -> Result<Arc<Cq>> {
-        let _ = (dev, cqe, channel, handle);
-        todo!()
+        if cqe == 0 || cqe > limits::MAX_CQE {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("create_cq: cqe {cqe}: allowed 1..{}", limits::MAX_CQE),
+            ));
+        }
+        if let Some(c) = &channel
+            && c.dead.load(Ordering::Acquire)
+        {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "create_cq: the completion channel was destroyed",
+            ));
+        }
+        let hook: Box<dyn Fn() + Send + Sync> = match &channel {
+            Some(c) => {
+                let c = Arc::clone(c);
+                Box::new(move || c.notify(handle))
+            }
+            None => Box::new(|| {}),
+        };
+        let soft = Arc::new(SoftCq::with_notify(cqe as usize, hook)?);
+        if let Some(c) = &channel {
+            c.cqs.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(Arc::new(Cq {
+            dev: Arc::clone(dev),
+            soft,
+            handle,
+            channel,
+            qps: AtomicUsize::new(0),
+            inline: dev.settings().progress == Progress::Inline,
+            dead: AtomicBool::new(false),
+        }))
     }
 
     pub fn handle(&self) -> u64 {
@@ -87,29 +187,92 @@ impl Cq {
 
     /// The number of entries (`ibv_cq.cqe`).
     pub fn cqe(&self) -> u32 {
-        todo!()
+        self.soft.capacity() as u32
+    }
+
+    /// Completions lost because the CQ was full (a CQ overrun; the QP that overran it went
+    /// to ERR).
+    pub fn overflows(&self) -> u64 {
+        self.soft.overflows()
     }
 
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`, oldest first; returns
     /// how many. With `progress=inline` a poll first drives the device (receives what
     /// arrived, runs due timers), so a busy-polling application needs no other call.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        let _ = out;
-        todo!()
+        if self.inline {
+            self.dev.soft.progress_inline();
+        }
+        let mut buf = [Wc {
+            cookie: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            qp_num: 0,
+        }; POLL_CHUNK];
+        let mut done = 0;
+        while done < out.len() {
+            let want = (out.len() - done).min(POLL_CHUNK);
+            let n = self.soft.poll(&mut buf[..want]);
+            for (o, w) in out[done..done + n].iter_mut().zip(&buf[..n]) {
+                *o = WorkCompletion::from_soft(w);
+            }
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        done
     }
 
     /// `ibv_req_notify_cq`: the next completion added (`solicited_only`: the next
     /// solicited receive completion or error completion) writes this CQ's handle to its
     /// channel, once. Completions already queued at arming signal at once (so a waiter
-    /// cannot miss them). InvalidArgument for a CQ without a channel. Tells the device
-    /// the application is about to sleep (progress=inline hands receiving to the thread).
+    /// cannot miss them). A CQ without a channel accepts the call (nothing is written, as
+    /// verbs). Tells the device the application is about to sleep (progress=inline hands
+    /// receiving to the progress thread at once).
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        let _ = solicited_only;
-        todo!()
+        if self.dead.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "req_notify_cq: CQ destroyed",
+            ));
+        }
+        self.soft.req_notify_solicited(solicited_only);
+        self.dev.soft.app_sleeping();
+        Ok(())
     }
 
     /// `ibv_destroy_cq`: Busy while QPs use it.
     pub fn destroy(&self) -> Result<()> {
-        todo!()
+        if self.dead.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "destroy_cq: already destroyed",
+            ));
+        }
+        let n = self.qps.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("destroy_cq: {n} QP(s) still use it"),
+            ));
+        }
+        self.dead.store(true, Ordering::Release);
+        if let Some(c) = &self.channel {
+            c.cqs.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "completion queue already destroyed",
+            ));
+        }
+        Ok(())
     }
 }

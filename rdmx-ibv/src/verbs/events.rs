@@ -4,7 +4,7 @@
 //! `element` back into the `struct ibv_qp *`/`ibv_cq *`/`ibv_srq *` (the object's handle).
 
 use std::os::fd::RawFd;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::sys::RecordPipe;
 use rdmx::error::Result;
@@ -28,8 +28,17 @@ pub mod event_type {
 /// Size of one `struct ib_uverbs_async_event_desc`.
 pub const ASYNC_EVENT_LEN: usize = 16;
 
+/// Encodes one `struct ib_uverbs_async_event_desc`.
+pub fn encode(element: u64, event_type: u32) -> [u8; ASYNC_EVENT_LEN] {
+    let mut b = [0u8; ASYNC_EVENT_LEN];
+    b[..8].copy_from_slice(&element.to_ne_bytes());
+    b[8..12].copy_from_slice(&event_type.to_ne_bytes());
+    b
+}
+
 /// The device's async event queue (a pipe). Bounded: when the application does not read
-/// and the pipe fills, further events are counted and logged, never blocking the engine.
+/// and the pipe fills, further events are counted and logged (first one, then every
+/// 1024th), never blocking the engine thread that raises them.
 #[derive(Debug)]
 pub struct AsyncEvents {
     pipe: RecordPipe,
@@ -39,7 +48,11 @@ pub struct AsyncEvents {
 
 impl AsyncEvents {
     pub(crate) fn new() -> Result<AsyncEvents> {
-        todo!()
+        Ok(AsyncEvents {
+            pipe: RecordPipe::new()?,
+            raised: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        })
     }
 
     /// The read end (`ibv_context.async_fd`).
@@ -49,17 +62,28 @@ impl AsyncEvents {
 
     /// Queues event `event_type` about the object with `handle`.
     pub fn raise(&self, handle: u64, event_type: u32) {
-        let _ = (handle, event_type, &self.raised, &self.dropped);
-        todo!()
+        if self.pipe.write_record(&encode(handle, event_type)) {
+            self.raised.fetch_add(1, Ordering::Relaxed);
+            log::debug!(target: "rdmx::ibv", "async event {event_type} on {handle:#x}");
+            return;
+        }
+        let n = self.dropped.fetch_add(1, Ordering::Relaxed);
+        if n % 1024 == 0 {
+            log::warn!(
+                target: "rdmx::ibv",
+                "async event {event_type} on {handle:#x} dropped: the application does not read its async fd (pipe full; {} dropped so far)",
+                n + 1
+            );
+        }
     }
 
     /// Events queued so far.
     pub fn raised(&self) -> u64 {
-        todo!()
+        self.raised.load(Ordering::Relaxed)
     }
 
     /// Events lost because the pipe was full.
     pub fn dropped(&self) -> u64 {
-        todo!()
+        self.dropped.load(Ordering::Relaxed)
     }
 }

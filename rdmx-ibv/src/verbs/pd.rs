@@ -1,9 +1,9 @@
 //! Protection domains and memory regions. A PD counts what belongs to it (MRs, QPs, SRQs)
 //! so that destroying it while they live is refused (EBUSY), as verbs.
 
-use rdmx::error::Result;
+use rdmx::error::{Error, ErrorKind, Result};
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::device::Device;
 
@@ -14,13 +14,29 @@ pub struct Pd {
     handle: u64,
     /// MRs, QPs and SRQs created in this PD and not destroyed.
     pub(crate) users: AtomicUsize,
+    dead: AtomicBool,
 }
 
 impl Pd {
     /// A PD on `dev`; `handle` names it (the glue's `struct ibv_pd *`).
     pub fn new(dev: &Arc<Device>, handle: u64) -> Arc<Pd> {
-        let _ = (dev, handle);
-        todo!()
+        Arc::new(Pd {
+            dev: Arc::clone(dev),
+            handle,
+            users: AtomicUsize::new(0),
+            dead: AtomicBool::new(false),
+        })
+    }
+
+    /// InvalidArgument once destroyed.
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "protection domain already deallocated",
+            ));
+        }
+        Ok(())
     }
 
     pub fn handle(&self) -> u64 {
@@ -48,13 +64,34 @@ impl Pd {
         access: u32,
         handle: u64,
     ) -> Result<Mr> {
-        let _ = (addr, len, access, handle);
-        todo!()
+        self.check_alive()?;
+        // SAFETY: the caller's contract (above) is MrTable::register's.
+        let r = unsafe { self.dev.soft.mrs().register(addr, len, access) }?;
+        self.users.fetch_add(1, Ordering::AcqRel);
+        Ok(Mr {
+            pd: Arc::clone(self),
+            handle,
+            addr: r.addr,
+            len: r.len,
+            access: r.access,
+            lkey: r.lkey,
+            rkey: r.rkey,
+            dead: AtomicBool::new(false),
+        })
     }
 
     /// `ibv_dealloc_pd`: Busy while MRs, QPs or SRQs of this PD exist.
     pub fn destroy(&self) -> Result<()> {
-        todo!()
+        self.check_alive()?;
+        let n = self.users.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("dealloc_pd: {n} memory region(s), QP(s) or SRQ(s) still use it"),
+            ));
+        }
+        self.dead.store(true, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -68,6 +105,7 @@ pub struct Mr {
     pub access: u32,
     pub lkey: u32,
     pub rkey: u32,
+    dead: AtomicBool,
 }
 
 impl Mr {
@@ -83,6 +121,25 @@ impl Mr {
     /// region; after success the memory is no longer touched and the keys are invalid.
     /// A second call is refused (InvalidArgument).
     pub fn dereg(&self) -> Result<()> {
-        todo!()
+        if self.dead.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("dereg_mr: lkey {:#x} already deregistered", self.lkey),
+            ));
+        }
+        self.pd.dev.soft.mrs().deregister(self.lkey)?;
+        self.dead.store(true, Ordering::Release);
+        self.pd.users.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+impl Drop for Mr {
+    /// A region the application never deregistered (or whose process drops the glue's
+    /// objects at exit) is deregistered here, best effort (Busy leaves it registered).
+    fn drop(&mut self) {
+        if !self.dead.load(Ordering::Acquire) {
+            let _ = self.dereg();
+        }
     }
 }

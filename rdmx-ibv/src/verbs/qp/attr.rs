@@ -1,8 +1,9 @@
 //! `struct ibv_qp_attr` and `struct ibv_ah_attr` as the QP layer takes them, and the
 //! verbs enum conversions (`enum ibv_mtu`, `enum ibv_qp_state`).
 
-use rdmx::error::Result;
+use rdmx::error::{Error, ErrorKind, Result};
 use rdmx::rc::QpState;
+use std::net::{IpAddr, Ipv6Addr};
 
 use super::QpCap;
 
@@ -78,20 +79,82 @@ impl Default for QpAttr {
 
 /// `enum ibv_mtu` -> bytes (1 -> 256 .. 5 -> 4096); InvalidValue otherwise.
 pub fn mtu_from_ibv(v: u32) -> Result<u32> {
-    let _ = v;
-    todo!()
+    match v {
+        1..=5 => Ok(128 << v),
+        _ => Err(Error::new(
+            ErrorKind::InvalidValue,
+            format!("path_mtu: invalid value {v}: allowed IBV_MTU_256 (1) .. IBV_MTU_4096 (5)"),
+        )),
+    }
 }
 
 /// Bytes (256..4096, a power of two) -> `enum ibv_mtu`; values between round down, below
 /// 256 give 1.
 pub fn mtu_to_ibv(bytes: u32) -> u32 {
-    let _ = bytes;
-    todo!()
+    (1..=5u32).rev().find(|v| 128 << v <= bytes).unwrap_or(1)
 }
 
 /// `enum ibv_qp_state` -> [`QpState`]: SQD (4), SQE (5) and unknown values are refused
 /// (Unsupported / InvalidValue).
 pub fn qp_state_from_ibv(v: u32) -> Result<QpState> {
-    let _ = v;
-    todo!()
+    match v {
+        0 => Ok(QpState::Reset),
+        1 => Ok(QpState::Init),
+        2 => Ok(QpState::Rtr),
+        3 => Ok(QpState::Rts),
+        6 => Ok(QpState::Err),
+        4 | 5 => Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("qp_state {v} (SQD/SQE): the soft provider has no send queue drain states"),
+        )),
+        _ => Err(Error::new(
+            ErrorKind::InvalidValue,
+            format!("qp_state: invalid value {v}"),
+        )),
+    }
+}
+
+/// The IP a RoCEv2 GID names: IPv4-mapped (`::ffff:a.b.c.d`) -> IPv4, else IPv6.
+pub fn gid_to_ip(gid: &[u8; 16]) -> IpAddr {
+    IpAddr::V6(Ipv6Addr::from(*gid)).to_canonical()
+}
+
+/// The RoCEv2 GID of an IP (IPv4 -> IPv4-mapped).
+pub fn ip_to_gid(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbs_enums_convert_both_ways() {
+        assert_eq!(mtu_from_ibv(1).unwrap(), 256);
+        assert_eq!(mtu_from_ibv(5).unwrap(), 4096);
+        assert_eq!(mtu_from_ibv(0).unwrap_err().kind(), ErrorKind::InvalidValue);
+        assert_eq!(mtu_from_ibv(6).unwrap_err().kind(), ErrorKind::InvalidValue);
+        for v in 1..=5 {
+            assert_eq!(mtu_to_ibv(mtu_from_ibv(v).unwrap()), v);
+        }
+        assert_eq!(mtu_to_ibv(1500), 3);
+        assert_eq!(mtu_to_ibv(65536), 5);
+        assert_eq!(mtu_to_ibv(100), 1);
+        assert_eq!(qp_state_from_ibv(6).unwrap(), QpState::Err);
+        assert_eq!(
+            qp_state_from_ibv(4).unwrap_err().kind(),
+            ErrorKind::Unsupported
+        );
+        assert_eq!(
+            qp_state_from_ibv(9).unwrap_err().kind(),
+            ErrorKind::InvalidValue
+        );
+        let ip: IpAddr = "127.0.0.3".parse().unwrap();
+        assert_eq!(gid_to_ip(&ip_to_gid(ip)), ip);
+        let ip6: IpAddr = "fd00::2".parse().unwrap();
+        assert_eq!(gid_to_ip(&ip_to_gid(ip6)), ip6);
+    }
 }
