@@ -764,7 +764,7 @@ fn set_bad<T>(bad_wr: *mut *mut T, wr: *mut T) {
 /// # Safety
 /// `sg` points to `n` SGEs (when `n > 0`).
 unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Option<SgeList> {
-    if n < 0 || n > MAX_SGE_READ || (n > 0 && sg.is_null()) {
+    if !(0..=MAX_SGE_READ).contains(&n) || (n > 0 && sg.is_null()) {
         return None;
     }
     let mut out = SgeList::new();
