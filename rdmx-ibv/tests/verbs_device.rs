@@ -22,9 +22,18 @@ fn device_port_and_gid_report_the_soft_device() {
     assert_eq!((p.state, p.link_layer, p.max_mtu), (4, 2, 5));
     assert_eq!(p.active_mtu, 5, "loopback carries 4096-byte packets");
     assert_eq!((p.gid_tbl_len, p.pkey_tbl_len), (1, 1));
-    assert_eq!(dev.query_port(2).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        dev.query_port(2).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     let gid = dev.gid(0).unwrap();
-    assert_eq!(gid, "::ffff:127.0.73.2".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    assert_eq!(
+        gid,
+        "::ffff:127.0.73.2"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets()
+    );
     assert_eq!(dev.gid(1).unwrap_err().kind(), ErrorKind::InvalidArgument);
     // A second device on the same address and port is refused clearly.
     let e = Device::open(&settings("127.0.73.2", &[])).unwrap_err();
@@ -45,7 +54,10 @@ fn lifetimes_follow_verbs_ebusy_rules_and_bad_input_is_refused() {
     // SAFETY: `buf` outlives the region (deregistered below).
     let mr = unsafe { pd.reg_mr(buf.as_mut_ptr(), buf.len(), access::LOCAL_WRITE, 2) }.unwrap();
     let cq = Cq::new(&dev, 16, None, 3).unwrap();
-    assert_eq!(Cq::new(&dev, 0, None, 3).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        Cq::new(&dev, 0, None, 3).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     let init = |qp_type, sges| InitAttr {
         send_cq: Arc::clone(&cq),
         recv_cq: Arc::clone(&cq),
@@ -60,8 +72,14 @@ fn lifetimes_follow_verbs_ebusy_rules_and_bad_input_is_refused() {
         sq_sig_all: false,
         qp_type,
     };
-    assert_eq!(Qp::new(&pd, &init(3, 1), 4).unwrap_err().kind(), ErrorKind::Unsupported);
-    assert_eq!(Qp::new(&pd, &init(QPT_RC, 1000), 4).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        Qp::new(&pd, &init(3, 1), 4).unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+    assert_eq!(
+        Qp::new(&pd, &init(QPT_RC, 1000), 4).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     let qp = Qp::new(&pd, &init(QPT_RC, 1), 4).unwrap();
     assert!(qp.qp_num() > 1 && qp.qp_num() < 0xFF_FFFF);
     assert_eq!(dev.stats().qps, 1);

@@ -12,7 +12,12 @@ const SHORT: Duration = Duration::from_millis(200);
 
 #[test]
 fn completion_channel_one_event_per_arm_and_solicited_only() {
-    let (a, b) = pair("127.0.72.2", "127.0.72.3", &Opts::default(), &Opts::default());
+    let (a, b) = pair(
+        "127.0.72.2",
+        "127.0.72.3",
+        &Opts::default(),
+        &Opts::default(),
+    );
     let fd = b.chan.fd();
     // Not armed: no event.
     b.post_recv(1, 0, 64);
@@ -67,9 +72,8 @@ fn srq_feeds_its_qps_and_raises_limit_and_last_wqe_events() {
     let (a, b) = pair("127.0.72.4", "127.0.72.5", &Opts::default(), &ob);
     let srq = b.srq.as_ref().unwrap();
     // The QP's own post_recv is refused: receives come from the SRQ.
-    let e = b
-        .qp
-        .post_recv(&[RecvWr {
+    let e =
+        b.qp.post_recv(&[RecvWr {
             wr_id: 0,
             sg_list: b.sge(0, 64),
         }])
@@ -135,9 +139,8 @@ fn flush_on_error_and_posting_in_the_wrong_state() {
     let a = Side::new("127.0.72.6", &Opts::default());
     let b = Side::new("127.0.72.7", &Opts::default());
     // RESET: no receives, no sends.
-    let e = a
-        .qp
-        .post_recv(&[RecvWr {
+    let e =
+        a.qp.post_recv(&[RecvWr {
             wr_id: 1,
             sg_list: a.sge(0, 8),
         }])
@@ -185,7 +188,9 @@ fn flush_on_error_and_posting_in_the_wrong_state() {
         ..Default::default()
     };
     assert_eq!(
-        a.qp.modify(&bad, attr_mask::STATE | (1 << 1)).unwrap_err().kind(),
+        a.qp.modify(&bad, attr_mask::STATE | (1 << 1))
+            .unwrap_err()
+            .kind(),
         ErrorKind::InvalidArgument
     );
     // ERR: every outstanding receive flushes; a post flushes at once; no QP_FATAL (the

@@ -10,7 +10,12 @@ use verbs_support::*;
 
 #[test]
 fn send_imm_write_read_between_two_devices() {
-    let (a, b) = pair("127.0.71.2", "127.0.71.3", &Opts::default(), &Opts::default());
+    let (a, b) = pair(
+        "127.0.71.2",
+        "127.0.71.3",
+        &Opts::default(),
+        &Opts::default(),
+    );
     // SEND / RECV.
     b.post_recv(1, 0, 1024);
     a.write(4096, b"hello, verbs");
@@ -123,7 +128,11 @@ fn inline_and_unsignaled_sends() {
     // SAFETY: the SGEs name A's own buffer.
     let (i, e) = unsafe { a.qp.post_send(&[ok, wr]) }.unwrap_err();
     assert_eq!((i, e.kind()), (1, ErrorKind::InvalidArgument));
-    assert_eq!(wait_wc(&b.rcq).wr_id, 50, "the WR before the bad one was posted");
+    assert_eq!(
+        wait_wc(&b.rcq).wr_id,
+        50,
+        "the WR before the bad one was posted"
+    );
     assert_eq!(wait_wc(&a.scq).wr_id, 199);
     // Inline with many SGEs, gathered in order.
     a.write(1000, b"abc");

@@ -28,10 +28,13 @@ impl RecordPipe {
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         // SAFETY: fcntl on a descriptor we own; no pointers.
         let fl = unsafe { libc::fcntl(write.as_raw_fd(), libc::F_GETFL) };
-        // SAFETY: as above.
-        if fl < 0
-            || unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0
-        {
+        let set = if fl < 0 {
+            -1
+        } else {
+            // SAFETY: as above.
+            unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) }
+        };
+        if set < 0 {
             return Err(Error::new(
                 ErrorKind::Io,
                 format!("fcntl(O_NONBLOCK): {}", std::io::Error::last_os_error()),

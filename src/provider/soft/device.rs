@@ -675,12 +675,8 @@ impl SoftDevice {
     /// use at most. Unsupported when the link cannot carry even 256-byte packets; Io when
     /// there is no route.
     pub fn route_active_mtu(&self, peer: IpAddr) -> Result<u32> {
-        let (link, local) = super::mtu::route_mtu(peer).map_err(|e| {
-            Error::new(
-                ErrorKind::Io,
-                format!("path MTU: no route to {peer}: {e}"),
-            )
-        })?;
+        let (link, local) = super::mtu::route_mtu(peer)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("path MTU: no route to {peer}: {e}")))?;
         let route = super::mtu::describe_route(peer, local);
         super::mtu::choose(4096, link, peer.to_canonical().is_ipv6(), &route).map(|p| p.active)
     }

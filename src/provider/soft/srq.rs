@@ -223,8 +223,21 @@ mod tests {
         assert_eq!(fired.load(Ordering::Relaxed), 2);
         let e = srq.modify(Some(2), Some(3)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
-        let big: Vec<SrqWqe> = vec![(9, SgeList::from_vec(vec![crate::rc::Sge { addr: 0, length: 0, lkey: 0 }; 2]))];
+        let big: Vec<SrqWqe> = vec![(
+            9,
+            SgeList::from_vec(vec![
+                crate::rc::Sge {
+                    addr: 0,
+                    length: 0,
+                    lkey: 0
+                };
+                2
+            ]),
+        )];
         let (n, e) = srq.post_recv(&mrs, &big);
-        assert_eq!((n, e.map(|e| e.kind())), (0, Some(ErrorKind::InvalidArgument)));
+        assert_eq!(
+            (n, e.map(|e| e.kind())),
+            (0, Some(ErrorKind::InvalidArgument))
+        );
     }
 }
