@@ -51,6 +51,11 @@ fn lifetimes_follow_verbs_ebusy_rules_and_bad_input_is_refused() {
         let e = unsafe { pd.reg_mr(buf.as_mut_ptr(), buf.len(), bad, 2) }.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     }
+    // An optional access bit (IBV_ACCESS_RELAXED_ORDERING) is ignored.
+    // SAFETY: `buf` outlives the region (deregistered at once).
+    let ro = unsafe { pd.reg_mr(buf.as_mut_ptr(), 64, access::LOCAL_WRITE | 1 << 20, 2) }.unwrap();
+    assert_eq!(ro.access, access::LOCAL_WRITE);
+    ro.dereg().unwrap();
     // SAFETY: `buf` outlives the region (deregistered below).
     let mr = unsafe { pd.reg_mr(buf.as_mut_ptr(), buf.len(), access::LOCAL_WRITE, 2) }.unwrap();
     let cq = Cq::new(&dev, 16, None, 3).unwrap();

@@ -7,6 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::device::Device;
 
+/// `IBV_ACCESS_OPTIONAL_RANGE`: access bits a provider may ignore (verbs.h).
+const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+
 /// A protection domain (`ibv_alloc_pd`).
 #[derive(Debug)]
 pub struct Pd {
@@ -50,7 +53,8 @@ impl Pd {
     /// `ibv_reg_mr`: registers `[addr, addr + len)` with `access` (`ibv_access_flags`:
     /// LOCAL_WRITE 1, REMOTE_WRITE 2, REMOTE_READ 4; REMOTE_ATOMIC 8 is accepted and
     /// never exercised: the device has no atomics). REMOTE_WRITE requires LOCAL_WRITE, as
-    /// `ibv_reg_mr(3)`; unknown bits are refused (InvalidArgument). The pages are pinned
+    /// `ibv_reg_mr(3)`; optional bits (0x3ff00000, e.g. RELAXED_ORDERING) are ignored;
+    /// other unknown bits are refused (InvalidArgument). The pages are pinned
     /// (mlock) within RLIMIT_MEMLOCK (ResourceLimit otherwise).
     ///
     /// # Safety
@@ -65,6 +69,9 @@ impl Pd {
         handle: u64,
     ) -> Result<Mr> {
         self.check_alive()?;
+        // verbs' optional access flags (IBV_ACCESS_OPTIONAL_RANGE, e.g. RELAXED_ORDERING,
+        // which perftest passes) are hints a provider may ignore; the rest is checked.
+        let access = access & !ACCESS_OPTIONAL_RANGE;
         // SAFETY: the caller's contract (above) is MrTable::register's.
         let r = unsafe { self.dev.soft.mrs().register(addr, len, access) }?;
         self.users.fetch_add(1, Ordering::AcqRel);
