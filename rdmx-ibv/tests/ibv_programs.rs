@@ -11,228 +11,12 @@
 //! their absence fails the tests. The tests are skipped, saying so, only when the
 //! launcher cannot make a mount namespace at all (neither root nor user namespaces).
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
+mod ibv_support;
+
+use ibv_support::*;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn launcher() -> &'static str {
-    env!("CARGO_BIN_EXE_rdmx-ibv")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("ibv_programs")
-        .join(name);
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn require_tool(tool: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "{tool} is not installed (Debian packages ibverbs-utils and perftest: run \
-         scripts/install-deps.sh)"
-    );
-}
-
-/// None when namespaces work; Some(reason) when the platform cannot run the launcher.
-fn platform_cannot() -> Option<String> {
-    let out = Command::new(launcher())
-        .args(["exec", "--ip", "127.0.0.1", "--", "true"])
-        .output()
-        .expect("running rdmx-ibv");
-    if out.status.success() {
-        return None;
-    }
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        err.contains("cannot make a private mount namespace"),
-        "rdmx-ibv exec -- true failed for another reason: {err}"
-    );
-    Some(err)
-}
-
-macro_rules! skip_unless_platform {
-    () => {
-        if let Some(why) = platform_cannot() {
-            eprintln!("SKIPPED (the platform cannot run rdmx-ibv exec): {why}");
-            return;
-        }
-    };
-}
-
-/// A program under `rdmx-ibv exec --ip ip`, output to files in `dir`.
-struct Proc {
-    name: String,
-    child: Child,
-    out: PathBuf,
-    err: PathBuf,
-}
-
-fn spawn(dir: &Path, name: &str, ip: &str, sets: &[&str], cmd: &[&str]) -> Proc {
-    let out = dir.join(format!("{name}.out"));
-    let err = dir.join(format!("{name}.err"));
-    let mut c = Command::new(launcher());
-    c.args(["exec", "--ip", ip]);
-    for s in sets {
-        c.args(["--set", s]);
-    }
-    c.arg("--").args(cmd);
-    c.stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::create(&err).unwrap());
-    let child = c.spawn().expect("spawning rdmx-ibv exec");
-    Proc {
-        name: name.into(),
-        child,
-        out,
-        err,
-    }
-}
-
-impl Proc {
-    fn output(&self) -> String {
-        let mut s = String::new();
-        for p in [&self.out, &self.err] {
-            if let Ok(mut f) = std::fs::File::open(p) {
-                let _ = f.read_to_string(&mut s);
-            }
-        }
-        s
-    }
-
-    /// Waits up to `limit`; past it kills the process and fails.
-    fn wait(&mut self, limit: Duration) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            if start.elapsed() > limit {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "{} did not finish within {limit:?}; output:\n{}",
-                    self.name,
-                    self.output()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits until the output contains `text` (bounded).
-    fn wait_for_output(&mut self, text: &str, limit: Duration) {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if self.output().contains(text) {
-                return;
-            }
-            if let Some(st) = self.child.try_wait().unwrap() {
-                panic!(
-                    "{} exited ({st}) before printing {text:?}:\n{}",
-                    self.name,
-                    self.output()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        panic!(
-            "{} did not print {text:?} within {limit:?}:\n{}",
-            self.name,
-            self.output()
-        );
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn run_alone(dir: &Path, name: &str, ip: &str, cmd: &[&str]) -> String {
-    let mut p = spawn(dir, name, ip, &[], cmd);
-    let st = p.wait(Duration::from_secs(30));
-    let out = p.output();
-    assert!(st.success(), "{name}: {st}\n{out}");
-    out
-}
-
-/// Server on `srv_ip`, then client on `cli_ip` (given `srv_ip` as its last argument);
-/// both must succeed. Returns (server output, client output).
-fn pair(name: &str, srv_ip: &str, cli_ip: &str, cmd: &[&str], limit: Duration) -> (String, String) {
-    let dir = scratch(name);
-    let mut srv = spawn(&dir, &format!("{name}-server"), srv_ip, &[], cmd);
-    // The server listens for the TCP exchange once it has set up its device; give it a
-    // moment, the client retries its connect for a while anyway? (perftest does not,
-    // ibv_rc_pingpong does not): wait until the server's TCP port is open.
-    let port = port_of(cmd);
-    wait_listening(port, &mut srv);
-    let mut cli_cmd: Vec<&str> = cmd.to_vec();
-    cli_cmd.push(srv_ip);
-    let mut cli = spawn(&dir, &format!("{name}-client"), cli_ip, &[], &cli_cmd);
-    let cst = cli.wait(limit);
-    let sst = srv.wait(limit);
-    let (so, co) = (srv.output(), cli.output());
-    assert!(
-        cst.success(),
-        "{name} client: {cst}\n--- client\n{co}\n--- server\n{so}"
-    );
-    assert!(
-        sst.success(),
-        "{name} server: {sst}\n--- server\n{so}\n--- client\n{co}"
-    );
-    (so, co)
-}
-
-fn port_of(cmd: &[&str]) -> u16 {
-    let i = cmd
-        .iter()
-        .position(|a| *a == "-p")
-        .expect("tests pass -p PORT");
-    cmd[i + 1].parse().unwrap()
-}
-
-/// Waits (bounded) until something listens on TCP `port` (reading /proc/net/tcp: no
-/// probe connection, which a one-shot server would take for its client).
-fn wait_listening(port: u16, srv: &mut Proc) {
-    let needle = format!(":{port:04X} 00000000:0000 0A");
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default()
-            + &std::fs::read_to_string("/proc/net/tcp6").unwrap_or_default();
-        if tcp.lines().any(|l| l.contains(&needle)) {
-            return;
-        }
-        if let Some(st) = srv.child.try_wait().unwrap() {
-            panic!(
-                "{} exited ({st}) before listening:\n{}",
-                srv.name,
-                srv.output()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!(
-        "{} did not listen on TCP {port} within 20 s:\n{}",
-        srv.name,
-        srv.output()
-    );
-}
 
 #[test]
 fn ibv_devices_and_devinfo_show_rdmx0() {
@@ -542,4 +326,38 @@ fn perftest_server_killed_midrun() {
         "client exited {:?} after the kill: {st}",
         killed_at.elapsed()
     );
+}
+
+/// Without the preload (LD_PRELOAD removed), libibverbs' own ibv_create_comp_channel
+/// writes its kernel command to the device fd, a bind of /dev/full: it fails (ENOSPC)
+/// and the program says so, instead of receiving a garbage channel fd.
+#[test]
+fn without_the_preload_comp_channel_fails_cleanly() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("ibv_rc_pingpong");
+    skip_unless_platform!();
+    let dir = scratch("no_preload");
+    let mut p = spawn(
+        &dir,
+        "pingpong",
+        "127.0.0.18",
+        &[],
+        &[
+            "env",
+            "-u",
+            "LD_PRELOAD",
+            "ibv_rc_pingpong",
+            "-d",
+            "rdmx0",
+            "-g",
+            "0",
+            "-e",
+            "-p",
+            "18613",
+        ],
+    );
+    let st = p.wait(Duration::from_secs(30));
+    let out = p.output();
+    assert!(!st.success(), "{out}");
+    assert!(out.contains("Couldn't create completion channel"), "{out}");
 }
