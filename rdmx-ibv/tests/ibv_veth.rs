@@ -147,9 +147,12 @@ impl Drop for Capture {
     }
 }
 
+/// (IPv4 header, UDP header, UDP payload, IP total length).
+type Frame = (Vec<u8>, Vec<u8>, Vec<u8>, usize);
+
 /// (IPv4 header, UDP header, UDP payload) of every IPv4/UDP frame of a libpcap file
 /// (Ethernet link type, as on a veth).
-fn pcap_frames(bytes: &[u8]) -> Vec<(Vec<u8>, Vec<u8>, Vec<u8>, usize)> {
+fn pcap_frames(bytes: &[u8]) -> Vec<Frame> {
     assert!(bytes.len() >= 24, "pcap shorter than its header");
     let le = match u32::from_le_bytes(bytes[0..4].try_into().unwrap()) {
         0xa1b2_c3d4 | 0xa1b2_3c4d => true,
