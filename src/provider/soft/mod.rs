@@ -7,5 +7,6 @@ pub mod diagnose;
 pub mod mr;
 pub mod mtu;
 pub mod qp;
+pub mod srq;
 pub mod sys;
 pub mod udp;
