@@ -456,7 +456,13 @@ fn qp_override_takes_a_set_of_attribute_names() {
     assert!(o.timeout && o.retry_cnt && o.rnr_retry && o.min_rnr_timer);
     config.set("qp_override", "").unwrap();
     assert!(!config.settings().unwrap().qp_override.any());
-    for bad in ["sq_psn", "timeout,timeout", "timeout,", ",", "timeout;retry_cnt"] {
+    for bad in [
+        "sq_psn",
+        "timeout,timeout",
+        "timeout,",
+        ",",
+        "timeout;retry_cnt",
+    ] {
         assert_eq!(
             failure(config.set("qp_override", bad)),
             (
