@@ -16,7 +16,10 @@ cargo fmt --all --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo test --workspace (build)"
+# `cargo build` too: the tests of rdmx-ibv load the provider library (cdylib
+# target/debug/librdmx_ibv.so), which `cargo test` does not build.
+step "cargo build --workspace; cargo test --workspace (build)"
+cargo build --workspace
 cargo test --workspace --no-run
 
 step "cargo test --workspace"

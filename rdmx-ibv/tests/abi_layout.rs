@@ -192,7 +192,11 @@ fn provider_imports_are_versioned() {
         .map(|d| PathBuf::from(d).join("debug/librdmx_ibv.so"))
         .filter(|p| p.exists())
         .unwrap_or(lib);
-    assert!(lib.exists(), "{} not built", lib.display());
+    assert!(
+        lib.exists(),
+        "{} not built (`cargo test` does not build cdylibs: run `cargo build -p rdmx-ibv` first, as scripts/test.sh does)",
+        lib.display()
+    );
     let t = run(Command::new("objdump").arg("-T").arg(&lib), "objdump -T");
     for sym in [
         "verbs_register_driver_34",
