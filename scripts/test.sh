@@ -11,14 +11,16 @@ step() { echo; echo "==== $*"; }
 step "cargo fmt --check"
 cargo fmt --all --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+# The workspace: the library (rdmx) and the benchmark tool (rdmx-perf/). fuzz/ has its own
+# workspace; its driver runs here as tests/rc_fuzz_state.rs.
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo test (build)"
-cargo test --no-run
+step "cargo test --workspace (build)"
+cargo test --workspace --no-run
 
-step "cargo test"
-cargo test --quiet
+step "cargo test --workspace"
+cargo test --workspace --quiet
 
 step "include/rdmx.h is fresh (build, then git diff --exit-code include/)"
 cargo build --lib

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::sys::EventFd;
+/// The completion channel a [`Cq`] signals (`ibv_comp_channel`): an eventfd, readable
+/// after `req_notify` once a completion arrives; the one public piece of the provider's
+/// OS layer.
+pub use super::sys::EventFd;
 
 /// A work completion as the provider reports it: the caller's cookie instead of the
 /// engine's internal WR id.

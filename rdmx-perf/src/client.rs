@@ -526,7 +526,7 @@ fn ops_loop(
     a: &Args,
     conn: &Connection,
     local: &Local<'_>,
-    region: Option<rdmx::msgr::setup::Region>,
+    region: Option<rdmx::msgr::Region>,
     s: &Settings,
     clock: &Clock,
     hist: &mut Histogram,

@@ -16,8 +16,7 @@
 //! (drain the socket, then sleep in ppoll), the client as `poll_mode=adaptive` (spin the
 //! default `polling_us` on empty receives, then sleep in ppoll).
 
-use rdmx::provider::soft::sys::poll_readable;
-use rdmx::provider::soft::udp::{RxBatch, TxDatagram, UdpPort};
+use rdmx::provider::soft::udp_baseline::{RxBatch, TxDatagram, UdpPort, poll_readable};
 use std::io::Write;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;

@@ -6,7 +6,7 @@
 use rdmx::Config;
 use rdmx::config::{PollMode, Settings, Source};
 use rdmx::msgr::Connection;
-use rdmx::provider::soft::sys::poll_readable;
+use rdmx::provider::soft::udp_baseline::poll_readable;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};

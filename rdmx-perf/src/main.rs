@@ -287,8 +287,7 @@ fn config(args: &[String]) -> Result<(), Fail> {
     }
     s.push('\n');
     s.push_str(&tables());
-    #[cfg(feature = "verbs")]
-    s.push_str(&format!("\n# {}\n", rdmx::verbs_probe::describe()));
+    s.push_str(&format!("\n# {}\n", rdmx::provider::describe_verbs()));
     out(&s);
     Ok(())
 }
