@@ -39,7 +39,7 @@ for tool in ib_read_bw ib_read_lat; do
     }
 done
 echo "# building rdmx-perf and rdmx-ibv (release)"
-if ! cargo build --release --quiet --bin rdmx-perf || ! cargo build --release --quiet -p rdmx-ibv; then
+if ! cargo build --release --quiet -p rdmx-perf -p rdmx-ibv; then
     echo "bench/ibv.sh: build failed" >&2
     exit 2
 fi

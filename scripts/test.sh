@@ -11,8 +11,10 @@ step() { echo; echo "==== $*"; }
 step "cargo fmt --check"
 cargo fmt --all --check
 
-# --workspace: rdmx and rdmx-ibv (the libibverbs device: its tests run unmodified verbs
-# programs, ibv_devinfo/ibv_rc_pingpong/perftest, through `rdmx-ibv exec`).
+# The workspace: the library (rdmx), the benchmark tool (rdmx-perf/) and the libibverbs
+# device (rdmx-ibv/: its tests run unmodified verbs programs, ibv_devinfo/ibv_rc_pingpong/
+# perftest, through `rdmx-ibv exec`). fuzz/ has its own workspace; its driver runs here as
+# tests/rc_fuzz_state.rs.
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 

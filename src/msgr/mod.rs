@@ -1,9 +1,10 @@
 //! Connections: the TCP side channel (QP exchange and liveness, as Ceph), and the
 //! connection object the C ABI hands out.
 
-pub mod conn;
-pub mod context;
-pub mod setup;
+mod conn;
+mod context;
+pub(crate) mod setup;
 
 pub use conn::{Connection, Listener};
-pub use context::{Context, OnConnect};
+pub use context::{Context, MrInfo, OnConnect};
+pub use setup::Region;

@@ -8,8 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use super::sys::EventFd;
 use crate::error::Result;
+
+/// The completion channel a [`Cq`] signals (`ibv_comp_channel`): an eventfd, readable
+/// after `req_notify` once a completion arrives; the one public piece of the provider's
+/// OS layer.
+pub use super::sys::EventFd;
 
 /// Called when an armed CQ notifies (after its channel is signaled): a verbs completion
 /// channel writes the CQ's handle to its pipe from here. Runs on whichever thread added

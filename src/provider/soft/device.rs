@@ -58,7 +58,7 @@ const SETTLE_MAX: usize = 64;
 /// in the device's timer heap. Shared by the QP and its heap entries (which never keep the
 /// QP itself alive).
 #[derive(Debug)]
-pub struct TimerCell {
+pub(crate) struct TimerCell {
     qpn: u32,
     /// The engine's earliest deadline (device clock ns; u64::MAX: none). Written under the
     /// QP's lock, so in order.
@@ -134,7 +134,7 @@ impl Ord for Entry {
 /// The device's timers: a min-heap of (deadline, QP) with lazy deletion, fed by QPs whose
 /// deadline came earlier than their entry, so a progress pass pops only due entries and the
 /// progress thread sleeps until the heap's minimum. Idle QPs cost a pass nothing.
-pub struct DeviceTimers {
+pub(crate) struct DeviceTimers {
     heap: Mutex<BinaryHeap<Entry>>,
     /// The heap's minimum (u64::MAX: empty), written under the heap lock: the earliest
     /// armed timer, when a pass is due (stall accounting). It may be early (a QP's deadline

@@ -550,7 +550,7 @@ impl SoftQp {
 
     /// Joins the device's timer heap (once, at creation): from then on a deadline that
     /// comes earlier than this QP's entry there is pushed to it.
-    pub fn attach_timers(&self, timers: Arc<DeviceTimers>) {
+    pub(crate) fn attach_timers(&self, timers: Arc<DeviceTimers>) {
         let _ = self.device_timers.set(timers);
         self.publish_deadline(&self.inner.lock());
     }
