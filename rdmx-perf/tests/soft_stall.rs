@@ -4,7 +4,9 @@
 //! requester's QP with RETRY_EXC_ERR after (retry_cnt + 1) x timeout.
 //!
 //! - the requester process is stopped for 20x its ACK timeout, twice, in a verified
-//!   `rdmx-perf read_bw` with retry_cnt 0 (a single charged timeout would end the run):
+//!   `rdmx-perf read_bw` with retry_cnt 1 (charging the stops would take 20 timeouts per
+//!   stop; retry_cnt 1 tolerates one timeout charged by a stop that lands in the few
+//!   instructions between a clock reading and the timer's publication on a loaded host):
 //!   no error, every READ verified, and the stops show as stalls;
 //! - the responder process is stopped: RETRY_EXC_ERR in (retry_cnt + 1) x timeout
 //!   (+-50% + 10 ms, plus any time this process itself was not running) for both seed
@@ -81,7 +83,8 @@ fn a_stopped_requester_does_not_charge_its_absence_to_the_peer() {
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
-    // The library's default timeout; retry_cnt 0: one timeout charged ends the run.
+    // The library's default timeout; retry_cnt 1: two timeouts charged in a row end the run
+    // (a stop charged as before would charge 20).
     let timeout = rdmx::Config::new().settings().unwrap().timeout;
     let per_try = Duration::from_nanos(ack_timeout_ns(timeout).unwrap());
     let stop_for = per_try * 20;
@@ -91,7 +94,7 @@ fn a_stopped_requester_does_not_charge_its_absence_to_the_peer() {
         Command::new(BIN)
             .args(["read_bw", "--connect", &addr, "--qd", "32", "--verify", "1"])
             .args(["--duration", &format!("{:.1}", duration.as_secs_f64())])
-            .args(["--set", "retry_cnt=0", "--json"])
+            .args(["--set", "retry_cnt=1", "--json"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -141,7 +144,7 @@ fn a_stopped_requester_does_not_charge_its_absence_to_the_peer() {
     // stall is counted although nothing was charged either (the assertions above hold).
     let stalled = Duration::from_secs_f64(json_num(&out, "stalled_ms") / 1e3);
     println!(
-        "requester stopped {stops} x {stop_for:?} (timeout {timeout} = {per_try:?}, retry_cnt 0): {ops} READs verified, stalled {stalled:?}, 0 errors"
+        "requester stopped {stops} x {stop_for:?} (timeout {timeout} = {per_try:?}, retry_cnt 1): {ops} READs verified, stalled {stalled:?}, 0 errors"
     );
 }
 

@@ -373,6 +373,7 @@ impl SoftQp {
     /// `bad_wr`). Posting in ERR completes at once with WR_FLUSH_ERR, as verbs.
     pub fn post_send(&self, mrs: &MrTable, now: u64, wrs: &[SendReq]) -> (usize, Option<Error>) {
         let mut g = self.inner.lock();
+        self.publish_ack_timer_early(&g, now);
         let mut posted = 0;
         let mut err = None;
         for w in wrs {
@@ -553,6 +554,27 @@ impl SoftQp {
     pub(crate) fn attach_timers(&self, timers: Arc<DeviceTimers>) {
         let _ = self.device_timers.set(timers);
         self.publish_deadline(&self.inner.lock());
+    }
+
+    /// Before a post arms the ACK timer (at `now` + timeout), tells the device about it: if
+    /// this thread is stopped or preempted between arming and the publish that follows the
+    /// post, the device's stall accounting sees a timer due meanwhile and leaves that time
+    /// out of the engine clock; otherwise the timer would fire at resume and charge the
+    /// absence to the peer. Early is harmless (a pass finds nothing due and repairs the
+    /// heap); in steady state a deadline is already armed earlier and this is two atomic
+    /// loads.
+    #[inline]
+    fn publish_ack_timer_early(&self, g: &Inner, now: u64) {
+        if g.qp.state() != QpState::Rts {
+            return;
+        }
+        let code = g.qp.attr().timeout;
+        if let Some(t) = crate::config::encoding::ack_timeout_ns(code).filter(|t| *t > 0) {
+            let d = now.saturating_add(t);
+            if self.timer.deadline().is_none_or(|cur| d < cur) {
+                self.timer.publish(Some(d), self.device_timers.get());
+            }
+        }
     }
 
     /// Publishes the engine's deadline, or the backlog's retry if earlier (the caller holds
