@@ -102,6 +102,11 @@ pub static ALIASES: &[Alias] = &[
         },
         why: "true -> on (require huge pages), false -> off",
     },
+    same(
+        "ms_async_op_threads",
+        "msgr_threads",
+        "Ceph's messenger worker threads are the messenger's worker threads",
+    ),
     rejected(
         "ms_async_rdma_support_srq",
         "rdmx has no SRQ: each connection posts its own receives and grants credits for them, so receivers are not starved",

@@ -3,7 +3,9 @@
 
 pub mod conn;
 pub mod context;
+pub mod messenger;
 pub mod setup;
 
 pub use conn::{Connection, Listener};
 pub use context::{Context, OnConnect};
+pub use messenger::{Messenger, Policy, SessionId};
