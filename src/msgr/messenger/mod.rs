@@ -50,7 +50,7 @@ pub struct Messenger {
     _owner: Arc<Owner>,
 }
 
-struct Owner(Arc<Core>);
+pub(crate) struct Owner(Arc<Core>);
 
 impl Drop for Owner {
     fn drop(&mut self) {
@@ -72,8 +72,10 @@ impl Messenger {
     /// into 16 chunks at once).
     pub fn new(config: &Config, dispatcher: Arc<dyn Dispatcher>) -> Result<Messenger> {
         let core = Core::new(config, dispatcher)?;
+        let owner = Arc::new(Owner(Arc::clone(&core)));
+        core.start(&owner)?;
         Ok(Messenger {
-            _owner: Arc::new(Owner(Arc::clone(&core))),
+            _owner: owner,
             core,
         })
     }

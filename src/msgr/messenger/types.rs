@@ -411,6 +411,8 @@ pub struct MsgrStats {
     /// The 4 KiB data pool and the header-slot pool.
     pub data_pool: crate::mem::pool::PoolStats,
     pub header_pool: crate::mem::pool::PoolStats,
+    /// 64 KiB chunks of the copy pool in use (copies of large unregistered segments).
+    pub copy_chunks_in_use: u32,
     /// Malformed headers on connections that were not (yet) a session's.
     pub malformed: u64,
     /// Counters summed over every session ever made (closed ones included).

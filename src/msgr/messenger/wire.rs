@@ -180,7 +180,9 @@ impl Header {
         };
         let kind = h.kind().ok_or(Malformed("unknown message kind"))?;
         if byte_len - SLOT != h.payload_len as usize || h.payload_len as usize > PAYLOAD_MAX {
-            return Err(Malformed("payload length disagrees with the received length"));
+            return Err(Malformed(
+                "payload length disagrees with the received length",
+            ));
         }
         if kind != Kind::Msg {
             if h.payload_len != 0 || h.nsegs != 0 || h.front_len != 0 {
@@ -196,7 +198,9 @@ impl Header {
         }
         if h.flags & flags::RNDV == 0 {
             if h.front_len as usize > FRONT_INLINE_MAX || h.nsegs > 1 {
-                return Err(Malformed("eager message with a front or segments that do not fit"));
+                return Err(Malformed(
+                    "eager message with a front or segments that do not fit",
+                ));
             }
             if h.nsegs == 0 && h.payload_len != 0 {
                 return Err(Malformed("eager message with a payload and no segment"));
