@@ -163,7 +163,7 @@ fn messages_of_every_shape_arrive_intact_and_pools_return_to_baseline() {
     let posted = |m: &Messenger| {
         m.sessions()
             .iter()
-            .map(|&s| m.session_info(s).unwrap().recv_window as u32)
+            .map(|&s| m.session_info(s).unwrap().recv_window)
             .sum::<u32>()
     };
     println!("pools a: {} / b: {}", sa.data_pool, sb.data_pool);
