@@ -40,6 +40,27 @@ const MAX_SLEEP: Duration = Duration::from_millis(10);
 thread_local! {
     /// Set while this thread runs a callback of some messenger.
     static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
+    /// Receives the on-connect hook posted on this thread, by the connection's event fd.
+    /// The hook runs on the thread that called connect or accept, so that thread takes
+    /// them back when the call returns, whether it succeeded or not (a setup that failed
+    /// after the hook dropped its connection: the chunks are free again).
+    static HOOKED: std::cell::RefCell<Vec<(RawFd, Vec<RecvSlot>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Takes the receives the hook posted on this thread: those of `conn` (if any), the rest
+/// (of connections that failed their setup) released.
+fn take_hooked(bufs: &Buffers, conn: Option<&Connection>) -> Option<Vec<RecvSlot>> {
+    let all = HOOKED.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    let mut mine = None;
+    for (fd, slots) in all {
+        if mine.is_none() && conn.is_some_and(|c| c.event_fd() == fd) {
+            mine = Some(slots);
+        } else {
+            release_slots(bufs, slots);
+        }
+    }
+    mine
 }
 
 struct Pending {
@@ -99,8 +120,6 @@ impl Drop for Wake {
     }
 }
 
-type Hooked = Arc<Mutex<HashMap<RawFd, Vec<RecvSlot>>>>;
-
 pub(crate) struct Core {
     settings: MsgrSettings,
     ctx: Context,
@@ -108,8 +127,6 @@ pub(crate) struct Core {
     dispatcher: Arc<dyn Dispatcher>,
     shards: Vec<Shard>,
     listener: Mutex<Option<Listener>>,
-    /// Receives the on-connect hook posted, by the connection's event fd.
-    hooked: Hooked,
     /// Accepting side: the peer's session id -> ours.
     by_peer: Mutex<HashMap<u64, u64>>,
     owner: OnceLock<Weak<Owner>>,
@@ -153,17 +170,12 @@ impl Core {
                 wake: Wake::new()?,
             });
         }
-        let hooked: Hooked = Arc::new(Mutex::new(HashMap::new()));
         {
-            let hooked = Arc::clone(&hooked);
             let bufs = Arc::clone(&bufs);
             let n = settings.recv_window_min;
             ctx.set_on_connect(Some(Arc::new(move |conn: &Connection| {
                 let (slots, err) = Link::post_initial(conn, n, &bufs.data, &bufs.slots);
-                // A stale entry under a reused fd belongs to a connection long gone.
-                if let Some(old) = hooked.lock().insert(conn.event_fd(), slots) {
-                    release_slots(&bufs, old);
-                }
+                HOOKED.with(|h| h.borrow_mut().push((conn.event_fd(), slots)));
                 err.map_or(Ok(()), Err)
             })));
         }
@@ -174,7 +186,6 @@ impl Core {
             dispatcher,
             shards,
             listener: Mutex::new(None),
-            hooked,
             by_peer: Mutex::new(HashMap::new()),
             owner: OnceLock::new(),
             me: OnceLock::new(),
@@ -241,10 +252,6 @@ impl Core {
         }
         *self.listener.lock() = None;
         self.ctx.set_on_connect(None);
-        let stale: Vec<_> = self.hooked.lock().drain().collect();
-        for (_, slots) in stale {
-            release_slots(&self.bufs, slots);
-        }
     }
 
     fn add_totals(&self, s: &Session) {
@@ -582,9 +589,13 @@ impl Core {
         let g = self.listener.lock();
         let Some(l) = g.as_ref() else { return };
         for _ in 0..16 {
-            match l.accept(Some(Duration::ZERO)) {
+            let r = l.accept(Some(Duration::ZERO));
+            let slots = take_hooked(&self.bufs, r.as_ref().ok());
+            match r {
                 Ok(conn) => {
-                    if let Some(link) = self.make_link(conn) {
+                    let Some(slots) = slots else { continue };
+                    let link = Some(self.link_from(conn, slots));
+                    if let Some(link) = link {
                         st.pending.push(Pending {
                             link,
                             deadline: now + HELLO_DEADLINE,
@@ -598,12 +609,6 @@ impl Core {
                 }
             }
         }
-    }
-
-    /// A link over a new connection, with the receives its hook posted.
-    fn make_link(&self, conn: Connection) -> Option<Link> {
-        let slots = self.hooked.lock().remove(&conn.event_fd())?;
-        Some(self.link_from(conn, slots))
     }
 
     fn link_from(&self, conn: Connection, slots: Vec<RecvSlot>) -> Link {
@@ -633,14 +638,19 @@ impl Core {
         for mut p in pending {
             let mut out = Vec::new();
             let polled = p.link.poll(POLL_BUDGET, &mut out);
-            let hello = out.into_iter().find_map(|e| match e {
-                LinkEvent::Recv(r) if r.h.kind() == Some(Kind::Hello) => Some(r.h),
-                LinkEvent::Recv(_) => {
-                    self.malformed.fetch_add(1, Ordering::Relaxed);
-                    None
+            let mut hello = None;
+            for e in out {
+                match e {
+                    LinkEvent::Recv(r) if hello.is_none() && r.h.kind() == Some(Kind::Hello) => {
+                        hello = Some(r.h);
+                    }
+                    LinkEvent::Recv(_) => {
+                        self.malformed.fetch_add(1, Ordering::Relaxed);
+                        self.discard(e);
+                    }
+                    LinkEvent::ReadDone => {}
                 }
-                LinkEvent::ReadDone => None,
-            });
+            }
             if let Some(h) = hello {
                 p.link.credits.on_grant(h.credits);
                 let owner = self.by_peer.lock().get(&h.aux).copied();
@@ -662,6 +672,15 @@ impl Core {
             }
             let _ = p.link.replenish();
             st.pending.push(p);
+        }
+    }
+
+    /// Returns the payload chunk of an event nobody will handle.
+    fn discard(&self, e: LinkEvent) {
+        if let LinkEvent::Recv(r) = e
+            && let Some(c) = r.data
+        {
+            let _ = self.bufs.data.put(c);
         }
     }
 
@@ -755,7 +774,9 @@ impl Core {
         let mut result = polled.map(|_| ());
         for e in out {
             if result.is_err() {
-                break;
+                // The link is faulting: what came with it is dropped (and replayed).
+                self.discard(e);
+                continue;
             }
             result = sess.on_link_event(e, &self.settings, ev);
         }
@@ -850,8 +871,9 @@ impl Core {
             .name("rdmx-msgr-connect".into())
             .spawn(move || {
                 let Some(core) = me else { return };
-                let r = core.ctx.connect(&addr, timeout).and_then(|conn| {
-                    let slots = core.hooked.lock().remove(&conn.event_fd());
+                let r = core.ctx.connect(&addr, timeout);
+                let slots = take_hooked(&core.bufs, r.as_ref().ok());
+                let r = r.and_then(|conn| {
                     slots.map(|s| (conn, s)).ok_or_else(|| {
                         Error::fixed(ErrorKind::Closed, "connect: no receives were posted")
                     })
