@@ -7,5 +7,5 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-cargo build --release --quiet --bin rdmx-perf
+cargo build --release --quiet -p rdmx-perf
 exec "${CARGO_TARGET_DIR:-$root/target}/release/rdmx-perf" engine_bench "$@"

@@ -40,7 +40,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "# building rdmx-perf (release)"
-if ! cargo build --release --bin rdmx-perf; then
+if ! cargo build --release -p rdmx-perf; then
     echo "bench/load.sh: build failed" >&2
     exit 2
 fi

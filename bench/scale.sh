@@ -41,7 +41,7 @@ trap 'exit 130' INT TERM
 
 if [ -z "${NO_BUILD:-}" ]; then
     echo "# building rdmx-perf (release)"
-    if ! cargo build --release --bin rdmx-perf; then
+    if ! cargo build --release -p rdmx-perf; then
         echo "bench/scale.sh: build failed" >&2
         exit 2
     fi

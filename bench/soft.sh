@@ -45,7 +45,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "# building rdmx-perf (release)"
-if ! cargo build --release --quiet --bin rdmx-perf; then
+if ! cargo build --release --quiet -p rdmx-perf; then
     echo "bench/soft.sh: build failed" >&2
     exit 2
 fi

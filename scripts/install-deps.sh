@@ -12,6 +12,9 @@ PKGS=(
   ethtool                          # GSO test: software segmentation on lo in a namespace
   tshark tcpdump                   # capture check: decode the soft provider as RRoCE
   ucx-utils                        # ucx_perftest, the send_bw comparison in bench/soft.sh
+  ibverbs-utils perftest           # rdmx-ibv: unmodified verbs programs (ibv_devinfo, ibv_rc_pingpong, ib_*_bw/lat)
+  cmake ninja-build                # rdmx-ibv: configure the vendored rdma-core headers for the ABI layout test
+  util-linux                       # rdmx-ibv: unshare(1)/mount(8) used by the launcher's tests' checks
 )
 
 missing=()

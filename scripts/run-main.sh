@@ -13,8 +13,8 @@ say() { echo "run-main: $*" >&2; }
 
 say "checking system packages (scripts/install-deps.sh)"
 "$root/scripts/install-deps.sh" >&2
-say "building rdmx-perf (cargo build --release --bin rdmx-perf)"
-cargo build --release --bin rdmx-perf
+say "building rdmx-perf (cargo build --release -p rdmx-perf)"
+cargo build --release -p rdmx-perf
 bin="${CARGO_TARGET_DIR:-$root/target}/release/rdmx-perf"
 log=$(mktemp)
 server=""

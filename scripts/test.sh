@@ -11,14 +11,21 @@ step() { echo; echo "==== $*"; }
 step "cargo fmt --check"
 cargo fmt --all --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+# The workspace: the library (rdmx), the benchmark tool (rdmx-perf/) and the libibverbs
+# device (rdmx-ibv/: its tests run unmodified verbs programs, ibv_devinfo/ibv_rc_pingpong/
+# perftest, through `rdmx-ibv exec`). fuzz/ has its own workspace; its driver runs here as
+# tests/rc_fuzz_state.rs.
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo test (build)"
-cargo test --no-run
+# `cargo build` too: the tests of rdmx-ibv load the provider library (cdylib
+# target/debug/librdmx_ibv.so), which `cargo test` does not build.
+step "cargo build --workspace; cargo test --workspace (build)"
+cargo build --workspace
+cargo test --workspace --no-run
 
-step "cargo test"
-cargo test --quiet
+step "cargo test --workspace"
+cargo test --workspace --quiet
 
 step "include/rdmx.h is fresh (build, then git diff --exit-code include/)"
 cargo build --lib

@@ -42,7 +42,7 @@ pub use aliases::{ALIASES, Alias, AliasTarget, Transform};
 pub use encoding::Mtu;
 pub use keys::{KEYS, KeySpec, Kind, keys_text, normalize_key};
 pub use profiles::{PROFILES, Profile};
-pub use settings::{CqLayout, Hugepages, PollMode, Progress, Provider, Settings};
+pub use settings::{CqLayout, Hugepages, PollMode, Progress, Provider, QpOverride, Settings};
 
 use aliases::CEPH_PREFIX;
 use value::Value;

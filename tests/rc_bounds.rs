@@ -5,13 +5,13 @@
 
 mod common;
 
-use common::{Params, connect, craft, drain_transmit};
+use common::{Hdr, Params, connect, craft, drain_transmit};
 use rdmx::error::ErrorKind;
-use rdmx::rc::packet::{Hdr, NakCode, Opcode, RethRepr, Syndrome};
 use rdmx::rc::verbs::{access, attr_mask};
 use rdmx::rc::{
     Qp, QpAttr, QpCaps, QpState, RecvWr, SendWr, Sge, VecMemory, WcStatus, WrOpcode, smallvec,
 };
+use rdmx::wire::{NakCode, Opcode, RethRepr, Syndrome};
 
 const FLOOD: u32 = 100_000;
 /// The responder's expected PSN at the start.

@@ -151,7 +151,7 @@ fn rnr_nak_times(sim: &Sim) -> Vec<u64> {
         .iter()
         .filter(|(_, to, _)| *to == 0)
         .filter_map(|(t, _, b)| {
-            let (h, _) = rdmx::rc::packet::parse(b).ok()?;
+            let (h, _) = common::parse(b).ok()?;
             h.aeth
                 .filter(|a| matches!(a.syndrome, rdmx::wire::Syndrome::RnrNak { .. }))
                 .map(|_| *t)

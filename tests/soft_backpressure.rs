@@ -18,8 +18,7 @@
 
 mod support;
 
-use rdmx::msgr::context::MrInfo;
-use rdmx::msgr::{Connection, Context};
+use rdmx::msgr::{Connection, Context, MrInfo};
 use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};

@@ -14,10 +14,9 @@ mod support;
 
 use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::qp::SendReq;
-use rdmx::provider::soft::udp;
 use rdmx::rc::verbs::send_flags;
 use rdmx::rc::{Sge, WcStatus, WrOpcode, smallvec};
-use rdmx::wire::{AethRepr, BthRepr, NakCode, Opcode, PacketRepr, RethRepr, Syndrome};
+use rdmx::wire::{AethRepr, BthRepr, NakCode, Opcode, PacketRepr, RethRepr, Syndrome, icrc};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -122,8 +121,11 @@ fn build(p: &PacketRepr<'_>, src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
     let mut out = vec![0u8; p.buffer_len()];
     let n = p.emit(&mut out).unwrap();
     out.truncate(n);
-    let (body, icrc) = out.split_at_mut(n - 4);
-    udp::seal(src, dst, body, &[], icrc).unwrap();
+    let (SocketAddr::V4(s), SocketAddr::V4(d)) = (src, dst) else {
+        panic!("IPv4 only: {src} -> {dst}");
+    };
+    let value = icrc::compute_ipv4_addrs(s, d, 0, &out).unwrap();
+    icrc::store(&mut out, value).unwrap();
     out
 }
 

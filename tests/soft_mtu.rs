@@ -17,7 +17,7 @@
 
 mod support;
 
-use rdmx::msgr::context::MrInfo;
+use rdmx::msgr::MrInfo;
 use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;

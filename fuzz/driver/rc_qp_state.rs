@@ -15,7 +15,8 @@
 //! random times, and memory revoked for a while (`handle_*` then sees no regions).
 //!
 //! Checked after every step, besides "no panic": every packet the engine sends parses
-//! (`PacketRepr::parse` and the engine's own parser agree), is addressed to the QP's
+//! (`PacketRepr::parse`; the engine's own faster parser is held to PacketRepr's answers by
+//! the proptests in src/rc/packet.rs, and parses these packets at the peer), is addressed to the QP's
 //! destination, and carries at most a path MTU of payload; `poll_transmit` runs dry within
 //! a bound derived from the QP's limits; each completion names a WR that was posted to that
 //! QP and not yet completed (so completions are bounded by posted WRs), send and receive
@@ -28,7 +29,6 @@
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use rdmx::rc::packet;
 use rdmx::rc::verbs::{access, attr_mask as m, send_flags};
 use rdmx::rc::{
     Completion, Qp, QpAttr, QpCaps, QpState, RecvWr, SendWr, Sge, SgeList, VecMemory, WcOpcode,
@@ -625,9 +625,6 @@ impl Driver {
                 "packet longer than max_packet_len"
             );
             let repr = PacketRepr::parse(&pkt).expect("the engine sends packets that parse");
-            let (hdr, payload) = packet::parse(&pkt).expect("and its own parser agrees");
-            assert_eq!(hdr.opcode, repr.bth.opcode);
-            assert_eq!(payload, repr.payload);
             assert_eq!(
                 repr.bth.dest_qp,
                 attr.dest_qp_num & 0xFF_FFFF,

@@ -18,6 +18,9 @@ pub enum Kind {
     Numbers(&'static [u64]),
     /// One word of a fixed list (case-insensitive).
     Words(&'static [&'static str]),
+    /// Any of a fixed list of words, comma-separated, each at most once (case-insensitive;
+    /// spaces around commas allowed); empty = none. Kept in list order.
+    WordSet(&'static [&'static str]),
     /// true/false, also 1/0, yes/no, on/off.
     Bool,
     /// An RDMA device name as in /sys/class/infiniband; empty = the first device.
@@ -71,6 +74,9 @@ const MAX_WR: u64 = 32768;
 /// CQ entries: 4M is the largest max_cqe current NICs report.
 const MAX_CQE: u64 = 4_194_304;
 const AUTO_CQ: &str = "0 = auto: 2 x the WRs sharing the CQ";
+
+/// The QP attributes `qp_override` may name (config keys of the same names hold the values).
+pub const QP_OVERRIDE_ATTRS: &[&str] = &["timeout", "retry_cnt", "rnr_retry", "min_rnr_timer"];
 
 /// Every key, in the order `dump()` prints them. Defaults follow the seed article where it
 /// measured something (QP depth 256, batch 32, Ceph "after" timers) and Ceph otherwise.
@@ -185,6 +191,12 @@ pub static KEYS: &[KeySpec] = &[
         uint_note(0, 31, "timer code; 0 = 655.36 ms, the longest"),
         "12",
         "RNR timer code this side puts in its RNR NAKs; 12 = 0.64 ms (seed: 0 -> 12)",
+    ),
+    key(
+        "qp_override",
+        Kind::WordSet(QP_OVERRIDE_ATTRS),
+        "",
+        "QP attributes whose configured values (above: timeout, retry_cnt, rnr_retry, min_rnr_timer) replace what a verbs application passes to ibv_modify_qp under rdmx-ibv, each logged once per QP and counted; e.g. Ceph hard-codes timeout 18, retry_cnt 7, rnr_retry 7, min_rnr_timer 18 with no option to tune them. Empty = the application's values",
     ),
     key(
         "path_mtu",

@@ -38,6 +38,36 @@ pub enum Progress {
     Inline,
 }
 
+/// Which QP attributes the configuration imposes on verbs applications (`qp_override`):
+/// the configured `timeout`, `retry_cnt`, `rnr_retry`, `min_rnr_timer` replace what they
+/// pass to `ibv_modify_qp`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpOverride {
+    pub timeout: bool,
+    pub retry_cnt: bool,
+    pub rnr_retry: bool,
+    pub min_rnr_timer: bool,
+}
+
+impl QpOverride {
+    /// From the canonical value ("timeout,rnr_retry"); unknown words are ignored (the
+    /// value was validated).
+    pub fn from_list(list: &str) -> QpOverride {
+        let has = |w: &str| list.split(',').any(|x| x == w);
+        QpOverride {
+            timeout: has("timeout"),
+            retry_cnt: has("retry_cnt"),
+            rnr_retry: has("rnr_retry"),
+            min_rnr_timer: has("min_rnr_timer"),
+        }
+    }
+
+    /// Whether any attribute is overridden.
+    pub fn any(&self) -> bool {
+        self.timeout || self.retry_cnt || self.rnr_retry || self.min_rnr_timer
+    }
+}
+
 /// The completion queues a QP uses, with sizes resolved (auto = 2 x the WRs sharing a CQ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CqLayout {
@@ -100,6 +130,8 @@ pub struct Settings {
     pub retry_cnt: u8,
     pub rnr_retry: u8,
     pub min_rnr_timer: u8,
+    /// Attributes of verbs applications' QPs replaced by the values above.
+    pub qp_override: QpOverride,
     pub path_mtu: Mtu,
     pub max_rd_atomic: u8,
     pub max_dest_rd_atomic: u8,

@@ -2,7 +2,7 @@
 
 use super::encoding::Mtu;
 use super::profiles::NO_PROFILE;
-use super::settings::{Hugepages, PollMode, Progress, Provider, Settings};
+use super::settings::{Hugepages, PollMode, Progress, Provider, QpOverride, Settings};
 use super::value::Value;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -68,6 +68,7 @@ impl Reader<'_> {
             retry_cnt: self.uint("retry_cnt")?,
             rnr_retry: self.uint("rnr_retry")?,
             min_rnr_timer: self.uint("min_rnr_timer")?,
+            qp_override: QpOverride::from_list(&self.text("qp_override")?),
             path_mtu: Mtu::from_bytes(self.uint("path_mtu")?)
                 .ok_or_else(|| internal("path_mtu"))?,
             max_rd_atomic: self.uint("max_rd_atomic")?,

@@ -58,6 +58,7 @@ pub(crate) fn parse(spec: &KeySpec, raw: &str, shown: &str) -> Result<Value> {
             .filter(|n| list.contains(n))
             .map(Value::Uint),
         Kind::Words(list) => find_word(list, text).map(Value::Word),
+        Kind::WordSet(list) => parse_word_set(list, text).map(Value::Text),
         Kind::Bool => parse_bool(text).map(Value::Bool),
         Kind::DeviceName => is_device_name(text).then(|| Value::Text(text.to_string())),
         Kind::Profile => find_word(&profiles::names(), &normalize_profile(text)).map(Value::Word),
@@ -94,6 +95,10 @@ pub(crate) fn allowed(kind: Kind) -> String {
             format!("one of {}", items.join(", "))
         }
         Kind::Words(list) => format!("one of {}", list.join(", ")),
+        Kind::WordSet(list) => format!(
+            "a comma-separated list of {} (each at most once; empty = none)",
+            list.join(", ")
+        ),
         Kind::Bool => "true or false (also 1/0, yes/no, on/off)".to_string(),
         Kind::DeviceName => format!(
             "a device name of letters, digits, '_', '-', '.' (at most {MAX_DEVICE_NAME}; empty = first device)"
@@ -143,6 +148,30 @@ pub(crate) fn parse_bool(text: &str) -> Option<bool> {
         "false" | "0" | "no" | "off" => Some(false),
         _ => None,
     }
+}
+
+/// "Timeout, rnr_retry" -> "timeout,rnr_retry" (list order); None for an unknown or
+/// repeated word or an empty item.
+fn parse_word_set(list: &[&'static str], text: &str) -> Option<String> {
+    if text.is_empty() {
+        return Some(String::new());
+    }
+    let mut seen = vec![false; list.len()];
+    for item in text.split(',') {
+        let i = list
+            .iter()
+            .position(|w| w.eq_ignore_ascii_case(item.trim()))?;
+        if std::mem::replace(&mut seen[i], true) {
+            return None;
+        }
+    }
+    let words: Vec<&str> = list
+        .iter()
+        .zip(&seen)
+        .filter(|(_, s)| **s)
+        .map(|(w, _)| *w)
+        .collect();
+    Some(words.join(","))
 }
 
 fn find_word(list: &[&'static str], text: &str) -> Option<&'static str> {

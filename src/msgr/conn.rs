@@ -668,7 +668,7 @@ impl Connection {
     }
 
     /// This side's active MTU: the largest IB MTU whose packets fit the MTU of the link
-    /// that routes to the peer ([`crate::provider::soft::mtu`]).
+    /// that routes to the peer (`src/provider/soft/mtu.rs`).
     pub fn active_mtu(&self) -> u32 {
         self.mtu.0.active
     }

@@ -60,11 +60,6 @@ pub const FLAG_SRC_PORT: u16 = 1;
 /// The version this build sends: major in the high byte, minor in the low byte.
 pub const VERSION: u16 = (VERSION_MAJOR as u16) << 8 | VERSION_MINOR as u16;
 
-/// `IBV_ACCESS_REMOTE_WRITE`: the peer may RDMA WRITE into the region.
-pub const ACCESS_REMOTE_WRITE: u32 = 2;
-/// `IBV_ACCESS_REMOTE_READ`: the peer may RDMA READ from the region.
-pub const ACCESS_REMOTE_READ: u32 = 4;
-
 /// Most regions one hello may expose. Bounds the message (and the allocation before it is
 /// parsed) to under 100 KiB; rdmx exposes a few large pooled arenas, not one region per buffer.
 pub const MAX_REGIONS: usize = 4096;
@@ -97,7 +92,7 @@ pub struct Region {
     pub len: u64,
     /// Remote key the peer puts in its RETH.
     pub rkey: u32,
-    /// `ibv_access_flags` bits ([`ACCESS_REMOTE_WRITE`], [`ACCESS_REMOTE_READ`], ...).
+    /// `ibv_access_flags` bits ([`crate::rc::verbs::access`]: `REMOTE_WRITE`, `REMOTE_READ`, ...).
     pub access: u32,
 }
 
@@ -807,6 +802,7 @@ fn write_all_by(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rc::verbs::access;
     use proptest::prelude::*;
     use std::net::TcpListener;
 
@@ -826,7 +822,7 @@ mod tests {
                 addr: 0x1000,
                 len: 0x2000,
                 rkey: 0xabcd,
-                access: ACCESS_REMOTE_READ | ACCESS_REMOTE_WRITE,
+                access: access::REMOTE_READ | access::REMOTE_WRITE,
             }],
             src_port: None,
         }
@@ -1020,7 +1016,7 @@ mod tests {
             addr: 0x7f00_0000_0000,
             len: 1 << 21,
             rkey: 7,
-            access: ACCESS_REMOTE_READ,
+            access: access::REMOTE_READ,
         });
         (a, b)
     }

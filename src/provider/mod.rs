@@ -8,16 +8,15 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The provider a context runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Soft,
-    Verbs,
+    // The verbs data path adds `Verbs` here.
 }
 
 impl Kind {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Soft => "soft",
-            Kind::Verbs => "verbs",
         }
     }
 }
@@ -25,20 +24,30 @@ impl Kind {
 /// RDMA devices libibverbs sees (0 without the `verbs` feature), and why none if so.
 fn verbs_devices() -> (usize, String) {
     #[cfg(feature = "verbs")]
+    let n = crate::verbs_probe::device_count().unwrap_or(0);
+    #[cfg(not(feature = "verbs"))]
+    let n = 0;
+    (n, describe_verbs())
+}
+
+/// What libibverbs sees on this host, in one line: how many RDMA devices it lists, or why
+/// none (the reason `provider=auto` logs with its choice). Built without the `verbs`
+/// feature, it says so. For diagnostics (`rdmx-perf config` prints it).
+pub fn describe_verbs() -> String {
+    #[cfg(feature = "verbs")]
     {
-        let d = crate::verbs_probe::describe();
-        (crate::verbs_probe::device_count().unwrap_or(0), d)
+        crate::verbs_probe::describe()
     }
     #[cfg(not(feature = "verbs"))]
     {
-        (0, "verbs: built without the verbs feature".to_string())
+        "verbs: built without the verbs feature".to_string()
     }
 }
 
 /// Chooses the provider for `settings`. The verbs data path is not implemented yet, so
 /// `provider=verbs` is refused with a message saying so, and `auto` picks verbs only when
 /// it could run.
-pub fn choose(settings: &Settings) -> Result<Kind> {
+pub(crate) fn choose(settings: &Settings) -> Result<Kind> {
     let (n, why) = verbs_devices();
     let kind = match settings.provider {
         Provider::Soft => Kind::Soft,

@@ -217,6 +217,7 @@ impl Qp {
                 imm: None,
                 qp_num: self.qpn,
                 is_recv: false,
+                solicited: false,
             });
         }
     }

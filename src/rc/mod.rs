@@ -11,7 +11,7 @@ pub mod counters;
 mod emit;
 pub mod failure;
 pub mod memory;
-pub mod packet;
+pub(crate) mod packet;
 pub mod psn;
 pub mod qp;
 mod requester;

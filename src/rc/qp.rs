@@ -576,6 +576,7 @@ impl Qp {
             imm: None,
             qp_num: self.qpn,
             is_recv,
+            solicited: false,
         });
     }
 

@@ -16,7 +16,7 @@ use super::memory::{self, Key, Memory, sge_total};
 use super::packet::{AethRepr, Hdr, NakCode, Opcode, Syndrome};
 use super::psn;
 use super::qp::{Qp, packets_for};
-use super::verbs::{WcOpcode, WcStatus, access};
+use super::verbs::{QpState, WcOpcode, WcStatus, access};
 use super::wr::{Completion, RecvWr};
 
 /// How many queued READ responses `prefetch_next_response` hints ahead.
@@ -163,6 +163,25 @@ fn needs_recv_wqe(opcode: Opcode) -> bool {
 }
 
 impl Qp {
+    /// Whether `packet` (a request as `handle_packet` takes it), processed now, would need
+    /// a receive WQE and find the receive queue empty: a SEND starting a message or a
+    /// WRITE_WITH_IMM's last packet, at the expected PSN, in RTR/RTS, with no WQE queued.
+    /// A driver with a shared receive queue moves one WQE to this QP then (so the packet
+    /// is not RNR-NAKed while the SRQ has WQEs), and only then: duplicates, packets out of
+    /// sequence and other states consume nothing.
+    pub fn wants_recv_wqe(&self, packet: &[u8]) -> bool {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts) || !self.resp.rq.is_empty() {
+            return false;
+        }
+        let Ok(bth) = crate::wire::Bth::new_checked(packet) else {
+            return false;
+        };
+        let Ok(opc) = Opcode::from_u8(bth.opcode_raw()) else {
+            return false;
+        };
+        needs_recv_wqe(opc) && bth.psn() == self.resp.epsn
+    }
+
     pub(super) fn on_request(&mut self, hdr: &Hdr, payload: &[u8], mem: &mut dyn Memory) {
         let d = psn::diff(hdr.psn, self.resp.epsn);
         if d > 0 {
@@ -405,6 +424,7 @@ impl Qp {
                     imm: hdr.imm,
                     qp_num: qpn,
                     is_recv: true,
+                    solicited: hdr.solicited,
                 }),
                 Some(InMsg::Write { total, .. }) if hdr.imm.is_some() => {
                     let wr = self.resp.rq.pop_front().expect("checked non-empty");
@@ -416,6 +436,7 @@ impl Qp {
                         imm: hdr.imm,
                         qp_num: qpn,
                         is_recv: true,
+                        solicited: hdr.solicited,
                     });
                 }
                 _ => {}

@@ -39,4 +39,8 @@ pub struct Completion {
     pub qp_num: u32,
     /// True for receive-queue completions (they go to the receive CQ).
     pub is_recv: bool,
+    /// A receive completion of a message whose last packet had the Solicited Event bit
+    /// (the sender's IBV_SEND_SOLICITED): what `ibv_req_notify_cq(solicited_only)` waits
+    /// for.
+    pub solicited: bool,
 }

@@ -6,7 +6,9 @@
 use rdmx::rc::verbs::access;
 use rdmx::rc::verbs::attr_mask as m;
 use rdmx::rc::{Qp, QpAttr, QpCaps, QpState, VecMemory};
-use rdmx::wire::icrc;
+use rdmx::wire::{
+    AethRepr, BthRepr, ICRC_LEN, ImmDtRepr, Opcode, PacketRepr, RethRepr, WireError, icrc,
+};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// xorshift64*: small, seedable, good enough for fault injection.
@@ -278,7 +280,7 @@ impl Sim {
                 .and_then(|c| icrc::check(&p.bytes, c))
                 .is_ok();
             if std::env::var_os("RDMX_SIM_TRACE").is_some() {
-                let h = rdmx::rc::packet::parse(&p.bytes).map(|(h, pl)| {
+                let h = parse(&p.bytes).map(|(h, pl)| {
                     (
                         h.opcode,
                         h.psn,
@@ -344,28 +346,89 @@ impl Sim {
     }
 }
 
-/// A request packet as a hostile (or any) peer would send it: `hdr`'s headers, `payload`,
-/// pad to 4 bytes and a zero ICRC field (the engine leaves ICRCs to its caller).
-pub fn craft(hdr: &rdmx::rc::packet::Hdr, payload: &[u8]) -> Vec<u8> {
-    let pad = (4 - payload.len() % 4) % 4;
-    let mut buf = vec![0u8; 64];
-    let n = rdmx::rc::packet::emit_header(hdr, pad as u8, &mut buf).expect("headers fit");
-    buf.truncate(n);
-    buf.extend_from_slice(payload);
-    buf.resize(buf.len() + pad + rdmx::wire::ICRC_LEN, 0);
+/// The header fields of an RC packet that the tests craft or read (the ones the engine acts
+/// on), converted from and to the wire layer's [`PacketRepr`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hdr {
+    pub opcode: Opcode,
+    pub dest_qp: u32,
+    pub psn: u32,
+    pub ack_req: bool,
+    pub solicited: bool,
+    pub reth: Option<RethRepr>,
+    pub aeth: Option<AethRepr>,
+    pub imm: Option<u32>,
+}
+
+impl Hdr {
+    pub fn new(opcode: Opcode, dest_qp: u32, psn: u32) -> Hdr {
+        Hdr {
+            opcode,
+            dest_qp,
+            psn,
+            ack_req: false,
+            solicited: false,
+            reth: None,
+            aeth: None,
+            imm: None,
+        }
+    }
+}
+
+/// Parses a UDP payload (BTH .. ICRC; the ICRC is not checked) into its header fields and
+/// its payload (pad removed).
+pub fn parse(bytes: &[u8]) -> Result<(Hdr, &[u8]), WireError> {
+    let p = PacketRepr::parse(bytes)?;
+    let hdr = Hdr {
+        opcode: p.bth.opcode,
+        dest_qp: p.bth.dest_qp,
+        psn: p.bth.psn,
+        ack_req: p.bth.ack_req,
+        solicited: p.bth.solicited,
+        reth: p.reth,
+        aeth: p.aeth,
+        imm: p.immdt.map(|i| i.imm),
+    };
+    Ok((hdr, p.payload))
+}
+
+/// A packet as a hostile (or any) peer would send it: `hdr`'s headers (P_Key 0xFFFF),
+/// `payload`, pad to 4 bytes and a zero ICRC field (the engine leaves ICRCs to its caller).
+pub fn craft(hdr: &Hdr, payload: &[u8]) -> Vec<u8> {
+    let p = PacketRepr {
+        bth: BthRepr {
+            opcode: hdr.opcode,
+            solicited: hdr.solicited,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xFFFF,
+            fecn: false,
+            becn: false,
+            dest_qp: hdr.dest_qp,
+            ack_req: hdr.ack_req,
+            psn: hdr.psn,
+        },
+        reth: hdr.reth,
+        aeth: hdr.aeth,
+        atomic_ack_eth: None,
+        atomic_eth: None,
+        immdt: hdr.imm.map(|imm| ImmDtRepr { imm }),
+        ieth: None,
+        payload,
+    };
+    let mut buf = vec![0u8; p.buffer_len()];
+    let n = p.emit(&mut buf).expect("the headers match the opcode");
+    debug_assert_eq!(buf[n - ICRC_LEN..], [0; ICRC_LEN]);
     buf
 }
 
 /// Everything `qp` has to send now, parsed: (header, payload length) per packet.
-pub fn drain_transmit(
-    qp: &mut Qp,
-    now: u64,
-    mem: &VecMemory,
-) -> Vec<(rdmx::rc::packet::Hdr, usize)> {
+pub fn drain_transmit(qp: &mut Qp, now: u64, mem: &VecMemory) -> Vec<(Hdr, usize)> {
     let mut buf = vec![0u8; 4096 + 64];
     let mut out = Vec::new();
     while let Some(n) = qp.poll_transmit(now, mem, &mut buf) {
-        let (h, p) = rdmx::rc::packet::parse(&buf[..n]).expect("engine output parses");
+        let (h, p) = parse(&buf[..n]).expect("engine output parses");
         out.push((h, p.len()));
     }
     out

@@ -13,7 +13,7 @@
 #![allow(dead_code)]
 
 use rdmx::config::Config;
-use rdmx::msgr::context::MrInfo;
+use rdmx::msgr::MrInfo;
 use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;

@@ -21,6 +21,7 @@ timeout = 14  # default
 retry_cnt = 7  # default
 rnr_retry = 2  # default
 min_rnr_timer = 12  # default
+qp_override = \"\"  # default
 path_mtu = 1024  # default
 max_rd_atomic = 16  # default
 max_dest_rd_atomic = 16  # default

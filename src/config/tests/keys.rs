@@ -89,6 +89,7 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("soft_drop_ratio", "0"),
     ("soft_addr", ""),
     ("progress", "inline"),
+    ("qp_override", ""),
     ("msgr_policy", "lossless"),
 ];
 
@@ -462,6 +463,43 @@ fn keys_text_has_one_line_per_key() {
         lookup_key("ms_async_rdma_sl").unwrap().kind.allowed(),
         "0..15"
     );
+}
+
+#[test]
+fn qp_override_takes_a_set_of_attribute_names() {
+    let mut config = Config::new();
+    assert_eq!(config.settings().unwrap().qp_override, Default::default());
+    config
+        .set("qp_override", " Min_RNR_Timer , timeout")
+        .unwrap();
+    assert_eq!(config.get("qp_override").unwrap(), "timeout,min_rnr_timer");
+    let o = config.settings().unwrap().qp_override;
+    assert!(o.timeout && o.min_rnr_timer && !o.retry_cnt && !o.rnr_retry);
+    config
+        .set("qp_override", "timeout,retry_cnt,rnr_retry,min_rnr_timer")
+        .unwrap();
+    let o = config.settings().unwrap().qp_override;
+    assert!(o.timeout && o.retry_cnt && o.rnr_retry && o.min_rnr_timer);
+    config.set("qp_override", "").unwrap();
+    assert!(!config.settings().unwrap().qp_override.any());
+    for bad in [
+        "sq_psn",
+        "timeout,timeout",
+        "timeout,",
+        ",",
+        "timeout;retry_cnt",
+    ] {
+        assert_eq!(
+            failure(config.set("qp_override", bad)),
+            (
+                ErrorKind::InvalidValue,
+                format!(
+                    "qp_override: invalid value '{bad}': allowed a comma-separated list of timeout, retry_cnt, rnr_retry, min_rnr_timer (each at most once; empty = none)"
+                )
+            ),
+            "{bad}"
+        );
+    }
 }
 
 #[test]

@@ -4,11 +4,27 @@
 use crate::rc::{WcOpcode, WcStatus};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use super::sys::EventFd;
+use crate::error::Result;
+
+/// The completion channel a [`Cq`] signals (`ibv_comp_channel`): an eventfd, readable
+/// after `req_notify` once a completion arrives; the one public piece of the provider's
+/// OS layer.
+pub use super::sys::EventFd;
+
+/// Called when an armed CQ notifies (after its channel is signaled): a verbs completion
+/// channel writes the CQ's handle to its pipe from here. Runs on whichever thread added
+/// the completion (the progress thread, or the application's), with no CQ lock held.
+pub struct NotifyHook(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for NotifyHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NotifyHook")
+    }
+}
 
 /// A work completion as the provider reports it: the caller's cookie instead of the
 /// engine's internal WR id.
@@ -32,6 +48,10 @@ pub struct Cq {
     cap: usize,
     channel: Arc<EventFd>,
     armed: AtomicBool,
+    /// Armed for solicited (and error) completions only (`ibv_req_notify_cq(cq, 1)`).
+    solicited_only: AtomicBool,
+    /// Also run on a notification (verbs completion channels).
+    hook: OnceLock<NotifyHook>,
     overflows: AtomicU64,
     /// When (ns since `born`) the next overflow may be logged.
     next_log_ns: AtomicU64,
@@ -48,11 +68,21 @@ impl Cq {
             cap: cap.max(1),
             channel,
             armed: AtomicBool::new(false),
+            solicited_only: AtomicBool::new(false),
+            hook: OnceLock::new(),
             overflows: AtomicU64::new(0),
             next_log_ns: AtomicU64::new(0),
             overflow_logs: AtomicU64::new(0),
             born: Instant::now(),
         }
+    }
+
+    /// A CQ of `cap` entries whose notifications run `hook` (a channel of its own is
+    /// signaled too, unused by such a caller).
+    pub fn with_notify(cap: usize, hook: Box<dyn Fn() + Send + Sync>) -> Result<Cq> {
+        let cq = Cq::new(cap, Arc::new(EventFd::new()?));
+        let _ = cq.hook.set(NotifyHook(hook));
+        Ok(cq)
     }
 
     /// Adds a completion; false if the CQ was full. Config validation sizes CQs so that
@@ -64,6 +94,12 @@ impl Cq {
     /// count, never once per completion, and never with the CQ's lock held (a log sink
     /// may poll this CQ).
     pub fn push(&self, wc: Wc) -> bool {
+        self.push_solicited(wc, false)
+    }
+
+    /// As [`Cq::push`], for a receive completion whose message was `solicited` (a CQ armed
+    /// for solicited completions only notifies for those and for errors).
+    pub fn push_solicited(&self, wc: Wc, solicited: bool) -> bool {
         let full = {
             let mut q = self.q.lock();
             let full = q.len() >= self.cap;
@@ -76,10 +112,21 @@ impl Cq {
             self.overflowed(&wc);
             return false;
         }
-        if self.armed.swap(false, Ordering::AcqRel) {
-            self.channel.signal();
+        let wanted = solicited
+            || wc.status != WcStatus::Success
+            || !self.solicited_only.load(Ordering::Acquire);
+        if wanted && self.armed.swap(false, Ordering::AcqRel) {
+            self.notify();
         }
         true
+    }
+
+    /// Signals the channel and runs the hook (one notification).
+    fn notify(&self) {
+        self.channel.signal();
+        if let Some(h) = self.hook.get() {
+            (h.0)();
+        }
     }
 
     /// Counts a dropped completion and logs, rate-limited (called without the lock).
@@ -129,9 +176,17 @@ impl Cq {
     /// Arms the channel: the next completion added signals it (`ibv_req_notify_cq`). If
     /// completions are already queued it signals at once, so a waiter cannot miss them.
     pub fn req_notify(&self) {
+        self.req_notify_solicited(false);
+    }
+
+    /// `ibv_req_notify_cq(cq, solicited_only)`: as [`Cq::req_notify`]; with
+    /// `solicited_only` the next solicited receive completion or error completion signals.
+    /// Completions already queued signal at once either way (a waiter must look).
+    pub fn req_notify_solicited(&self, solicited_only: bool) {
+        self.solicited_only.store(solicited_only, Ordering::Release);
         self.armed.store(true, Ordering::Release);
         if !self.q.lock().is_empty() && self.armed.swap(false, Ordering::AcqRel) {
-            self.channel.signal();
+            self.notify();
         }
     }
 

@@ -58,7 +58,7 @@ const SETTLE_MAX: usize = 64;
 /// in the device's timer heap. Shared by the QP and its heap entries (which never keep the
 /// QP itself alive).
 #[derive(Debug)]
-pub struct TimerCell {
+pub(crate) struct TimerCell {
     qpn: u32,
     /// The engine's earliest deadline (device clock ns; u64::MAX: none). Written under the
     /// QP's lock, so in order.
@@ -134,7 +134,7 @@ impl Ord for Entry {
 /// The device's timers: a min-heap of (deadline, QP) with lazy deletion, fed by QPs whose
 /// deadline came earlier than their entry, so a progress pass pops only due entries and the
 /// progress thread sleeps until the heap's minimum. Idle QPs cost a pass nothing.
-pub struct DeviceTimers {
+pub(crate) struct DeviceTimers {
     heap: Mutex<BinaryHeap<Entry>>,
     /// The heap's minimum (u64::MAX: empty), written under the heap lock: the earliest
     /// armed timer, when a pass is due (stall accounting). It may be early (a QP's deadline
@@ -654,6 +654,31 @@ impl SoftDevice {
             None => self.shared.now(),
         };
         self.shared.last_app_poll.store(now, Ordering::Relaxed);
+    }
+
+    /// The active MTU (IB MTU bytes, 256..4096) of the link that holds the device's first
+    /// address, as a NIC port reports it: the interface that has the address (its MTU in
+    /// `/sys/class/net`), else the route to the address itself (loopback: 4096). 1024 when
+    /// neither says (the smallest common link, 1500 bytes).
+    pub fn port_active_mtu(&self) -> u32 {
+        let ip = self.udp_addr().ip();
+        let v6 = ip.to_canonical().is_ipv6();
+        let link = super::mtu::interface_of(ip)
+            .and_then(|dev| std::fs::read_to_string(format!("/sys/class/net/{dev}/mtu")).ok())
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .or_else(|| super::mtu::route_mtu(ip).ok().map(|(m, _)| m));
+        link.and_then(|l| super::mtu::active_mtu(l, v6))
+            .unwrap_or(1024)
+    }
+
+    /// The active MTU (IB MTU bytes) of the route to `peer`: what a connection to it may
+    /// use at most. Unsupported when the link cannot carry even 256-byte packets; Io when
+    /// there is no route.
+    pub fn route_active_mtu(&self, peer: IpAddr) -> Result<u32> {
+        let (link, local) = super::mtu::route_mtu(peer)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("path MTU: no route to {peer}: {e}")))?;
+        let route = super::mtu::describe_route(peer, local);
+        super::mtu::choose(4096, link, peer.to_canonical().is_ipv6(), &route).map(|p| p.active)
     }
 
     pub fn progress_mode(&self) -> Progress {

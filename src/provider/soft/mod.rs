@@ -3,9 +3,21 @@
 
 pub mod cq;
 pub mod device;
-pub mod diagnose;
+pub(crate) mod diagnose;
 pub mod mr;
-pub mod mtu;
+pub(crate) mod mtu;
 pub mod qp;
-pub mod sys;
-pub mod udp;
+pub mod srq;
+pub(crate) mod sys;
+pub(crate) mod udp;
+
+/// Not part of the API (no stability promise): the soft provider's UDP socket layer
+/// (sendmmsg/recvmmsg batches with GSO/GRO) and its poll(2) wait. Public only with the
+/// `udp-baseline` feature, which `rdmx-perf` enables: its `udp_server`/`udp_read` baseline,
+/// the bare UDP loop `read_bw` is compared with, must move datagrams through the same
+/// batching and offloads as the provider for the comparison to mean anything.
+#[cfg(feature = "udp-baseline")]
+pub mod udp_baseline {
+    pub use super::sys::poll_readable;
+    pub use super::udp::{RxBatch, TxDatagram, UdpPort};
+}

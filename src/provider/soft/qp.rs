@@ -21,6 +21,9 @@ use super::mr::{MemView, MrTable};
 use super::sys::try_random_u32;
 use super::udp::{self, TxDatagram, UdpPort};
 
+mod verbs;
+pub use verbs::QpErrorEvent;
+
 /// Packets sent per sendmmsg call.
 const TX_BATCH: usize = 32;
 /// One packet of a send batch: head length (in `heads`), payload lent by memory, tail
@@ -224,6 +227,8 @@ pub struct SoftQp {
     /// The device's timers, told when this QP's deadline comes earlier (unset outside a
     /// device: unit tests).
     device_timers: OnceLock<Arc<DeviceTimers>>,
+    /// What a verbs QP adds (its SRQ, its async error events): `verbs.rs`.
+    verbs: OnceLock<verbs::Hooks>,
 }
 
 impl SoftQp {
@@ -271,6 +276,7 @@ impl SoftQp {
             peer_port: AtomicU32::new(0),
             timer: Arc::new(TimerCell::new(qpn)),
             device_timers: OnceLock::new(),
+            verbs: OnceLock::new(),
         })
     }
 
@@ -497,6 +503,7 @@ impl SoftQp {
             self.learn_peer_port(src);
         }
         let mut g = self.inner.lock();
+        self.srq_refill(&mut g, data);
         g.qp.handle_packet(now, data, view);
         self.publish_deadline(&g);
         Received::Processed
@@ -543,7 +550,7 @@ impl SoftQp {
 
     /// Joins the device's timer heap (once, at creation): from then on a deadline that
     /// comes earlier than this QP's entry there is pushed to it.
-    pub fn attach_timers(&self, timers: Arc<DeviceTimers>) {
+    pub(crate) fn attach_timers(&self, timers: Arc<DeviceTimers>) {
         let _ = self.device_timers.set(timers);
         self.publish_deadline(&self.inner.lock());
     }
@@ -764,6 +771,7 @@ impl SoftQp {
             let _ = g.qp.modify(&err, m::STATE);
             self.move_completions(g, mrs);
         }
+        self.verbs_after_collect(g);
     }
 
     /// The body of `collect`; returns whether a completion did not fit its CQ.
@@ -786,7 +794,7 @@ impl SoftQp {
                 qp_num: c.qp_num,
             };
             let fits = if c.is_recv {
-                self.recv_cq.push(wc)
+                self.recv_cq.push_solicited(wc, c.solicited)
             } else {
                 self.send_cq.push(wc)
             };

@@ -24,7 +24,7 @@
 //!   ICRC covers, also when the port is bound to a wildcard address.
 //! * `SO_RXQ_OVFL`: the kernel's receive-queue drop counter, read from a control message.
 //! * `SO_RCVBUF` / `SO_SNDBUF` raised to [`SOCKET_BUFFER_BYTES`], best effort (the kernel caps
-//!   them at `net.core.rmem_max` / `wmem_max`; [`UdpPort::buffer_sizes`] says what was got).
+//!   them at `net.core.rmem_max` / `wmem_max`).
 //!
 //! Segmentation offloads (Linux ≥ 4.18 and ≥ 5.0), both opt-in so that plain
 //! [`UdpPort::send_batch`] / [`UdpPort::recv_batch`] users see no change:
@@ -72,7 +72,7 @@ pub(super) use sockopt::getsockopt_int;
 #[cfg(test)]
 mod tests;
 
-pub use framing::{icrc_parts, seal, verify};
+pub use framing::{seal, verify};
 pub use rx_batch::RxBatch;
 use rx_batch::RxMeta;
 use sockopt::*;
@@ -215,17 +215,6 @@ impl UdpPort {
         self.sock.as_raw_fd()
     }
 
-    /// The socket's actual (receive, send) buffer sizes in bytes, as the kernel reports them.
-    pub fn buffer_sizes(&self) -> io::Result<(usize, usize)> {
-        let fd = self.sock.as_fd();
-        let rcv = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)?;
-        let snd = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF)?;
-        Ok((
-            usize::try_from(rcv).unwrap_or(0),
-            usize::try_from(snd).unwrap_or(0),
-        ))
-    }
-
     /// Datagrams the kernel dropped on this socket's receive queue, cumulative (from the
     /// `SO_RXQ_OVFL` control message; it is updated when a later datagram is received).
     pub fn kernel_drops(&self) -> u64 {
@@ -264,6 +253,7 @@ impl UdpPort {
 
     /// True while this port sends GSO messages (false before the first
     /// [`UdpPort::send_batch_gso`] probed the kernel, and after GSO failed).
+    #[cfg(test)]
     pub fn gso_active(&self) -> bool {
         self.gso.load(Ordering::Relaxed) == OFFLOAD_ON
     }
@@ -577,6 +567,7 @@ impl UdpPort {
     }
 
     /// True once [`UdpPort::enable_gro`] turned GRO on.
+    #[cfg(test)]
     pub fn gro_active(&self) -> bool {
         self.gro.load(Ordering::Relaxed) == OFFLOAD_ON
     }

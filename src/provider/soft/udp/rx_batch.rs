@@ -102,6 +102,7 @@ impl RxBatch {
 
     /// Datagrams received by the last [`UdpPort::recv_batch`] (GRO buffers counted as the
     /// datagrams they hold).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.filled
     }
@@ -113,6 +114,7 @@ impl RxBatch {
     }
 
     /// True when the last receive returned nothing.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.filled == 0
     }
@@ -135,6 +137,7 @@ impl RxBatch {
     }
 
     /// The usable datagrams of the last receive (those [`RxBatch::get`] returns).
+    #[cfg(any(test, feature = "udp-baseline"))]
     pub fn iter(&self) -> impl Iterator<Item = RxDatagram<'_>> + '_ {
         (0..self.filled).filter_map(|i| self.get(i))
     }

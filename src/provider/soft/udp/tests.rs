@@ -1,3 +1,4 @@
+use super::framing::icrc_parts;
 use super::*;
 use crate::test_rng::Rng;
 use std::time::{Duration, Instant};

@@ -15,8 +15,10 @@
 //!   probe found.
 //!
 //! Exit status, every subcommand: 0 success, 1 the run failed, 2 usage error; `--help`,
-//! `-h` and `help` print to stdout and exit 0.
+//! `-h` and `help` print to stdout and exit 0. Options are parsed with clap (`cli.rs`, set
+//! up to keep these conventions and messages), JSON is written with serde_json.
 
+mod cli;
 mod client;
 mod engine_bench;
 mod perf;
@@ -203,6 +205,10 @@ fn tables() -> String {
 }
 
 /// `rdmx-perf config`: the configuration a client (or with `--server` the server) uses.
+///
+/// Parsed by hand, not with clap like the other subcommands: `--profile`, `--file` and
+/// `--set` apply in the order given (a later one overrides an earlier one's keys), and
+/// clap's derived struct keeps each option's values but not their order among each other.
 fn config(args: &[String]) -> Result<(), Fail> {
     let usage = Fail::Usage;
     let mut cfg = Config::from_env().map_err(|e| usage(format!("environment: {e}")))?;
@@ -230,7 +236,8 @@ fn config(args: &[String]) -> Result<(), Fail> {
                     .map_err(|e| format!("--file {f}: {e}"))
             }
             "--set" => {
-                let (k, v) = perf::parse_set(&value()?).map_err(usage)?;
+                let (k, v) =
+                    perf::parse_set(&value()?).map_err(|e| usage(format!("--set: {e}")))?;
                 cfg.set(&k, &v).map_err(|e| format!("--set {k}={v}: {e}"))
             }
             other => return Err(usage(format!("unknown option '{other}'\n{CONFIG_USAGE}"))),
@@ -287,12 +294,14 @@ fn config(args: &[String]) -> Result<(), Fail> {
     }
     s.push('\n');
     s.push_str(&tables());
-    #[cfg(feature = "verbs")]
-    s.push_str(&format!("\n# {}\n", rdmx::verbs_probe::describe()));
+    s.push_str(&format!("\n# {}\n", rdmx::provider::describe_verbs()));
     out(&s);
     Ok(())
 }
 
+/// The dispatcher stays hand-written: it prints our overview and help texts (`--help`
+/// anywhere wins over any other argument, valid or not, and exits 0 with the text on
+/// stdout), then hands the subcommand's arguments to its parser (clap: `cli.rs`).
 fn main() -> ExitCode {
     // The library's log lines on stderr (RDMX_LOG=info shows e.g. path MTU clamps).
     rdmx::logging::init();

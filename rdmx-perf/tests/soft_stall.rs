@@ -9,7 +9,12 @@
 //! - the responder process is stopped: RETRY_EXC_ERR in (retry_cnt + 1) x timeout
 //!   (+-50% + 10 ms, plus any time this process itself was not running) for both seed
 //!   profiles, with a message that says what happened in the user's terms.
+//!
+//! It lives in rdmx-perf's package because the first test runs the `rdmx-perf` binary
+//! (`CARGO_BIN_EXE_rdmx-perf` is set only for the package that builds it); it shares the
+//! library tests' peer-process support module.
 
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use rdmx::config::encoding::ack_timeout_ns;

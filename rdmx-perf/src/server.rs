@@ -22,10 +22,10 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::cli;
 use crate::client::once_prefixed;
 use crate::perf::{
-    Clock, Fail, MAX_SEND, PING, PONG, READY_IMM, SERVER_REGION, Waiter, build_config,
-    fill_pattern, parse_set,
+    Clock, Fail, MAX_SEND, PING, PONG, READY_IMM, SERVER_REGION, Waiter, build_config, fill_pattern,
 };
 
 pub const USAGE: &str =
@@ -48,37 +48,18 @@ rdmx-perf defaults beneath the user's values: soft_port = 0, path_mtu = 4096 and
 server, max_recv_wr = 4096.
 exit status (it runs until killed): 1 setup failed, 2 usage or configuration error.";
 
-#[derive(Debug)]
+#[derive(Debug, clap::Parser)]
 struct Args {
+    #[arg(long, value_name = "ADDR:PORT", allow_hyphen_values = true)]
     listen: String,
+    #[arg(long, allow_hyphen_values = true)]
     profile: Option<String>,
+    #[arg(long = "set", value_parser = cli::set, allow_hyphen_values = true)]
     sets: Vec<(String, String)>,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
-    let mut listen = None;
-    let mut profile = None;
-    let mut sets = Vec::new();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        match flag.as_str() {
-            "--listen" => listen = Some(value()?),
-            "--profile" => profile = Some(value()?),
-            "--set" => sets.push(parse_set(&value()?)?),
-            other => return Err(format!("unknown option '{other}'\n{USAGE}")),
-        }
-    }
-    let listen = listen.ok_or_else(|| format!("--listen ADDR:PORT is required\n{USAGE}"))?;
-    Ok(Args {
-        listen,
-        profile,
-        sets,
-    })
+    cli::parse(args, USAGE)
 }
 
 /// Runs the server; returns only on a usage or setup error.

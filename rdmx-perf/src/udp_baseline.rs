@@ -16,13 +16,13 @@
 //! (drain the socket, then sleep in ppoll), the client as `poll_mode=adaptive` (spin the
 //! default `polling_us` on empty receives, then sleep in ppoll).
 
-use rdmx::provider::soft::sys::poll_readable;
-use rdmx::provider::soft::udp::{RxBatch, TxDatagram, UdpPort};
+use rdmx::provider::soft::udp_baseline::{RxBatch, TxDatagram, UdpPort, poll_readable};
 use std::io::Write;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::cli;
 use crate::perf::{Clock, Fail, Histogram, Report, Rng, SERVER_REGION, exit_status, fill_pattern};
 
 pub const SERVER_USAGE: &str = "usage: rdmx-perf udp_server --listen ADDR:PORT [--no-offload]";
@@ -86,27 +86,33 @@ fn resolve(a: &str) -> Result<SocketAddr, String> {
 
 /// `udp_server --listen ADDR:PORT`: runs until killed (returns only on a usage or setup
 /// error).
+/// `udp_server`'s options.
+#[derive(Debug, clap::Parser)]
+struct ServerArgs {
+    #[arg(long, value_name = "ADDR:PORT", allow_hyphen_values = true)]
+    listen: String,
+    #[arg(long)]
+    no_offload: bool,
+}
+
+/// `udp_read`'s options.
+#[derive(Debug, clap::Parser)]
+struct ClientArgs {
+    #[arg(long, value_name = "ADDR:PORT", allow_hyphen_values = true)]
+    connect: String,
+    #[arg(long, value_parser = cli::qd, default_value = "32", allow_hyphen_values = true)]
+    qd: usize,
+    #[arg(long, value_parser = cli::duration, default_value = "5", allow_hyphen_values = true)]
+    duration: f64,
+    #[arg(long)]
+    json: bool,
+    #[arg(long)]
+    no_offload: bool,
+}
+
 pub fn server(args: &[String]) -> Result<(), Fail> {
-    let mut listen = None;
-    let mut offload = true;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--listen" => {
-                listen = Some(it.next().cloned().ok_or_else(|| {
-                    Fail::Usage(format!("--listen needs a value\n{SERVER_USAGE}"))
-                })?)
-            }
-            "--no-offload" => offload = false,
-            other => {
-                return Err(Fail::Usage(format!(
-                    "unknown option '{other}'\n{SERVER_USAGE}"
-                )));
-            }
-        }
-    }
-    let listen = listen
-        .ok_or_else(|| Fail::Usage(format!("--listen ADDR:PORT is required\n{SERVER_USAGE}")))?;
+    let ServerArgs { listen, no_offload } = cli::parse(args, SERVER_USAGE).map_err(Fail::Usage)?;
+    let offload = !no_offload;
     let addr = resolve(&listen).map_err(Fail::Usage)?;
     let port = UdpPort::bind(addr).map_err(|e| Fail::Run(format!("bind UDP {addr}: {e}")))?;
     println!(
@@ -179,47 +185,14 @@ pub fn client(args: &[String]) -> ExitCode {
 }
 
 fn client_run(args: &[String]) -> Result<(), Fail> {
-    let mut connect = None;
-    let mut qd = 32usize;
-    let mut duration = 5.0f64;
-    let mut json = false;
-    let mut offload = true;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| Fail::Usage(format!("{flag} needs a value\n{CLIENT_USAGE}")))
-        };
-        match flag.as_str() {
-            "--connect" => connect = Some(value()?),
-            "--qd" => {
-                qd = value()?
-                    .parse()
-                    .ok()
-                    .filter(|&q| (1..=4096).contains(&q))
-                    .ok_or_else(|| Fail::Usage(format!("--qd must be 1..=4096\n{CLIENT_USAGE}")))?
-            }
-            "--duration" => {
-                duration = value()?
-                    .parse()
-                    .ok()
-                    .filter(|d: &f64| d.is_finite() && *d > 0.0 && *d <= 3600.0)
-                    .ok_or_else(|| {
-                        Fail::Usage(format!("--duration must be in (0, 3600]\n{CLIENT_USAGE}"))
-                    })?
-            }
-            "--json" => json = true,
-            "--no-offload" => offload = false,
-            other => {
-                return Err(Fail::Usage(format!(
-                    "unknown option '{other}'\n{CLIENT_USAGE}"
-                )));
-            }
-        }
-    }
-    let connect = connect
-        .ok_or_else(|| Fail::Usage(format!("--connect ADDR:PORT is required\n{CLIENT_USAGE}")))?;
+    let ClientArgs {
+        connect,
+        qd,
+        duration,
+        json,
+        no_offload,
+    } = cli::parse(args, CLIENT_USAGE).map_err(Fail::Usage)?;
+    let offload = !no_offload;
     let server = resolve(&connect).map_err(Fail::Usage)?;
     let local: SocketAddr = if server.ip().is_loopback() {
         "127.0.0.1:0"

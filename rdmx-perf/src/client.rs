@@ -23,9 +23,10 @@ use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::cli;
 use crate::perf::{
     Clock, Fail, Histogram, MAX_SEND, PING, PONG, READY_IMM, READY_TIMEOUT, Report, Rng, Waiter,
-    build_config, check_pattern, fill_pattern, parse_set, parse_size, pattern_byte,
+    build_config, check_pattern, fill_pattern, pattern_byte,
 };
 use crate::server::empty_wc;
 
@@ -137,52 +138,45 @@ impl Args {
     }
 }
 
+/// The options of a client test, as given (defaults that depend on the test are applied
+/// in [`parse`]).
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    #[arg(long, value_name = "ADDR:PORT", allow_hyphen_values = true)]
+    connect: String,
+    #[arg(long, value_parser = cli::size, default_value = "4096", allow_hyphen_values = true)]
+    size: usize,
+    #[arg(long, value_parser = cli::number, allow_hyphen_values = true)]
+    qd: Option<usize>,
+    #[arg(long, value_parser = cli::duration, default_value = "5", allow_hyphen_values = true)]
+    duration: f64,
+    #[arg(long, value_parser = cli::number, allow_hyphen_values = true)]
+    batch: Option<usize>,
+    #[arg(long, value_parser = cli::number, allow_hyphen_values = true)]
+    verify: Option<usize>,
+    #[arg(long, value_parser = cli::number, default_value = "0", allow_hyphen_values = true)]
+    idle_conns: usize,
+    #[arg(long)]
+    json: bool,
+    #[arg(long, allow_hyphen_values = true)]
+    profile: Option<String>,
+    #[arg(long, value_parser = cli::set, allow_hyphen_values = true)]
+    set: Vec<(String, String)>,
+}
+
 fn parse(test: Test, args: &[String]) -> Result<Args, String> {
-    let mut connect = None;
-    let mut size = 4096;
-    let mut qd = None;
-    let mut duration = 5.0;
-    let mut batch = None;
-    let mut verify = None;
-    let mut json = false;
-    let mut profile = None;
-    let mut sets = Vec::new();
-    let mut idle_conns = 0;
-    let mut it = args.iter();
-    let num = |flag: &str, v: &str| {
-        v.parse::<usize>()
-            .map_err(|_| format!("{flag}: '{v}' is not a number\n{USAGE}"))
-    };
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        match flag.as_str() {
-            "--connect" => connect = Some(value()?),
-            "--size" => size = parse_size(&value()?).map_err(|e| format!("--size: {e}"))?,
-            "--qd" => qd = Some(num(flag, &value()?)?),
-            "--batch" => batch = Some(num(flag, &value()?)?),
-            "--verify" => verify = Some(num(flag, &value()?)?),
-            "--idle-conns" => idle_conns = num(flag, &value()?)?,
-            "--duration" => {
-                let v = value()?;
-                duration = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|d| d.is_finite() && *d > 0.0 && *d <= 3600.0)
-                    .ok_or_else(|| {
-                        format!("--duration: '{v}' is not a number of seconds in (0, 3600]")
-                    })?;
-            }
-            "--json" => json = true,
-            "--profile" => profile = Some(value()?),
-            "--set" => sets.push(parse_set(&value()?)?),
-            other => return Err(format!("unknown option '{other}'\n{USAGE}")),
-        }
-    }
-    let connect = connect.ok_or_else(|| format!("--connect ADDR:PORT is required\n{USAGE}"))?;
+    let Cli {
+        connect,
+        size,
+        qd,
+        duration,
+        batch,
+        verify,
+        idle_conns,
+        json,
+        profile,
+        set: sets,
+    } = cli::parse(args, USAGE)?;
     let qd = if test.is_lat() { 1 } else { qd.unwrap_or(32) };
     // Checking the pattern costs about as much as the copy itself; a bandwidth run
     // samples (a wrong byte anywhere still shows within 16 READs), latency runs check all.
@@ -526,7 +520,7 @@ fn ops_loop(
     a: &Args,
     conn: &Connection,
     local: &Local<'_>,
-    region: Option<rdmx::msgr::setup::Region>,
+    region: Option<rdmx::msgr::Region>,
     s: &Settings,
     clock: &Clock,
     hist: &mut Histogram,

@@ -6,7 +6,7 @@
 use rdmx::Config;
 use rdmx::config::{PollMode, Settings, Source};
 use rdmx::msgr::Connection;
-use rdmx::provider::soft::sys::poll_readable;
+use rdmx::provider::soft::udp_baseline::poll_readable;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -189,7 +189,7 @@ pub fn apply_tool_defaults(
 pub fn parse_set(kv: &str) -> Result<(String, String), String> {
     kv.split_once('=')
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .ok_or_else(|| format!("--set expects KEY=VALUE, got '{kv}'"))
+        .ok_or_else(|| format!("expects KEY=VALUE, got '{kv}'"))
 }
 
 /// Parses a number with an optional K/M/G (binary) suffix.
@@ -416,21 +416,19 @@ impl Report {
         self.num("lat_max_us", us(h.max()), 2);
     }
 
-    /// One JSON object (no trailing newline).
+    /// One JSON object (no trailing newline), keys in print order: `test`, the strings,
+    /// the figures. A figure with 0 decimals is a JSON integer; others are rounded to their
+    /// decimals (serde_json writes the shortest form: 61.70 is `61.7`); not finite: `null`.
     pub fn json(&self) -> String {
-        let mut s = format!("{{\"test\":\"{}\"", escape(&self.test));
+        let mut o = serde_json::Map::new();
+        o.insert("test".into(), self.test.clone().into());
         for (k, v) in &self.strs {
-            let _ = write!(s, ",\"{k}\":\"{}\"", escape(v));
+            o.insert((*k).into(), v.clone().into());
         }
-        for (k, v, d) in &self.nums {
-            if v.is_finite() {
-                let _ = write!(s, ",\"{k}\":{v:.d$}");
-            } else {
-                let _ = write!(s, ",\"{k}\":null");
-            }
+        for &(k, v, d) in &self.nums {
+            o.insert(k.into(), json_number(v, d));
         }
-        s.push('}');
-        s
+        serde_json::Value::Object(o).to_string()
     }
 
     /// A readable table: the settings line, then the figures in rows of name/value.
@@ -459,19 +457,22 @@ impl Report {
     }
 }
 
-fn escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
+/// `v` with `decimals` decimals as a JSON value (see [`Report::json`]).
+pub fn json_number(v: f64, decimals: usize) -> serde_json::Value {
+    // Integers up to 2^53 are exact in an f64.
+    const EXACT: f64 = (1u64 << 53) as f64;
+    if decimals == 0 && v.fract() == 0.0 && v.abs() <= EXACT {
+        return if v >= 0.0 {
+            (v as u64).into()
+        } else {
+            (v as i64).into()
+        };
     }
-    o
+    let scale = 10f64.powi(i32::try_from(decimals).unwrap_or(i32::MAX));
+    let rounded = (v * scale).round() / scale;
+    // from_f64 is None for NaN and infinities.
+    serde_json::Number::from_f64(if rounded.is_finite() { rounded } else { v })
+        .map_or(serde_json::Value::Null, serde_json::Value::Number)
 }
 
 /// Makes room for pinning `bytes` more (registration pins memory, within RLIMIT_MEMLOCK, as
@@ -545,9 +546,12 @@ mod tests {
         r.str("provider", "soft \"x\"");
         r.num("ops_per_sec", 12.345, 1);
         r.int("errors", 0);
+        r.num("lat_max_us", f64::NAN, 2);
+        r.num("stalled_ms", 0.0, 1);
+        r.str("note", "a\tb\u{1}");
         assert_eq!(
             r.json(),
-            r#"{"test":"read_bw","provider":"soft \"x\"","ops_per_sec":12.3,"errors":0}"#
+            r#"{"test":"read_bw","provider":"soft \"x\"","note":"a\tb\u0001","ops_per_sec":12.3,"errors":0,"lat_max_us":null,"stalled_ms":0.0}"#
         );
     }
 
@@ -558,7 +562,7 @@ mod tests {
         r.bandwidth(f64::from(1u32 << 20), 4096);
         assert_eq!(
             r.json(),
-            r#"{"test":"read_bw","bw_gbit_per_sec":34.360,"bw_mib_per_sec":4096.00}"#
+            r#"{"test":"read_bw","bw_gbit_per_sec":34.36,"bw_mib_per_sec":4096.0}"#
         );
     }
 

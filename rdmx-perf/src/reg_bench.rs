@@ -12,6 +12,7 @@ use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use crate::cli;
 use crate::perf::{Fail, Report, exit_status};
 
 pub const USAGE: &str = "usage: rdmx-perf reg_bench [--seconds S (1)] [--json]";
@@ -47,23 +48,24 @@ fn time_per_op(dur: Duration, mut op: impl FnMut() -> Result<(), String>) -> Res
 
 /// `(seconds, json)`.
 fn parse(args: &[String]) -> Result<(f64, bool), String> {
-    let mut secs = 1.0f64;
-    let mut json = false;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--seconds" => {
-                secs = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|s: &f64| *s > 0.0 && *s <= 60.0)
-                    .ok_or_else(|| format!("--seconds needs a number in (0, 60]\n{USAGE}"))?
-            }
-            "--json" => json = true,
-            other => return Err(format!("unknown option '{other}'\n{USAGE}")),
-        }
-    }
-    Ok((secs, json))
+    let a: Args = cli::parse(args, USAGE)?;
+    Ok((a.seconds, a.json))
+}
+
+/// `reg_bench`'s options.
+#[derive(Debug, clap::Parser)]
+struct Args {
+    #[arg(long, value_parser = seconds, default_value = "1", allow_hyphen_values = true)]
+    seconds: f64,
+    #[arg(long)]
+    json: bool,
+}
+
+fn seconds(v: &str) -> Result<f64, String> {
+    v.parse()
+        .ok()
+        .filter(|s: &f64| *s > 0.0 && *s <= 60.0)
+        .ok_or_else(|| format!("needs a number in (0, 60], got '{v}'"))
 }
 
 fn run(secs: f64, json: bool) -> Result<(), String> {

@@ -23,7 +23,8 @@
 //! The bench sets max_rd_atomic = max_dest_rd_atomic = min(qd, 16); with qd > 16 the rest
 //! of the posted READs wait in the send queue (posted but not yet on the wire), as on a NIC.
 
-use crate::perf::Rng;
+use crate::cli;
+use crate::perf::{Rng, json_number};
 use rdmx::rc::verbs::attr_mask as m;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{
@@ -127,68 +128,68 @@ impl Opts {
     }
 }
 
+/// `engine_bench`'s options, as given.
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    #[arg(long, value_parser = seconds, default_value = "2", allow_hyphen_values = true)]
+    seconds: f64,
+    #[arg(long, value_parser = cli::qd, default_value = "32", allow_hyphen_values = true)]
+    qd: usize,
+    #[arg(long, value_parser = size, default_value = "4096", allow_hyphen_values = true)]
+    size: usize,
+    #[arg(long, value_parser = source_mib, default_value_t = SRC_MIB, allow_hyphen_values = true)]
+    source_mib: usize,
+    #[arg(long, value_parser = max_ops, allow_hyphen_values = true)]
+    max_ops: Option<u64>,
+    #[arg(long)]
+    json: bool,
+    #[arg(long)]
+    verify_all: bool,
+    #[arg(long)]
+    no_align: bool,
+    #[arg(long)]
+    copy_link: bool,
+}
+
+fn seconds(v: &str) -> Result<f64, String> {
+    v.parse()
+        .ok()
+        .filter(|s: &f64| *s > 0.0 && *s <= 3600.0)
+        .ok_or_else(|| format!("bad value '{v}': seconds in (0, 3600]"))
+}
+
+fn size(v: &str) -> Result<usize, String> {
+    Some(cli::number(v)?)
+        .filter(|s| (1..=16 << 20).contains(s))
+        .ok_or_else(|| format!("must be 1..=16 MiB, got {v}"))
+}
+
+fn source_mib(v: &str) -> Result<usize, String> {
+    Some(cli::number(v)?)
+        .filter(|m| (1..=4096).contains(m))
+        .ok_or_else(|| format!("must be 1..=4096, got {v}"))
+}
+
+fn max_ops(v: &str) -> Result<u64, String> {
+    v.parse()
+        .ok()
+        .filter(|&n: &u64| n > 0)
+        .ok_or_else(|| format!("bad value '{v}'"))
+}
+
 fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts {
-        seconds: 2.0,
-        qd: 32,
-        size: 4096,
-        source_mib: SRC_MIB,
-        json: false,
-        verify_all: false,
-        no_align: false,
-        copy_link: false,
-        max_ops: u64::MAX,
+    let c: Cli = cli::parse(args, USAGE)?;
+    let o = Opts {
+        seconds: c.seconds,
+        qd: c.qd,
+        size: c.size,
+        source_mib: c.source_mib,
+        json: c.json,
+        verify_all: c.verify_all,
+        no_align: c.no_align,
+        copy_link: c.copy_link,
+        max_ops: c.max_ops.unwrap_or(u64::MAX),
     };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        let bad = |v: &String| format!("{flag}: bad value '{v}'\n{USAGE}");
-        match flag.as_str() {
-            "--seconds" => {
-                let v = value()?;
-                o.seconds = v.parse().map_err(|_| bad(v))?;
-                if !(o.seconds > 0.0 && o.seconds <= 3600.0) {
-                    return Err(bad(v));
-                }
-            }
-            "--qd" => {
-                let v = value()?;
-                o.qd = v.parse().map_err(|_| bad(v))?;
-                if !(1..=4096).contains(&o.qd) {
-                    return Err(format!("--qd must be 1..=4096, got {v}"));
-                }
-            }
-            "--size" => {
-                let v = value()?;
-                o.size = v.parse().map_err(|_| bad(v))?;
-                if !(1..=16 << 20).contains(&o.size) {
-                    return Err(format!("--size must be 1..=16 MiB, got {v}"));
-                }
-            }
-            "--source-mib" => {
-                let v = value()?;
-                o.source_mib = v.parse().map_err(|_| bad(v))?;
-                if !(1..=4096).contains(&o.source_mib) {
-                    return Err(format!("--source-mib must be 1..=4096, got {v}"));
-                }
-            }
-            "--max-ops" => {
-                let v = value()?;
-                o.max_ops = v.parse().map_err(|_| bad(v))?;
-                if o.max_ops == 0 {
-                    return Err(bad(v));
-                }
-            }
-            "--json" => o.json = true,
-            "--verify-all" => o.verify_all = true,
-            "--no-align" => o.no_align = true,
-            "--copy-link" => o.copy_link = true,
-            other => return Err(format!("unknown option '{other}'\n{USAGE}")),
-        }
-    }
     if o.size > o.src_len() {
         return Err(format!(
             "--size {} exceeds the {} MiB source region",
@@ -670,28 +671,26 @@ fn bench(o: &Opts) -> Result<bool, String> {
         return Err("no READ completed in the measured run".to_string());
     }
     if o.json {
-        println!(
-            "{{\"bench\":\"engine_bench\",\"size\":{},\"qd\":{},\"in_flight\":{},\"seconds\":{},\
-             \"engine_ops\":{},\"copy_ops\":{},\"engine_ops_per_sec\":{:.1},\
-             \"engine_gb_per_sec\":{:.4},\"copy_ops_per_sec\":{:.1},\"copy_gb_per_sec\":{:.4},\
-             \"ratio\":{:.4},\"target\":0.5,\"pass\":{},\"verified\":{},\"mismatches\":{},\
-             \"retransmits\":{}}}",
-            o.size,
-            o.qd,
-            in_flight,
-            o.seconds,
-            e_ops,
-            c_ops,
-            e_rate,
-            e_rate * size / 1e9,
-            c_rate,
-            c_rate * size / 1e9,
-            ratio,
-            pass,
-            eng.verified,
-            eng.mismatches,
-            ca.retransmits
-        );
+        let j = serde_json::json!({
+            "bench": "engine_bench",
+            "size": o.size,
+            "qd": o.qd,
+            "in_flight": in_flight,
+            "seconds": o.seconds,
+            "engine_ops": e_ops,
+            "copy_ops": c_ops,
+            "engine_ops_per_sec": json_number(e_rate, 1),
+            "engine_gb_per_sec": json_number(e_rate * size / 1e9, 4),
+            "copy_ops_per_sec": json_number(c_rate, 1),
+            "copy_gb_per_sec": json_number(c_rate * size / 1e9, 4),
+            "ratio": json_number(ratio, 4),
+            "target": 0.5,
+            "pass": pass,
+            "verified": eng.verified,
+            "mismatches": eng.mismatches,
+            "retransmits": ca.retransmits,
+        });
+        println!("{j}");
     }
     if eng.mismatches > 0 {
         eprintln!(

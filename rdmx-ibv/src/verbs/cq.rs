@@ -1,0 +1,278 @@
+//! Completion channels and completion queues.
+//!
+//! A [`CompChannel`] is a pipe: on an armed CQ's next completion (or next solicited one,
+//! or error one, with `solicited_only`) the CQ's 8-byte handle is written to it, which is
+//! the `struct ib_uverbs_comp_event_desc { u64 cq_handle; }` libibverbs' `ibv_get_cq_event`
+//! reads and casts to `struct ibv_cq *`. One event per arm, as verbs.
+
+use rdmx::config::Progress;
+use rdmx::error::{Error, ErrorKind, Result};
+use rdmx::provider::soft::cq::{Cq as SoftCq, Wc};
+use rdmx::rc::verbs::wc_flags;
+use rdmx::rc::{WcOpcode, WcStatus};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use super::device::{Device, limits};
+use super::sys::RecordPipe;
+
+/// A completion channel (`ibv_create_comp_channel`).
+#[derive(Debug)]
+pub struct CompChannel {
+    pipe: RecordPipe,
+    /// CQs using this channel and not destroyed.
+    cqs: AtomicUsize,
+    /// Events lost because the application did not read the channel (pipe full).
+    dropped: AtomicU64,
+    dead: AtomicBool,
+}
+
+impl CompChannel {
+    pub fn new() -> Result<Arc<CompChannel>> {
+        Ok(Arc::new(CompChannel {
+            pipe: RecordPipe::new()?,
+            cqs: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+            dead: AtomicBool::new(false),
+        }))
+    }
+
+    /// The read end (`ibv_comp_channel.fd`): 8-byte CQ handles.
+    pub fn fd(&self) -> RawFd {
+        self.pipe.read_fd()
+    }
+
+    /// `ibv_destroy_comp_channel`: Busy while CQs use it.
+    pub fn destroy(&self) -> Result<()> {
+        let n = self.cqs.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("destroy_comp_channel: {n} completion queue(s) still use it"),
+            ));
+        }
+        self.dead.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Events lost because the pipe was full (the application stopped reading it).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Writes one `ib_uverbs_comp_event_desc` for the CQ `handle`.
+    fn notify(&self, handle: u64) {
+        if !self.pipe.write_record(&handle.to_ne_bytes()) {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed);
+            if n % 1024 == 0 {
+                log::warn!(
+                    target: "rdmx::ibv",
+                    "completion event for CQ {handle:#x} dropped: the channel is not read (pipe full; {} dropped so far)",
+                    n + 1
+                );
+            }
+        }
+    }
+}
+
+/// One work completion, the fields of `struct ibv_wc` in verbs numbering.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkCompletion {
+    pub wr_id: u64,
+    /// `enum ibv_wc_status`.
+    pub status: u32,
+    /// `enum ibv_wc_opcode` (RECV 128, RECV_RDMA_WITH_IMM 129). Meaningful only for
+    /// successful completions, as verbs (set anyway where known).
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `__be32 imm_data` as it lies in memory (the wire bytes, native-read), valid with
+    /// `wc_flags & WITH_IMM`.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    /// 0: verbs defines `src_qp` for UD only.
+    pub src_qp: u32,
+    /// `enum ibv_wc_flags` (WITH_IMM = 2).
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+impl WorkCompletion {
+    fn from_soft(w: &Wc) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: w.cookie,
+            status: w.status as u32,
+            opcode: w.opcode as u32,
+            byte_len: w.byte_len,
+            imm_data: w.imm.map_or(0, u32::to_be),
+            qp_num: w.qp_num,
+            wc_flags: if w.imm.is_some() {
+                wc_flags::WITH_IMM
+            } else {
+                0
+            },
+            ..Default::default()
+        }
+    }
+}
+
+/// Completions converted per batch of a poll.
+const POLL_CHUNK: usize = 32;
+
+/// A completion queue (`ibv_create_cq`).
+#[derive(Debug)]
+pub struct Cq {
+    pub(crate) dev: Arc<Device>,
+    pub(crate) soft: Arc<SoftCq>,
+    handle: u64,
+    channel: Option<Arc<CompChannel>>,
+    /// QPs using this CQ (as send or receive CQ, counted once per use).
+    pub(crate) qps: AtomicUsize,
+    inline: bool,
+    dead: AtomicBool,
+}
+
+impl Cq {
+    /// A CQ of at least `cqe` entries (1..=max_cqe, InvalidArgument otherwise) whose
+    /// notifications, when armed, go to `channel`; `handle` names it (`struct ibv_cq *`).
+    pub fn new(
+        dev: &Arc<Device>,
+        cqe: u32,
+        channel: Option<Arc<CompChannel>>,
+        handle: u64,
+    ) -> Result<Arc<Cq>> {
+        if cqe == 0 || cqe > limits::MAX_CQE {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("create_cq: cqe {cqe}: allowed 1..{}", limits::MAX_CQE),
+            ));
+        }
+        if let Some(c) = &channel
+            && c.dead.load(Ordering::Acquire)
+        {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "create_cq: the completion channel was destroyed",
+            ));
+        }
+        let hook: Box<dyn Fn() + Send + Sync> = match &channel {
+            Some(c) => {
+                let c = Arc::clone(c);
+                Box::new(move || c.notify(handle))
+            }
+            None => Box::new(|| {}),
+        };
+        let soft = Arc::new(SoftCq::with_notify(cqe as usize, hook)?);
+        if let Some(c) = &channel {
+            c.cqs.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(Arc::new(Cq {
+            dev: Arc::clone(dev),
+            soft,
+            handle,
+            channel,
+            qps: AtomicUsize::new(0),
+            inline: dev.settings().progress == Progress::Inline,
+            dead: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    /// The number of entries (`ibv_cq.cqe`).
+    pub fn cqe(&self) -> u32 {
+        self.soft.capacity() as u32
+    }
+
+    /// Completions lost because the CQ was full (a CQ overrun; the QP that overran it went
+    /// to ERR).
+    pub fn overflows(&self) -> u64 {
+        self.soft.overflows()
+    }
+
+    /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`, oldest first; returns
+    /// how many. With `progress=inline` a poll first drives the device (receives what
+    /// arrived, runs due timers), so a busy-polling application needs no other call.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        if self.inline {
+            self.dev.soft.progress_inline();
+        }
+        let mut buf = [Wc {
+            cookie: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            qp_num: 0,
+        }; POLL_CHUNK];
+        let mut done = 0;
+        while done < out.len() {
+            let want = (out.len() - done).min(POLL_CHUNK);
+            let n = self.soft.poll(&mut buf[..want]);
+            for (o, w) in out[done..done + n].iter_mut().zip(&buf[..n]) {
+                *o = WorkCompletion::from_soft(w);
+            }
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        done
+    }
+
+    /// `ibv_req_notify_cq`: the next completion added (`solicited_only`: the next
+    /// solicited receive completion or error completion) writes this CQ's handle to its
+    /// channel, once. Completions already queued at arming signal at once (so a waiter
+    /// cannot miss them). A CQ without a channel accepts the call (nothing is written, as
+    /// verbs). Tells the device the application is about to sleep (progress=inline hands
+    /// receiving to the progress thread at once).
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "req_notify_cq: CQ destroyed",
+            ));
+        }
+        self.soft.req_notify_solicited(solicited_only);
+        self.dev.soft.app_sleeping();
+        Ok(())
+    }
+
+    /// `ibv_destroy_cq`: Busy while QPs use it.
+    pub fn destroy(&self) -> Result<()> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "destroy_cq: already destroyed",
+            ));
+        }
+        let n = self.qps.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("destroy_cq: {n} QP(s) still use it"),
+            ));
+        }
+        self.dead.store(true, Ordering::Release);
+        if let Some(c) = &self.channel {
+            c.cqs.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "completion queue already destroyed",
+            ));
+        }
+        Ok(())
+    }
+}

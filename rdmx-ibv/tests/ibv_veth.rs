@@ -1,0 +1,340 @@
+//! perftest across two network namespaces joined by a veth pair (MTU 1500 and 9000),
+//! each side under `rdmx-ibv exec` with its namespace's address, and what goes over the
+//! veth: tcpdump captures it, tshark decodes every frame as RoCEv2 (InfiniBand over UDP
+//! 4791), and every frame's ICRC (as tshark reads it, and as stored) equals the ICRC
+//! recomputed from the captured IPv4/UDP headers (`rdmx::wire::icrc`); no frame exceeds
+//! the link MTU.
+//!
+//! Needs root for the namespaces and the capture (skipped, saying so, otherwise), `ip`
+//! (iproute2), tcpdump and tshark (scripts/install-deps.sh; their absence fails).
+
+mod ibv_support;
+
+use ibv_support::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// Two namespaces a (10.231.N.1) and b (10.231.N.2) joined by a veth; deleted on drop.
+struct Pair {
+    a: String,
+    b: String,
+    ip_a: String,
+    ip_b: String,
+    veth_a: String,
+}
+
+impl Pair {
+    fn new(tag: &str, n: u8, mtu: u32) -> Result<Pair, String> {
+        let pid = std::process::id();
+        let a = format!("rdmxibv-{tag}-a-{pid}");
+        let b = format!("rdmxibv-{tag}-b-{pid}");
+        let veth_a = format!("ri{n}a{}", pid % 100000);
+        let veth_b = format!("ri{n}b{}", pid % 100000);
+        let pair = Pair {
+            a: a.clone(),
+            b: b.clone(),
+            ip_a: format!("10.231.{n}.1"),
+            ip_b: format!("10.231.{n}.2"),
+            veth_a: veth_a.clone(),
+        };
+        ip(&["netns", "add", &a])?;
+        ip(&["netns", "add", &b])?;
+        ip(&[
+            "link", "add", &veth_a, "type", "veth", "peer", "name", &veth_b,
+        ])?;
+        ip(&["link", "set", &veth_a, "netns", &a])?;
+        ip(&["link", "set", &veth_b, "netns", &b])?;
+        let mtu = mtu.to_string();
+        for (ns, dev, addr) in [(&a, &veth_a, &pair.ip_a), (&b, &veth_b, &pair.ip_b)] {
+            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
+            ip(&["-n", ns, "link", "set", dev, "mtu", &mtu, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(pair)
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
+
+/// tcpdump on a's veth end for UDP 4791; stopped (SIGTERM, then SIGKILL) on stop/drop.
+struct Capture {
+    child: Child,
+    file: PathBuf,
+    log: PathBuf,
+}
+
+impl Capture {
+    fn start(pair: &Pair, dir: &Path) -> Capture {
+        let file = dir.join("veth.pcap");
+        let log = dir.join("tcpdump.log");
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &pair.a,
+                "tcpdump",
+                "-i",
+                &pair.veth_a,
+                "-s",
+                "0",
+                "-U",
+                "-w",
+            ])
+            .arg(&file)
+            .args(["udp", "port", "4791"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("tcpdump");
+        let mut c = Capture { child, file, log };
+        let start = Instant::now();
+        loop {
+            let l = std::fs::read_to_string(&c.log).unwrap_or_default();
+            if l.contains("listening on") {
+                break;
+            }
+            if let Ok(Some(st)) = c.child.try_wait() {
+                panic!("tcpdump exited ({st}): {l}");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "tcpdump did not start: {l}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        c
+    }
+
+    fn stop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// (IPv4 header, UDP header, UDP payload, IP total length).
+type Frame = (Vec<u8>, Vec<u8>, Vec<u8>, usize);
+
+/// (IPv4 header, UDP header, UDP payload) of every IPv4/UDP frame of a libpcap file
+/// (Ethernet link type, as on a veth).
+fn pcap_frames(bytes: &[u8]) -> Vec<Frame> {
+    assert!(bytes.len() >= 24, "pcap shorter than its header");
+    let le = match u32::from_le_bytes(bytes[0..4].try_into().unwrap()) {
+        0xa1b2_c3d4 | 0xa1b2_3c4d => true,
+        0xd4c3_b2a1 | 0x4d3c_b2a1 => false,
+        m => panic!("not a libpcap file (magic {m:#x})"),
+    };
+    let u32_at = |off: usize| {
+        let a: [u8; 4] = bytes[off..off + 4].try_into().unwrap();
+        if le {
+            u32::from_le_bytes(a)
+        } else {
+            u32::from_be_bytes(a)
+        }
+    };
+    assert_eq!(u32_at(20), 1, "link type Ethernet expected on a veth");
+    let mut out = Vec::new();
+    let mut off = 24;
+    while off + 16 <= bytes.len() {
+        let incl = u32_at(off + 8) as usize;
+        let orig = u32_at(off + 12) as usize;
+        let data = &bytes[off + 16..(off + 16 + incl).min(bytes.len())];
+        off += 16 + incl;
+        assert_eq!(incl, orig, "capture truncated a frame");
+        let Some(ipb) = data.get(14..) else { continue };
+        if ipb.len() < 28 || ipb[0] >> 4 != 4 || ipb[9] != 17 {
+            continue;
+        }
+        let ihl = usize::from(ipb[0] & 0x0F) * 4;
+        let total = usize::from(u16::from_be_bytes([ipb[2], ipb[3]]));
+        assert!(
+            total <= ipb.len() && total >= ihl + 8,
+            "malformed IPv4 frame"
+        );
+        out.push((
+            ipb[..ihl].to_vec(),
+            ipb[ihl..ihl + 8].to_vec(),
+            ipb[ihl + 8..total].to_vec(),
+            total,
+        ));
+    }
+    out
+}
+
+/// tshark's decode: per frame, the BTH opcode and the invariant CRC it reads.
+fn tshark_decode(file: &Path) -> Vec<(u32, u32)> {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(file)
+        .args([
+            "-d",
+            "udp.port==4791,infiniband",
+            "--disable-protocol",
+            "rpcordma",
+            "-T",
+            "fields",
+            "-E",
+            "separator=/t",
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "infiniband.invariant.crc",
+        ])
+        .output()
+        .expect("tshark");
+    assert!(
+        out.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let num = |s: &str| {
+        let s = s.trim();
+        s.strip_prefix("0x")
+            .map(|h| u32::from_str_radix(h, 16).unwrap())
+            .unwrap_or_else(|| s.parse().unwrap_or_else(|_| panic!("not a number: {s:?}")))
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert!(
+                f.len() >= 2 && !f[0].is_empty() && !f[1].is_empty(),
+                "tshark did not decode a frame as InfiniBand: {l:?}"
+            );
+            (num(f[0]), num(f[1]))
+        })
+        .collect()
+}
+
+fn root_or_skip() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: network namespaces, a veth pair and a capture need root");
+        return false;
+    }
+    for t in ["ip", "tcpdump", "tshark"] {
+        require_tool(t);
+    }
+    true
+}
+
+fn veth_case(tag: &str, n: u8, mtu: u32, port: u16) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root_or_skip() {
+        return;
+    }
+    skip_unless_platform!();
+    require_tool("ib_read_bw");
+    let pair = Pair::new(tag, n, mtu).expect("namespaces and veth (root)");
+    let dir = scratch(&format!("veth-{tag}"));
+    let mut cap = Capture::start(&pair, &dir);
+    for (i, tool) in ["ib_write_bw", "ib_read_bw", "ib_send_bw"]
+        .iter()
+        .enumerate()
+    {
+        let p = (port + i as u16).to_string();
+        let cmd = [
+            *tool, "-d", "rdmx0", "-x", "0", "-F", "-p", &p, "-n", "100", "-s", "16384",
+        ];
+        let (_, c) = pair_in(
+            &format!("veth-{tag}-{tool}"),
+            (Some(&pair.a), &pair.ip_a),
+            (Some(&pair.b), &pair.ip_b),
+            &cmd,
+            Duration::from_secs(90),
+        );
+        assert!(
+            c.contains("#bytes"),
+            "{tool} over the veth (MTU {mtu}):\n{c}"
+        );
+    }
+    cap.stop();
+
+    let bytes = std::fs::read(&cap.file).unwrap();
+    let frames = pcap_frames(&bytes);
+    assert!(frames.len() > 100, "only {} frames captured", frames.len());
+    let decoded = tshark_decode(&cap.file);
+    assert_eq!(decoded.len(), frames.len(), "tshark frames vs pcap frames");
+    let mut largest = 0;
+    for (i, ((iph, udph, payload, total), (_op, tshark_icrc))) in
+        frames.iter().zip(&decoded).enumerate()
+    {
+        let computed = rdmx::wire::icrc::compute_ipv4(iph, udph, payload).unwrap();
+        let stored = rdmx::wire::icrc::received(payload).unwrap();
+        assert_eq!(
+            computed,
+            stored,
+            "frame {}: ICRC stored {stored:#x}, computed {computed:#x}",
+            i + 1
+        );
+        // tshark shows the four ICRC bytes as a big-endian number; the ICRC is sent
+        // least significant byte first.
+        let wire = u32::from_be_bytes(payload[payload.len() - 4..].try_into().unwrap());
+        assert_eq!(
+            *tshark_icrc,
+            wire,
+            "frame {}: tshark's ICRC field is not the frame's",
+            i + 1
+        );
+        assert_eq!(
+            computed.swap_bytes(),
+            *tshark_icrc,
+            "frame {}: tshark reads ICRC {tshark_icrc:#x}, computed {computed:#x}",
+            i + 1
+        );
+        largest = largest.max(*total);
+    }
+    assert!(
+        largest <= mtu as usize,
+        "a {largest}-byte IP packet on a {mtu}-byte link"
+    );
+    eprintln!(
+        "veth MTU {mtu}: {} RoCEv2 frames, every ICRC correct, largest IP packet {largest} bytes",
+        frames.len()
+    );
+}
+
+#[test]
+fn veth_mtu_1500() {
+    veth_case("m1500", 1, 1500, 18641);
+}
+
+#[test]
+fn veth_mtu_9000() {
+    veth_case("m9000", 2, 9000, 18651);
+}

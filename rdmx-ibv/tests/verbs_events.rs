@@ -1,0 +1,259 @@
+//! Notifications through the verbs objects: completion channel records (one per arm,
+//! solicited-only arming), SRQ receives and their events (SRQ_LIMIT_REACHED,
+//! QP_LAST_WQE_REACHED), flush on error, QP_FATAL on an access error.
+
+mod verbs_support;
+
+use rdmx_ibv::verbs::*;
+use std::time::Duration;
+use verbs_support::*;
+
+const SHORT: Duration = Duration::from_millis(200);
+
+#[test]
+fn completion_channel_one_event_per_arm_and_solicited_only() {
+    let (a, b) = pair(
+        "127.0.72.2",
+        "127.0.72.3",
+        &Opts::default(),
+        &Opts::default(),
+    );
+    let fd = b.chan.fd();
+    // Not armed: no event.
+    b.post_recv(1, 0, 64);
+    a.post(a.wr(1, WrOpcode::Send, 0, 8)).unwrap();
+    assert_eq!(wait_wc(&b.rcq).wr_id, 1);
+    assert!(read_record::<8>(fd, SHORT).is_none());
+    // Armed: the CQ's handle, once.
+    b.rcq.req_notify(false).unwrap();
+    b.post_recv(2, 0, 64);
+    b.post_recv(3, 0, 64);
+    a.post(a.wr(2, WrOpcode::Send, 0, 8)).unwrap();
+    a.post(a.wr(3, WrOpcode::Send, 0, 8)).unwrap();
+    let rec = read_record::<8>(fd, WAIT).expect("a completion event");
+    assert_eq!(u64::from_ne_bytes(rec), b.rcq.handle());
+    assert_eq!(wait_wc(&b.rcq).wr_id, 2);
+    assert_eq!(wait_wc(&b.rcq).wr_id, 3);
+    assert!(read_record::<8>(fd, SHORT).is_none(), "one event per arm");
+    // Solicited only: an unsolicited send completes without an event, a solicited one
+    // signals.
+    b.rcq.req_notify(true).unwrap();
+    b.post_recv(4, 0, 64);
+    b.post_recv(5, 0, 64);
+    a.post(a.wr(4, WrOpcode::Send, 0, 8)).unwrap();
+    assert_eq!(wait_wc(&b.rcq).wr_id, 4);
+    assert!(read_record::<8>(fd, SHORT).is_none(), "not solicited");
+    let mut wr = a.wr(5, WrOpcode::Send, 0, 8);
+    wr.send_flags |= send_flags::SOLICITED;
+    a.post(wr).unwrap();
+    let rec = read_record::<8>(fd, WAIT).expect("a solicited event");
+    assert_eq!(u64::from_ne_bytes(rec), b.rcq.handle());
+    assert_eq!(wait_wc(&b.rcq).wr_id, 5);
+    // The send side's CQ shares the channel: arming it reports its own handle.
+    a.scq.req_notify(false).unwrap();
+    let mut drained = [WorkCompletion::default(); 8];
+    while a.scq.poll(&mut drained) > 0 {}
+    b.post_recv(6, 0, 64);
+    a.scq.req_notify(false).unwrap();
+    a.post(a.wr(6, WrOpcode::Send, 0, 8)).unwrap();
+    let rec = read_record::<8>(a.chan.fd(), WAIT).expect("a send completion event");
+    assert!([a.scq.handle()].contains(&u64::from_ne_bytes(rec)));
+    // A channel in use cannot be destroyed; a CQ in use neither.
+    assert_eq!(a.chan.destroy().unwrap_err().kind(), ErrorKind::Busy);
+    assert_eq!(a.scq.destroy().unwrap_err().kind(), ErrorKind::Busy);
+}
+
+#[test]
+fn srq_feeds_its_qps_and_raises_limit_and_last_wqe_events() {
+    let ob = Opts {
+        srq: true,
+        ..Opts::default()
+    };
+    let (a, b) = pair("127.0.72.4", "127.0.72.5", &Opts::default(), &ob);
+    let srq = b.srq.as_ref().unwrap();
+    // The QP's own post_recv is refused: receives come from the SRQ.
+    let e =
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 0,
+            sg_list: b.sge(0, 64),
+        }])
+        .unwrap_err();
+    assert_eq!((e.0, e.1.kind()), (0, ErrorKind::InvalidArgument));
+    for i in 0..4 {
+        b.post_srq_recv(i, i as usize * 64, 64);
+    }
+    srq.modify(
+        &SrqAttr {
+            srq_limit: 2,
+            ..Default::default()
+        },
+        srq_attr_mask::LIMIT,
+    )
+    .unwrap();
+    assert_eq!(srq.query().srq_limit, 2);
+    for i in 0..3u64 {
+        a.write(0, &[i as u8; 8]);
+        a.post(a.wr(i, WrOpcode::Send, 0, 8)).unwrap();
+        assert_eq!(wait_wc(&a.scq).status, 0);
+        let r = wait_wc(&b.rcq);
+        assert_eq!((r.wr_id, r.status, r.qp_num), (i, 0, b.qp.qp_num()));
+        assert_eq!(b.read(i as usize * 64, 8), [i as u8; 8]);
+    }
+    // Below 2 WQEs left: SRQ_LIMIT_REACHED, once, and the limit is disarmed.
+    assert_eq!(
+        async_event(&b.dev, WAIT),
+        Some((srq.handle(), event_type::SRQ_LIMIT_REACHED))
+    );
+    assert_eq!(srq.query().srq_limit, 0);
+    // An empty SRQ means RNR: the sender waits (rnr_retry 7 = forever) until a WQE comes.
+    a.post(a.wr(3, WrOpcode::Send, 0, 8)).unwrap();
+    assert_eq!(wait_wc(&b.rcq).wr_id, 3);
+    a.post(a.wr(4, WrOpcode::Send, 0, 8)).unwrap();
+    no_wc(&b.rcq, Duration::from_millis(100));
+    b.post_srq_recv(4, 0, 64);
+    assert_eq!(wait_wc(&b.rcq).wr_id, 4);
+    assert_eq!(wait_wc(&a.scq).status, 0);
+    assert_eq!(wait_wc(&a.scq).status, 0);
+    // The application moves B's QP to ERR: LAST_WQE_REACHED (no QP_FATAL: it asked).
+    b.post_srq_recv(5, 0, 64);
+    b.qp.modify(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        },
+        attr_mask::STATE,
+    )
+    .unwrap();
+    assert_eq!(
+        async_event(&b.dev, WAIT),
+        Some((b.qp.handle(), event_type::QP_LAST_WQE_REACHED))
+    );
+    assert!(async_event(&b.dev, SHORT).is_none());
+    // The SRQ keeps its WQE (it was never taken), the SRQ cannot go while the QP uses it.
+    assert_eq!(srq.destroy().unwrap_err().kind(), ErrorKind::Busy);
+    assert_eq!(b.qp.query(0).0.cur_qp_state, QpState::Err);
+}
+
+#[test]
+fn flush_on_error_and_posting_in_the_wrong_state() {
+    let a = Side::new("127.0.72.6", &Opts::default());
+    let b = Side::new("127.0.72.7", &Opts::default());
+    // RESET: no receives, no sends.
+    let e =
+        a.qp.post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: a.sge(0, 8),
+        }])
+        .unwrap_err();
+    assert_eq!(e.1.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        a.post(a.wr(1, WrOpcode::Send, 0, 8)).unwrap_err().1.kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(a.qp.query(0).0.cur_qp_state, QpState::Reset);
+    // INIT takes receives, refuses sends; RTR likewise.
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..Default::default()
+    };
+    let mask = attr_mask::STATE | attr_mask::PKEY_INDEX | attr_mask::PORT | attr_mask::ACCESS_FLAGS;
+    a.qp.modify(&init, mask).unwrap();
+    assert_eq!(a.qp.state(), QpState::Init);
+    a.post_recv(1, 0, 8);
+    a.post_recv(2, 8, 8);
+    assert_eq!(
+        a.post(a.wr(1, WrOpcode::Send, 0, 8)).unwrap_err().1.kind(),
+        ErrorKind::InvalidArgument
+    );
+    // A transition the state machine does not allow, and a missing attribute.
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..Default::default()
+    };
+    assert_eq!(
+        a.qp.modify(&rts, attr_mask::STATE).unwrap_err().kind(),
+        ErrorKind::InvalidValue
+    );
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ..Default::default()
+    };
+    assert!(a.qp.modify(&rtr, attr_mask::STATE).is_err());
+    assert_eq!(a.qp.state(), QpState::Init, "nothing changed");
+    // CUR_STATE that does not match.
+    let bad = QpAttr {
+        qp_state: QpState::Err,
+        cur_qp_state: QpState::Rts,
+        ..Default::default()
+    };
+    assert_eq!(
+        a.qp.modify(&bad, attr_mask::STATE | (1 << 1))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    // ERR: every outstanding receive flushes; a post flushes at once; no QP_FATAL (the
+    // application asked).
+    a.qp.modify(
+        &QpAttr {
+            qp_state: QpState::Err,
+            cur_qp_state: QpState::Init,
+            ..Default::default()
+        },
+        attr_mask::STATE | (1 << 1),
+    )
+    .unwrap();
+    for id in [1, 2] {
+        let w = wait_wc(&a.rcq);
+        assert_eq!((w.wr_id, w.status), (id, WcStatus::WrFlushErr as u32));
+    }
+    a.post(a.wr(9, WrOpcode::Send, 0, 8)).unwrap();
+    let w = wait_wc(&a.scq);
+    assert_eq!((w.wr_id, w.status), (9, WcStatus::WrFlushErr as u32));
+    assert!(async_event(&a.dev, SHORT).is_none());
+    // RESET, then up again towards B: works like a fresh QP.
+    a.qp.modify(
+        &QpAttr {
+            qp_state: QpState::Reset,
+            ..Default::default()
+        },
+        attr_mask::STATE,
+    )
+    .unwrap();
+    bring_up(&a, &b, 14, 7);
+    bring_up(&b, &a, 14, 7);
+    b.post_recv(7, 0, 8);
+    a.post(a.wr(7, WrOpcode::Send, 0, 8)).unwrap();
+    assert_eq!(wait_wc(&b.rcq).status, 0);
+    assert_eq!(wait_wc(&a.scq).status, 0);
+}
+
+#[test]
+fn a_read_without_remote_read_access_fails_both_qps() {
+    let ob = Opts {
+        access: access::LOCAL_WRITE | access::REMOTE_WRITE,
+        ..Opts::default()
+    };
+    let (a, b) = pair("127.0.72.8", "127.0.72.9", &Opts::default(), &ob);
+    a.post_recv(1, 0, 8);
+    let mut wr = a.wr(5, WrOpcode::RdmaRead, 0, 64);
+    wr.remote_addr = b.addr(0);
+    wr.rkey = b.mr.rkey;
+    a.post(wr).unwrap();
+    let w = wait_wc(&a.scq);
+    assert_eq!((w.wr_id, w.status), (5, WcStatus::RemAccessErr as u32));
+    // The requester's QP went to ERR by itself: its receive flushes, QP_FATAL is raised.
+    let w = wait_wc(&a.rcq);
+    assert_eq!((w.wr_id, w.status), (1, WcStatus::WrFlushErr as u32));
+    assert_eq!(
+        async_event(&a.dev, WAIT),
+        Some((a.qp.handle(), event_type::QP_FATAL))
+    );
+    assert_eq!(a.qp.state(), QpState::Err);
+    // The responder too (it NAKed and went to ERR; its progress thread did it).
+    assert_eq!(
+        async_event(&b.dev, WAIT),
+        Some((b.qp.handle(), event_type::QP_FATAL))
+    );
+}
