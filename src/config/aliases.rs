@@ -102,6 +102,11 @@ pub static ALIASES: &[Alias] = &[
         },
         why: "true -> on (require huge pages), false -> off",
     },
+    same(
+        "ms_async_op_threads",
+        "msgr_threads",
+        "Ceph's messenger worker threads are the messenger's worker threads",
+    ),
     rejected(
         "ms_async_rdma_support_srq",
         "rdmx's messenger uses no SRQ: each connection posts its own receives and grants credits for them, so receivers are not starved (SRQs exist for verbs applications under rdmx-ibv, which keep their own setting)",

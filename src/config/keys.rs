@@ -301,6 +301,91 @@ pub static KEYS: &[KeySpec] = &[
         "inline",
         "soft provider: who receives: the caller's poll (a thread runs timers, and receives when the caller stops polling), or a progress thread (2 cores shared by client and server: inline 2.7x read_bw; thread with poll_mode=busy, where the caller's poll receives too, matches inline)",
     ),
+    // --- messenger (src/msgr/messenger, docs/messenger.md) ---
+    key(
+        "msgr_policy",
+        Kind::Words(&["lossless", "lossy"]),
+        "lossless",
+        "session policy of Messenger::connect: lossless = reconnect and replay after a fault (exactly once, in order); lossy = a fault ends the session (unacknowledged sends fail, reset callback)",
+    ),
+    key(
+        "msgr_threads",
+        uint_note(0, 64, "0 = the caller drives progress with poll()"),
+        "0",
+        "messenger worker threads running progress and callbacks (Ceph's ms_async_op_threads); sessions are spread over them",
+    ),
+    key(
+        "msgr_keepalive_ms",
+        uint_note(0, 3_600_000, "0 = no keepalive"),
+        "1000",
+        "an idle session sends a keepalive this often (ms)",
+    ),
+    key(
+        "msgr_keepalive_timeout_ms",
+        uint(1, 3_600_000),
+        "5000",
+        "a session that heard nothing from its peer for this long (ms) is faulted (dead or black-holed peer)",
+    ),
+    key(
+        "msgr_reconnect_min_ms",
+        uint(1, 60_000),
+        "10",
+        "lossless: first reconnect delay (ms); doubles per failed attempt up to msgr_reconnect_max_ms",
+    ),
+    key(
+        "msgr_reconnect_max_ms",
+        uint(1, 60_000),
+        "1000",
+        "lossless: longest delay between reconnect attempts (ms)",
+    ),
+    key(
+        "msgr_reconnect_timeout_ms",
+        uint(1, 86_400_000),
+        "60000",
+        "lossless: give up (reset, sends fail) after reconnecting for this long (ms); the accepting side drops a session whose peer stayed away twice this long",
+    ),
+    key(
+        "msgr_reconnect_attempts",
+        uint_note(0, 1_000_000, "0 = no limit but the timeout"),
+        "0",
+        "lossless: give up after this many failed reconnect attempts",
+    ),
+    key(
+        "msgr_send_queue_msgs",
+        uint(1, 1_048_576),
+        "4096",
+        "messages a session holds (waiting for credits or for the peer's acknowledgement) before send returns Full",
+    ),
+    key(
+        "msgr_send_queue_bytes",
+        uint(4096, 1 << 40),
+        "67108864",
+        "data bytes a session holds (waiting or unacknowledged) before send returns Full",
+    ),
+    key(
+        "msgr_recv_window",
+        uint(4, MAX_WR),
+        "64",
+        "most receives (credits) a session posts for its peer; grown to from msgr_recv_window_min while the peer runs out of credits",
+    ),
+    key(
+        "msgr_recv_window_min",
+        uint(2, MAX_WR),
+        "4",
+        "receives a new or idle session keeps posted (each holds a 4 KiB pool chunk: the idle memory per session)",
+    ),
+    key(
+        "msgr_pool_chunks",
+        uint(64, 16_777_216),
+        "16384",
+        "4 KiB chunks the messenger's data pool may hold (receives, received data, copies, alloc_chunk); arenas are mapped as needed",
+    ),
+    key(
+        "msgr_eager_max",
+        uint(0, 4096),
+        "4096",
+        "largest single data segment sent eagerly (SEND into the receiver's posted chunk); larger ones are RDMA READ by the receiver",
+    ),
     // --- profiles ---
     key(
         "profile",

@@ -682,6 +682,18 @@ impl Connection {
         self.qp.state()
     }
 
+    /// Fault injection (tests): shuts the TCP side channel down, so both sides see EOF and
+    /// move their QPs to ERR, as when the peer's process dies.
+    pub fn inject_side_channel_close(&self) {
+        let _ = self.tcp.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Fault injection (tests): moves this side's QP to ERR now (outstanding work
+    /// flushes); the side channel stays open.
+    pub fn inject_qp_error(&self) {
+        self.qp.fail(self.ctx.shared.dev.mrs());
+    }
+
     /// Closes the connection: the peer sees EOF, this QP goes to ERR so every outstanding
     /// WR completes (flushed) and releases the memory it names, then the QP is destroyed.
     /// Completions produced stay pollable until the connection is dropped.

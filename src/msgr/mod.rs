@@ -1,10 +1,12 @@
 //! Connections: the TCP side channel (QP exchange and liveness, as Ceph), and the
-//! connection object the C ABI hands out.
+//! connection object the C ABI hands out; the messenger (sessions and messages) on them.
 
 mod conn;
 mod context;
+pub mod messenger;
 pub(crate) mod setup;
 
 pub use conn::{Connection, Listener};
 pub use context::{Context, MrInfo, OnConnect};
+pub use messenger::{Messenger, Policy, SessionId};
 pub use setup::Region;

@@ -32,6 +32,7 @@ const MAPPED: &[(&str, &str, &str, &str)] = &[
     ("ms_async_rdma_device_name", "mlx5_1", "device", "mlx5_1"),
     ("ms_async_rdma_port_num", "2", "port", "2"),
     ("ms_async_rdma_enable_hugepage", "true", "hugepages", "on"),
+    ("ms_async_op_threads", "3", "msgr_threads", "3"),
 ];
 
 /// (Ceph name, the reason given).

@@ -39,6 +39,20 @@ soft_port = 4791  # default
 soft_addr = \"\"  # default
 soft_drop_ratio = 0  # default
 progress = inline  # default
+msgr_policy = lossless  # default
+msgr_threads = 0  # default
+msgr_keepalive_ms = 1000  # default
+msgr_keepalive_timeout_ms = 5000  # default
+msgr_reconnect_min_ms = 10  # default
+msgr_reconnect_max_ms = 1000  # default
+msgr_reconnect_timeout_ms = 60000  # default
+msgr_reconnect_attempts = 0  # default
+msgr_send_queue_msgs = 4096  # default
+msgr_send_queue_bytes = 67108864  # default
+msgr_recv_window = 64  # default
+msgr_recv_window_min = 4  # default
+msgr_pool_chunks = 16384  # default
+msgr_eager_max = 4096  # default
 profile = none  # default
 ";
 

@@ -49,6 +49,31 @@ const UINT_KEYS: &[(&str, &str, u64, u64, &str)] = &[
     ("poll_batch", "32", 1, 1024, ""),
     ("credits", "0", 0, 32768, "0 = auto = max_recv_wr"),
     ("soft_port", "4791", 0, 65535, "0 = any free port"),
+    (
+        "msgr_threads",
+        "0",
+        0,
+        64,
+        "0 = the caller drives progress with poll()",
+    ),
+    ("msgr_keepalive_ms", "1000", 0, 3600000, "0 = no keepalive"),
+    ("msgr_keepalive_timeout_ms", "5000", 1, 3600000, ""),
+    ("msgr_reconnect_min_ms", "10", 1, 60000, ""),
+    ("msgr_reconnect_max_ms", "1000", 1, 60000, ""),
+    ("msgr_reconnect_timeout_ms", "60000", 1, 86400000, ""),
+    (
+        "msgr_reconnect_attempts",
+        "0",
+        0,
+        1000000,
+        "0 = no limit but the timeout",
+    ),
+    ("msgr_send_queue_msgs", "4096", 1, 1048576, ""),
+    ("msgr_send_queue_bytes", "67108864", 4096, 1099511627776, ""),
+    ("msgr_recv_window", "64", 4, 32768, ""),
+    ("msgr_recv_window_min", "4", 2, 32768, ""),
+    ("msgr_pool_chunks", "16384", 64, 16777216, ""),
+    ("msgr_eager_max", "4096", 0, 4096, ""),
 ];
 
 /// Keys with other kinds, and their defaults.
@@ -65,6 +90,7 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("soft_addr", ""),
     ("progress", "inline"),
     ("qp_override", ""),
+    ("msgr_policy", "lossless"),
 ];
 
 fn range_message(key: &str, value: &str, min: u64, max: u64, note: &str) -> String {

@@ -255,9 +255,9 @@ impl SoftQp {
                 peer: None,
                 next_id: 1,
                 pending: HashMap::default(),
-                heads: (0..TX_BATCH)
-                    .map(|_| vec![0u8; max_packet_len(4096)])
-                    .collect(),
+                // Allocated on first use (`drive_locked`): an idle QP sends a packet or
+                // two per batch, and 32 eager buffers cost ~135 KiB per QP.
+                heads: vec![Vec::new(); TX_BATCH],
                 tails: vec![[0u8; 8]; TX_BATCH],
                 drop_state: u64::from(try_random_u32()?) << 1 | 1,
                 backlog: TxBacklog::default(),
@@ -623,6 +623,9 @@ impl SoftQp {
             // Stack lists of at most TX_BATCH: this runs for every batch sent.
             let mut pkts: SmallVec<[TxSlot<'_>; TX_BATCH]> = SmallVec::new();
             for head in heads.iter_mut() {
+                if head.is_empty() {
+                    head.resize(max_packet_len(4096), 0);
+                }
                 let Some(t) = qp.poll_transmit_vectored(now, view, head) else {
                     break;
                 };

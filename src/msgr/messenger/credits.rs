@@ -1,0 +1,137 @@
+//! Credit flow control: a sender never sends more messages than the receiver has posted
+//! receives for it, so a receiver never has to RNR-NAK.
+//!
+//! Each side counts `tx` (sends it may still make: receives the peer posted for it and
+//! announced) and, for its own receive queue, `posted` (receives posted now) and `owed`
+//! (posted but not yet announced). Every header announces `owed` (then 0). A side keeps
+//! its last credit for control messages (acknowledgements, credits, keepalive, hello):
+//! data needs two. So a side can always announce the credits it owes, and two sides that
+//! both ran dry of data credits cannot deadlock: the announcement is a control message.
+//!
+//! The window (receives kept posted) starts at `msgr_recv_window_min` and doubles up to
+//! `msgr_recv_window` while the peer says it is starved (a header flag); a session idle
+//! for a keepalive interval falls back to the minimum (consumed receives beyond it are not
+//! reposted), which is what keeps idle sessions small.
+
+/// One link's credits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credits {
+    /// Sends this side may still make.
+    pub tx: u32,
+    /// Receives posted for the peer now.
+    pub posted: u32,
+    /// Posted receives not yet announced to the peer.
+    pub owed: u32,
+    /// Receives this side aims to keep posted.
+    pub window: u32,
+    min: u32,
+    max: u32,
+}
+
+impl Credits {
+    /// A new link with `posted` receives already posted (by the on-connect hook). The
+    /// first send (the hello) may use the one receive both sides post at least; the hello
+    /// announces the rest.
+    pub fn new(posted: u32, min: u32, max: u32) -> Credits {
+        Credits {
+            tx: 1,
+            posted,
+            owed: posted.saturating_sub(1),
+            window: min.max(1),
+            min: min.max(1),
+            max: max.max(min),
+        }
+    }
+
+    /// Whether a data message may go now (keeping one credit for control messages).
+    pub fn can_send_data(&self) -> bool {
+        self.tx >= 2
+    }
+
+    pub fn can_send_control(&self) -> bool {
+        self.tx >= 1
+    }
+
+    /// Takes a credit for a send and returns the credits to announce in its header.
+    pub fn on_send(&mut self) -> u32 {
+        self.tx = self.tx.saturating_sub(1);
+        std::mem::take(&mut self.owed)
+    }
+
+    /// The peer announced `n` more credits.
+    pub fn on_grant(&mut self, n: u32) {
+        self.tx = self.tx.saturating_add(n);
+    }
+
+    /// One of our receives was consumed.
+    pub fn on_receive(&mut self) {
+        self.posted = self.posted.saturating_sub(1);
+    }
+
+    /// How many receives to post to reach the window.
+    pub fn deficit(&self) -> u32 {
+        self.window.saturating_sub(self.posted)
+    }
+
+    /// `n` receives were posted.
+    pub fn on_posted(&mut self, n: u32) {
+        self.posted += n;
+        self.owed += n;
+    }
+
+    /// The peer is starved: double the window (up to the maximum).
+    pub fn grow(&mut self) {
+        self.window = (self.window * 2).clamp(self.min, self.max);
+    }
+
+    /// Idle: back to the minimum window.
+    pub fn shrink(&mut self) {
+        self.window = self.min;
+    }
+
+    /// Whether enough credits are owed to announce them in a message of their own: half
+    /// the window (or everything the peer could use, when its credits are nearly gone).
+    pub fn announce_due(&self) -> bool {
+        self.owed > 0 && self.owed >= (self.window / 2).max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_keeps_one_credit_for_control() {
+        let mut c = Credits::new(4, 4, 64);
+        assert_eq!(c.owed, 3);
+        assert!(!c.can_send_data());
+        assert!(c.can_send_control());
+        assert_eq!(c.on_send(), 3); // the hello announces the rest
+        assert_eq!(c.tx, 0);
+        c.on_grant(3);
+        assert!(c.can_send_data());
+        c.on_send();
+        c.on_send();
+        assert!(!c.can_send_data());
+        assert!(c.can_send_control());
+    }
+
+    #[test]
+    fn window_grows_and_shrinks_within_bounds() {
+        let mut c = Credits::new(4, 4, 16);
+        c.grow();
+        assert_eq!(c.window, 8);
+        assert_eq!(c.deficit(), 4);
+        c.on_posted(4);
+        c.grow();
+        c.grow();
+        assert_eq!(c.window, 16);
+        c.shrink();
+        assert_eq!(c.window, 4);
+        assert_eq!(c.deficit(), 0);
+        for _ in 0..8 {
+            c.on_receive();
+        }
+        assert!(c.announce_due());
+    }
+}

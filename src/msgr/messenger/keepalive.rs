@@ -1,0 +1,117 @@
+//! Liveness and reconnect timing: when to send a keepalive, when a silent peer counts as
+//! dead, and the backoff between reconnect attempts (with its bounds).
+
+use std::time::{Duration, Instant};
+
+/// Keepalive state of one link: the last time anything was sent and heard.
+#[derive(Debug, Clone, Copy)]
+pub struct Liveness {
+    pub last_sent: Instant,
+    pub last_heard: Instant,
+}
+
+impl Liveness {
+    pub fn new(now: Instant) -> Liveness {
+        Liveness {
+            last_sent: now,
+            last_heard: now,
+        }
+    }
+
+    /// A keepalive is due: nothing was sent for `interval`.
+    pub fn ping_due(&self, now: Instant, interval: Option<Duration>) -> bool {
+        interval.is_some_and(|i| now.saturating_duration_since(self.last_sent) >= i)
+    }
+
+    /// The peer is presumed dead: nothing heard for `timeout` (only checked with
+    /// keepalive on: without it an idle peer sends nothing).
+    pub fn dead(&self, now: Instant, interval: Option<Duration>, timeout: Duration) -> bool {
+        interval.is_some() && now.saturating_duration_since(self.last_heard) >= timeout
+    }
+}
+
+/// Reconnect attempts of one session: exponential backoff from `min` to `max`, giving up
+/// after `timeout` since the fault or `attempts` failures (0 = no count limit).
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub since: Instant,
+    pub failures: u32,
+    pub next_at: Instant,
+    min: Duration,
+    max: Duration,
+    timeout: Duration,
+    attempts: u32,
+}
+
+impl Backoff {
+    /// The first attempt goes at once: the fault may have been a one-off.
+    pub fn new(
+        now: Instant,
+        min: Duration,
+        max: Duration,
+        timeout: Duration,
+        attempts: u32,
+    ) -> Backoff {
+        Backoff {
+            since: now,
+            failures: 0,
+            next_at: now,
+            min,
+            max,
+            timeout,
+            attempts,
+        }
+    }
+
+    /// An attempt failed: schedules the next one, or returns false when out of budget.
+    pub fn failed(&mut self, now: Instant) -> bool {
+        self.failures += 1;
+        if self.exhausted(now) {
+            return false;
+        }
+        let shift = self.failures.saturating_sub(1).min(20);
+        let delay = self.min.saturating_mul(1 << shift).min(self.max);
+        self.next_at = now + delay;
+        true
+    }
+
+    pub fn exhausted(&self, now: Instant) -> bool {
+        (self.attempts > 0 && self.failures >= self.attempts)
+            || now.saturating_duration_since(self.since) >= self.timeout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_and_gives_up() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut b = Backoff::new(t0, ms(10), ms(40), ms(1000), 4);
+        assert_eq!(b.next_at, t0);
+        assert!(b.failed(t0));
+        assert_eq!(b.next_at, t0 + ms(10));
+        assert!(b.failed(t0));
+        assert_eq!(b.next_at, t0 + ms(20));
+        assert!(b.failed(t0));
+        assert_eq!(b.next_at, t0 + ms(40));
+        assert!(!b.failed(t0)); // the fourth failure ends it
+        let mut b = Backoff::new(t0, ms(10), ms(40), ms(100), 0);
+        assert!(b.failed(t0 + ms(50)));
+        assert!(!b.failed(t0 + ms(100)));
+    }
+
+    #[test]
+    fn keepalive_and_death() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let l = Liveness::new(t0);
+        assert!(!l.ping_due(t0 + ms(5), Some(ms(10))));
+        assert!(l.ping_due(t0 + ms(10), Some(ms(10))));
+        assert!(!l.ping_due(t0 + ms(10_000), None));
+        assert!(l.dead(t0 + ms(50), Some(ms(10)), ms(50)));
+        assert!(!l.dead(t0 + ms(50), None, ms(50)));
+    }
+}

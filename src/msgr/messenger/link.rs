@@ -1,0 +1,584 @@
+//! One live connection of a session: its posted receives (`[header slot][data chunk]`),
+//! its send queue (SENDs with their header slots and descriptor blocks, READs of
+//! rendezvous segments), its credits and liveness, and the rendezvous receptions in
+//! progress. Dropping a link closes the connection first (the QP is destroyed, so nothing
+//! writes our memory any more), then returns every chunk it held.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::mem::pool::{Chunk, Pool};
+use crate::msgr::Connection;
+use crate::provider::soft::cq::Wc;
+use crate::provider::soft::qp::SendReq;
+use crate::rc::verbs::send_flags;
+use crate::rc::{Sge, SgeList, WcOpcode, WcStatus, WrOpcode};
+use smallvec::SmallVec;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::credits::Credits;
+use super::keepalive::Liveness;
+use super::wire::{self, HDR_LEN, Header, Malformed, Part, SLOT, SegDesc};
+
+/// One posted receive.
+pub struct RecvSlot {
+    pub hdr: Chunk,
+    pub data: Chunk,
+}
+
+enum SqWork {
+    Send { slot: Chunk, block: Option<Chunk> },
+    Read { seq: u64 },
+}
+
+struct SqEntry {
+    cookie: u64,
+    work: SqWork,
+}
+
+/// A message as it came off the wire.
+pub struct Received {
+    pub h: Header,
+    /// The inline front (eager messages).
+    pub front: Vec<u8>,
+    /// The payload chunk when the message carried a payload (eager data or a descriptor
+    /// block); the link keeps the chunk otherwise.
+    pub data: Option<Chunk>,
+}
+
+/// What a poll found.
+pub enum LinkEvent {
+    Recv(Received),
+    ReadDone,
+}
+
+/// A rendezvous segment being READ.
+pub struct RxBuild {
+    pub desc: SegDesc,
+    pub chunks: SmallVec<[Chunk; 1]>,
+    /// The next byte of the segment to READ (all posted at `desc.len`).
+    pub next: usize,
+}
+
+/// A message being received (waiting for its READs, or for an earlier one).
+pub struct RxEntry {
+    pub seq: u64,
+    pub msg_type: u16,
+    pub front: Vec<u8>,
+    /// Eager data (a payload chunk and its length) or rendezvous segments.
+    pub eager: Option<(Chunk, usize)>,
+    pub segs: Vec<RxBuild>,
+    pub reads_in_flight: u32,
+}
+
+impl RxEntry {
+    pub fn complete(&self) -> bool {
+        self.reads_in_flight == 0 && self.segs.iter().all(|s| s.next >= s.desc.len as usize)
+    }
+}
+
+/// The data of a SEND.
+pub enum Body<'a> {
+    None,
+    /// Eager data: parts with their lkeys.
+    Eager(&'a [Part], &'a [u32]),
+    /// A descriptor block to copy into a payload chunk.
+    Block(&'a [u8]),
+}
+
+pub struct Link {
+    pub conn: Connection,
+    data: Arc<Pool>,
+    slots: Arc<Pool>,
+    recvs: VecDeque<(u64, RecvSlot)>,
+    spare_hdr: Vec<Chunk>,
+    spare_data: Vec<Chunk>,
+    sq: VecDeque<SqEntry>,
+    next_cookie: u64,
+    max_sq: usize,
+    max_sge: usize,
+    pub credits: Credits,
+    pub live: Liveness,
+    pub rx: VecDeque<RxEntry>,
+    /// The peer's hello arrived (messages may flow).
+    pub hello_done: bool,
+    /// Something was sent in the current pass (an explicit ack would be redundant).
+    pub sent_in_pass: bool,
+    /// RNR NAKs of the connection already added to the session's counters.
+    pub rnr_seen: u64,
+}
+
+impl Link {
+    /// A link over `conn`, whose on-connect hook posted `slots`.
+    pub fn new(
+        conn: Connection,
+        slots: Vec<RecvSlot>,
+        data: Arc<Pool>,
+        slot_pool: Arc<Pool>,
+        credits: Credits,
+        max_sq: usize,
+        max_sge: usize,
+    ) -> Link {
+        let now = Instant::now();
+        Link {
+            conn,
+            data,
+            slots: slot_pool,
+            recvs: slots
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| (i as u64, s))
+                .collect(),
+            spare_hdr: Vec::new(),
+            spare_data: Vec::new(),
+            sq: VecDeque::new(),
+            next_cookie: 1 << 32,
+            max_sq,
+            max_sge: max_sge.max(2),
+            credits,
+            live: Liveness::new(now),
+            rx: VecDeque::new(),
+            hello_done: false,
+            sent_in_pass: false,
+            rnr_seen: 0,
+        }
+    }
+
+    /// Posts receives on a connection (the on-connect hook): `n` slots of `[header slot]
+    /// [data chunk]`. Returns the slots taken (posted or not: they may be released only
+    /// once the connection is gone) and the error, if not all could be posted.
+    pub fn post_initial(
+        conn: &Connection,
+        n: u32,
+        data: &Pool,
+        slot_pool: &Pool,
+    ) -> (Vec<RecvSlot>, Option<Error>) {
+        let mut out = Vec::with_capacity(n as usize);
+        let mut wrs = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let hdr = match slot_pool.get() {
+                Ok(c) => c,
+                Err(e) => return (out, Some(e)),
+            };
+            let d = match data.get() {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = slot_pool.put(hdr);
+                    return (out, Some(e));
+                }
+            };
+            wrs.push((u64::from(i), recv_sges(&hdr, &d)));
+            out.push(RecvSlot { hdr, data: d });
+        }
+        match conn.post_recv(&wrs) {
+            Ok(k) if k == wrs.len() => (out, None),
+            Ok(_) => (
+                out,
+                Some(Error::fixed(
+                    ErrorKind::Full,
+                    "messenger: the receive queue took fewer receives than the window (raise max_recv_wr)",
+                )),
+            ),
+            Err(e) => (out, Some(e)),
+        }
+    }
+
+    /// SGEs per send work request.
+    pub fn max_sge(&self) -> usize {
+        self.max_sge
+    }
+
+    /// Free send-queue entries.
+    pub fn sq_room(&self) -> usize {
+        self.max_sq.saturating_sub(self.sq.len())
+    }
+
+    /// Posts receives up to the credit window (pool permitting).
+    pub fn replenish(&mut self) -> Result<()> {
+        let want = self.credits.deficit();
+        if want == 0 {
+            return Ok(());
+        }
+        let mut wrs: SmallVec<[(u64, SgeList); 8]> = SmallVec::new();
+        let mut slots = Vec::new();
+        for _ in 0..want {
+            let Some(hdr) = self.spare_hdr.pop().or_else(|| self.slots.get().ok()) else {
+                break;
+            };
+            let Some(d) = self.spare_data.pop().or_else(|| self.data.get().ok()) else {
+                self.spare_hdr.push(hdr);
+                break;
+            };
+            let cookie = self.next_cookie;
+            self.next_cookie += 1;
+            wrs.push((cookie, recv_sges(&hdr, &d)));
+            slots.push((cookie, RecvSlot { hdr, data: d }));
+        }
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let posted = self.conn.post_recv(&wrs);
+        let n = *posted.as_ref().unwrap_or(&0);
+        let mut slots = slots.into_iter();
+        for s in slots.by_ref().take(n) {
+            self.recvs.push_back(s);
+        }
+        for (_, s) in slots {
+            self.spare_hdr.push(s.hdr);
+            self.spare_data.push(s.data);
+        }
+        self.credits.on_posted(n as u32);
+        posted.map(|_| ())
+    }
+
+    /// Sends one message: `h` gets the credits owed, `front` goes inline after the header.
+    /// The caller checked credits and send-queue room.
+    pub fn send(&mut self, h: &mut Header, front: &[u8], body: Body<'_>) -> Result<()> {
+        if self.sq_room() == 0 {
+            return Err(Error::fixed(ErrorKind::Full, "messenger: send queue full"));
+        }
+        let slot = self.spare_hdr.pop().map_or_else(|| self.slots.get(), Ok)?;
+        let mut block_chunk = None;
+        let mut sges: SgeList = SgeList::new();
+        sges.push(Sge {
+            addr: slot.addr_u64(),
+            length: SLOT as u32,
+            lkey: slot.lkey,
+        });
+        match body {
+            Body::None => h.payload_len = 0,
+            Body::Eager(parts, lkeys) => {
+                let mut n = 0;
+                for (p, &lkey) in parts.iter().zip(lkeys) {
+                    sges.push(Sge {
+                        addr: p.addr,
+                        length: p.len,
+                        lkey,
+                    });
+                    n += p.len;
+                }
+                h.payload_len = n;
+            }
+            Body::Block(bytes) => {
+                let c = match self.spare_data.pop().map_or_else(|| self.data.get(), Ok) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.spare_hdr.push(slot);
+                        return Err(e);
+                    }
+                };
+                let n = bytes.len().min(c.len);
+                // SAFETY: the chunk is ours (from the pool or our spares, not posted).
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), c.addr, n) };
+                sges.push(Sge {
+                    addr: c.addr_u64(),
+                    length: n as u32,
+                    lkey: c.lkey,
+                });
+                h.payload_len = n as u32;
+                block_chunk = Some(c);
+            }
+        }
+        h.credits = self.credits.owed;
+        // SAFETY: the slot is ours (from the pool or our spares, not posted); SLOT bytes.
+        let out = unsafe { std::slice::from_raw_parts_mut(slot.addr, SLOT) };
+        h.emit(out);
+        let n = front.len().min(SLOT - HDR_LEN);
+        out[HDR_LEN..HDR_LEN + n].copy_from_slice(&front[..n]);
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        let wr = SendReq {
+            cookie,
+            opcode: WrOpcode::Send,
+            flags: send_flags::SIGNALED,
+            sges,
+            remote_addr: 0,
+            rkey: 0,
+            imm: 0,
+        };
+        match self.conn.post_send(std::slice::from_ref(&wr)) {
+            Ok(1) => {}
+            Ok(_) | Err(_) => {
+                self.spare_hdr.push(slot);
+                if let Some(c) = block_chunk {
+                    self.spare_data.push(c);
+                }
+                return Err(Error::fixed(
+                    ErrorKind::Closed,
+                    "messenger: the connection refused a send",
+                ));
+            }
+        }
+        self.credits.on_send();
+        self.sq.push_back(SqEntry {
+            cookie,
+            work: SqWork::Send {
+                slot,
+                block: block_chunk,
+            },
+        });
+        self.live.last_sent = Instant::now();
+        self.sent_in_pass = true;
+        Ok(())
+    }
+
+    /// Posts READs for entry `e` (rendezvous) while the send queue has room; allocates the
+    /// segment's chunks first. Returns Ok(false) when it has to wait (pool or queue).
+    pub fn post_reads(&mut self, idx: usize) -> Result<bool> {
+        let max_sge = self.max_sge;
+        let mut wrs: SmallVec<[SendReq; 8]> = SmallVec::new();
+        let room = self.sq_room();
+        let Some(e) = self.rx.get_mut(idx) else {
+            return Ok(true);
+        };
+        let seq = e.seq;
+        let chunk_size = self.data.chunk_size();
+        'segs: for seg in e.segs.iter_mut() {
+            let len = seg.desc.len as usize;
+            while seg.chunks.len() * chunk_size < len {
+                match self.data.get() {
+                    Ok(c) => seg.chunks.push(c),
+                    Err(_) => break 'segs,
+                }
+            }
+            while seg.next < len {
+                if wrs.len() >= room {
+                    break 'segs;
+                }
+                // The remote part holding byte `next`, and the offset in it.
+                let (mut off, mut part) = (seg.next, None);
+                for p in &seg.desc.parts {
+                    if off < p.len as usize {
+                        part = Some(*p);
+                        break;
+                    }
+                    off -= p.len as usize;
+                }
+                let Some(p) = part else {
+                    return Err(Malformed("rendezvous parts do not cover the segment").into());
+                };
+                // Local SGEs from `next` on, up to max_sge chunks, within the remote part.
+                let mut sges = SgeList::new();
+                let mut pos = seg.next;
+                let end = seg.next + (p.len as usize - off);
+                while pos < end && sges.len() < max_sge {
+                    let ci = pos / chunk_size;
+                    let co = pos % chunk_size;
+                    let n = (chunk_size - co).min(end - pos);
+                    let c = &seg.chunks[ci];
+                    sges.push(Sge {
+                        addr: c.addr_u64() + co as u64,
+                        length: n as u32,
+                        lkey: c.lkey,
+                    });
+                    pos += n;
+                }
+                let cookie = self.next_cookie;
+                self.next_cookie += 1;
+                wrs.push(SendReq {
+                    cookie,
+                    opcode: WrOpcode::RdmaRead,
+                    flags: send_flags::SIGNALED,
+                    sges,
+                    remote_addr: p.addr + off as u64,
+                    rkey: p.rkey,
+                    imm: 0,
+                });
+                seg.next = pos;
+            }
+        }
+        let all = e.segs.iter().all(|s| s.next >= s.desc.len as usize);
+        if wrs.is_empty() {
+            return Ok(all);
+        }
+        let n = self.conn.post_send(&wrs)?;
+        if n != wrs.len() {
+            return Err(Error::fixed(
+                ErrorKind::Closed,
+                "messenger: the connection refused a READ",
+            ));
+        }
+        e.reads_in_flight += n as u32;
+        for w in &wrs {
+            self.sq.push_back(SqEntry {
+                cookie: w.cookie,
+                work: SqWork::Read { seq },
+            });
+        }
+        Ok(all)
+    }
+
+    /// Takes up to `max` completions. An error completion, or one that does not match
+    /// what was posted, is a fault (returned as the error).
+    pub fn poll(&mut self, max: usize, out: &mut Vec<LinkEvent>) -> Result<usize> {
+        let mut wcs = [empty_wc(); 32];
+        let mut total = 0;
+        while total < max {
+            let n = self.conn.poll(&mut wcs[..(max - total).min(32)]);
+            if n == 0 {
+                break;
+            }
+            total += n;
+            for wc in &wcs[..n] {
+                self.complete(wc, out)?;
+            }
+        }
+        Ok(total)
+    }
+
+    fn complete(&mut self, wc: &Wc, out: &mut Vec<LinkEvent>) -> Result<()> {
+        if wc.status != WcStatus::Success {
+            let note = self.conn.failure_note().unwrap_or_default();
+            return Err(Error::new(
+                ErrorKind::Closed,
+                format!("completion with status {:?} {note}", wc.status),
+            ));
+        }
+        let mismatch = || Error::fixed(ErrorKind::Closed, "completion out of order");
+        match wc.opcode {
+            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
+                let (cookie, slot) = self.recvs.pop_front().ok_or_else(mismatch)?;
+                if cookie != wc.cookie {
+                    self.recvs.push_front((cookie, slot));
+                    return Err(mismatch());
+                }
+                self.credits.on_receive();
+                self.live.last_heard = Instant::now();
+                // SAFETY: the receive completed: the slot is ours again and holds
+                // `byte_len` bytes of which the first SLOT are the header slot.
+                let bytes = unsafe { std::slice::from_raw_parts(slot.hdr.addr, SLOT) };
+                let parsed = Header::parse(bytes, wc.byte_len as usize);
+                let h = match parsed {
+                    Ok(h) => h,
+                    Err(m) => {
+                        self.spare_hdr.push(slot.hdr);
+                        self.spare_data.push(slot.data);
+                        return Err(m.into());
+                    }
+                };
+                let front = if h.has(wire::flags::RNDV) {
+                    Vec::new()
+                } else {
+                    let n = h.front_len as usize;
+                    bytes[HDR_LEN..HDR_LEN + n].to_vec()
+                };
+                self.spare_hdr.push(slot.hdr);
+                let data = if h.payload_len > 0 || h.nsegs > 0 {
+                    Some(slot.data)
+                } else {
+                    self.spare_data.push(slot.data);
+                    None
+                };
+                out.push(LinkEvent::Recv(Received { h, front, data }));
+            }
+            _ => {
+                let e = self.sq.pop_front().ok_or_else(mismatch)?;
+                if e.cookie != wc.cookie {
+                    self.sq.push_front(e);
+                    return Err(mismatch());
+                }
+                match e.work {
+                    SqWork::Send { slot, block } => {
+                        self.spare_hdr.push(slot);
+                        if let Some(b) = block {
+                            self.spare_data.push(b);
+                        }
+                    }
+                    SqWork::Read { seq } => {
+                        if let Some(r) = self.rx.iter_mut().find(|r| r.seq == seq) {
+                            r.reads_in_flight = r.reads_in_flight.saturating_sub(1);
+                        }
+                        out.push(LinkEvent::ReadDone);
+                    }
+                }
+            }
+        }
+        // Keep spares small: an idle link holds only what it has posted.
+        while self.spare_hdr.len() > 4 {
+            if let Some(c) = self.spare_hdr.pop() {
+                let _ = self.slots.put(c);
+            }
+        }
+        while self.spare_data.len() > 4 {
+            if let Some(c) = self.spare_data.pop() {
+                let _ = self.data.put(c);
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns a payload chunk the session did not hand out.
+    pub fn give_back(&mut self, c: Chunk) {
+        self.spare_data.push(c);
+    }
+
+    /// The RNR NAKs of the connection not yet counted.
+    pub fn take_rnr(&mut self) -> u64 {
+        let c = self.conn.counters();
+        let total = c.rnr_naks_sent + c.rnr_naks_received;
+        let new = total.saturating_sub(self.rnr_seen);
+        self.rnr_seen = total;
+        new
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // The QP goes first: once it is destroyed nothing writes or reads our chunks.
+        self.conn.close();
+        for (_, s) in self.recvs.drain(..) {
+            let _ = self.slots.put(s.hdr);
+            let _ = self.data.put(s.data);
+        }
+        for e in self.sq.drain(..) {
+            if let SqWork::Send { slot, block } = e.work {
+                let _ = self.slots.put(slot);
+                if let Some(b) = block {
+                    let _ = self.data.put(b);
+                }
+            }
+        }
+        for e in self.rx.drain(..) {
+            if let Some((c, _)) = e.eager {
+                let _ = self.data.put(c);
+            }
+            for s in e.segs {
+                for c in s.chunks {
+                    let _ = self.data.put(c);
+                }
+            }
+        }
+        for c in self.spare_hdr.drain(..) {
+            let _ = self.slots.put(c);
+        }
+        for c in self.spare_data.drain(..) {
+            let _ = self.data.put(c);
+        }
+    }
+}
+
+fn recv_sges(hdr: &Chunk, data: &Chunk) -> SgeList {
+    let mut s = SgeList::new();
+    s.push(Sge {
+        addr: hdr.addr_u64(),
+        length: SLOT as u32,
+        lkey: hdr.lkey,
+    });
+    s.push(Sge {
+        addr: data.addr_u64(),
+        length: data.len as u32,
+        lkey: data.lkey,
+    });
+    s
+}
+
+fn empty_wc() -> Wc {
+    Wc {
+        cookie: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    }
+}

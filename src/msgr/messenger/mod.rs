@@ -1,0 +1,164 @@
+//! The messenger: addressed sessions over RC connections, with messages made of a type, a
+//! small front part and page-aligned data segments; credit flow control; lossless
+//! (reconnect + replay, exactly once in order) and lossy policies; keepalive; the caller's
+//! `poll` or worker threads driving progress and calling the application back.
+//!
+//! It uses only [`Context`](super::Context), [`Connection`](super::Connection) and the
+//! memory pools: it does not know which provider it runs on. Design, wire format and
+//! measurements: `docs/messenger.md`.
+//!
+//! One job per file: `wire` (the header), `credits` (flow control), `session` (sequence
+//! numbers, acknowledgements, replay), `keepalive` (liveness and reconnect backoff),
+//! `link` (one live connection: posted receives, the send queue, READs), `buffers` (pools
+//! and payload preparation), `shard` (progress passes, worker threads, callback dispatch),
+//! `settings` (the `msgr_*` knobs), `types` (the public types).
+
+mod buffers;
+mod credits;
+mod keepalive;
+mod link;
+mod session;
+mod settings;
+mod shard;
+mod types;
+pub mod wire;
+
+pub use settings::MsgrSettings;
+pub use types::{
+    Dispatcher, Fault, InMessage, MsgrStats, OutMessage, Payload, Policy, Refused, Registered,
+    RxSeg, SendId, SessionCounters, SessionId, SessionInfo, SessionState, TxChunk,
+};
+
+use crate::config::Config;
+use crate::error::Result;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shard::Core;
+
+/// A messenger: owns a [`Context`](super::Context), listens, connects, and carries many
+/// sessions. Cheap to clone (a handle); every method takes `&self` and may be called from
+/// any thread, including from inside a [`Dispatcher`] callback (see there for what is
+/// refused). When the last handle the application holds is dropped, the messenger shuts
+/// down: worker threads stop, every session's connection is closed (no callbacks run),
+/// and the pools are freed once the application dropped its received segments.
+#[derive(Clone)]
+pub struct Messenger {
+    pub(crate) core: Arc<Core>,
+    /// Shuts the core down when the last application handle goes.
+    _owner: Arc<Owner>,
+}
+
+pub(crate) struct Owner(Arc<Core>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.shutdown();
+    }
+}
+
+impl std::fmt::Debug for Messenger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Messenger").finish_non_exhaustive()
+    }
+}
+
+impl Messenger {
+    /// A messenger with its own context (`config`: the transport keys and the `msgr_*`
+    /// keys) calling `dispatcher` back. With `msgr_threads` > 0 the worker threads start
+    /// here. The messenger needs 2 receive SGEs (header slot + data chunk): a configured
+    /// `max_recv_sge` of 1 is raised to 2; a default `max_send_sge` is raised to 16 (READs
+    /// into 16 chunks at once).
+    pub fn new(config: &Config, dispatcher: Arc<dyn Dispatcher>) -> Result<Messenger> {
+        let core = Core::new(config, dispatcher)?;
+        let owner = Arc::new(Owner(Arc::clone(&core)));
+        core.start(&owner)?;
+        Ok(Messenger {
+            _owner: owner,
+            core,
+        })
+    }
+
+    /// Listens on `addr` ("IP:PORT", port 0 = any) and returns the bound address. Accepted
+    /// connections become sessions when their peer's session handshake arrives
+    /// (`on_connect` with `incoming = true`), or resume an existing one (lossless
+    /// reconnect). One listener per messenger.
+    pub fn listen(&self, addr: &str) -> Result<SocketAddr> {
+        self.core.listen(addr)
+    }
+
+    /// Opens a session to the messenger listening at `addr` with `policy`. Returns at once;
+    /// the connection is made in the background (`on_connect` when it is open). Messages
+    /// sent meanwhile wait (within the queue bounds). A lossless session retries the first
+    /// connection with backoff too; a lossy one ends with `on_reset` if it fails.
+    pub fn connect(&self, addr: &str, policy: Policy) -> Result<SessionId> {
+        self.core.connect(addr, policy)
+    }
+
+    /// Queues `msg` on session `s` and returns its [`SendId`]; `on_send_complete` reports
+    /// when the peer acknowledged it. Refused (message handed back) with `Full` when the
+    /// session holds `msgr_send_queue_msgs` messages or `msgr_send_queue_bytes` data bytes
+    /// (queued + unacknowledged; `on_send_ready` tells when there is room), `Closed` when
+    /// the session ended, `InvalidArgument` for a message that breaks the limits. Payloads
+    /// are prepared here (copies made, registrations looked up) on the caller's thread;
+    /// the message goes out on the next progress pass (at once in worker mode).
+    pub fn send(&self, s: SessionId, msg: OutMessage) -> std::result::Result<SendId, Refused> {
+        self.core.send(s, msg)
+    }
+
+    /// A chunk of the messenger's data pool (4 KiB, page-aligned, registered) to fill and
+    /// send as [`Payload::Chunk`]. `Full` when the pool is exhausted.
+    pub fn alloc_chunk(&self) -> Result<TxChunk> {
+        self.core.alloc_chunk()
+    }
+
+    /// Caller-driven progress (`msgr_threads = 0`): accepts, polls every connection,
+    /// posts receives and sends, runs timers (keepalive, reconnect), then runs the
+    /// callbacks of what happened, on this thread. Returns the number of callbacks run.
+    /// Waits up to `timeout` for something to happen when nothing did (zero: never
+    /// waits). `InvalidArgument` in worker mode; `Busy` from inside a callback.
+    pub fn poll(&self, timeout: Duration) -> Result<usize> {
+        self.core.poll(timeout)
+    }
+
+    /// Ends a session now: its connection is closed, queued and unacknowledged sends
+    /// complete with `Closed` (callbacks run on the session's thread, or in the next
+    /// `poll`), no `on_reset`. The peer sees a fault (lossy: it resets; lossless: it
+    /// waits for a reconnect that does not come and resets after the timeout).
+    pub fn close_session(&self, s: SessionId) -> Result<()> {
+        self.core.close_session(s)
+    }
+
+    /// A session's state and counters. `InvalidArgument` for an unknown id (closed
+    /// sessions are forgotten once their last callback ran).
+    pub fn session_info(&self, s: SessionId) -> Result<SessionInfo> {
+        self.core.session_info(s)
+    }
+
+    /// The sessions not closed.
+    pub fn sessions(&self) -> Vec<SessionId> {
+        self.core.sessions()
+    }
+
+    /// Messenger-wide figures (pools, sessions, totals).
+    pub fn stats(&self) -> MsgrStats {
+        self.core.stats()
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &MsgrSettings {
+        self.core.settings()
+    }
+
+    /// Injects a transport fault on the session's current connection (tests). `Closed`
+    /// when it has none.
+    pub fn inject_fault(&self, s: SessionId, fault: Fault) -> Result<()> {
+        self.core.inject_fault(s, fault)
+    }
+
+    /// The UDP ports of the context (for fault injection with a UDP black hole).
+    pub fn udp_port(&self) -> u16 {
+        self.core.udp_port()
+    }
+}

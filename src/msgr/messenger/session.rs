@@ -1,0 +1,477 @@
+//! A session's state: identities, sequence numbers, the messages waiting for credits and
+//! those sent but not acknowledged (kept for replay), what was delivered; and the protocol
+//! steps on its current link (receive, deliver in order, send within credits, acknowledge,
+//! keep alive).
+//!
+//! Replay: on a fault the unacknowledged messages go back to the front of the waiting
+//! queue, in order; the next link's hello tells how far the peer delivered (everything up
+//! to it completes), and the rest is sent again. The receiver drops a sequence number it
+//! already delivered, so each message is delivered exactly once, in order.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::mem::pool::Pool;
+use crate::msgr::Connection;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::mpsc::Receiver;
+use std::time::Instant;
+
+use super::buffers::TxSeg;
+use super::keepalive::Backoff;
+use super::link::{Body, Link, LinkEvent, Received, RecvSlot, RxBuild, RxEntry};
+use super::settings::MsgrSettings;
+use super::types::{
+    InMessage, Policy, RxSeg, SendId, SessionCounters, SessionId, SessionInfo, SessionState,
+};
+use super::wire::{self, FRONT_INLINE_MAX, Header, Kind, Malformed, PAYLOAD_MAX, SegDesc, flags};
+
+/// A prepared outgoing message.
+pub struct OutMsg {
+    pub seq: u64,
+    pub msg_type: u16,
+    pub front: Vec<u8>,
+    pub segs: Vec<TxSeg>,
+    /// Front + data bytes.
+    pub bytes: u64,
+    /// Sent before on an earlier link.
+    pub replay: bool,
+}
+
+impl OutMsg {
+    /// Eager: no segment or one small one, and the front fits the slot.
+    pub fn eager(&self, eager_max: usize, max_sge: usize) -> bool {
+        self.front.len() <= FRONT_INLINE_MAX
+            && match self.segs.as_slice() {
+                [] => true,
+                [s] => s.len <= eager_max.min(PAYLOAD_MAX) && s.parts.len() < max_sge,
+                _ => false,
+            }
+    }
+
+    fn descs(&self) -> Vec<SegDesc> {
+        self.segs
+            .iter()
+            .map(|s| SegDesc {
+                len: s.len as u32,
+                parts: s.parts.to_vec(),
+            })
+            .collect()
+    }
+}
+
+/// What the callbacks will be told, in order.
+pub enum Event {
+    Connect(SessionId, SocketAddr, bool),
+    Message(SessionId, InMessage),
+    SendDone(SessionId, SendId, Result<()>),
+    Ready(SessionId),
+    Reset(SessionId, Error),
+}
+
+/// A connection attempt running on its own thread: the connection and the receives its
+/// on-connect hook posted.
+pub type Attempt = Receiver<Result<(Connection, Vec<RecvSlot>)>>;
+
+pub struct Session {
+    pub id: u64,
+    pub peer_id: u64,
+    pub policy: Policy,
+    pub incoming: bool,
+    /// Connecting side: where to (re)connect.
+    pub addr: Option<String>,
+    pub peer: Option<SocketAddr>,
+    pub state: SessionState,
+    pub next_seq: u64,
+    pub waiting: VecDeque<OutMsg>,
+    pub unacked: VecDeque<OutMsg>,
+    /// Data + front bytes of `waiting` and `unacked`.
+    pub held_bytes: u64,
+    /// A send was refused with Full: tell `on_send_ready` when there is room.
+    pub refused: bool,
+    pub delivered: u64,
+    pub acked_to_peer: u64,
+    pub link: Option<Link>,
+    pub counters: SessionCounters,
+    pub backoff: Option<Backoff>,
+    pub attempt: Option<Attempt>,
+    /// `on_connect` was reported.
+    pub announced: bool,
+    /// Accepting side of a lossless session without a link: since when.
+    pub down_since: Option<Instant>,
+    /// Messages are waiting for credits (counted once per stall).
+    pub stalled: bool,
+}
+
+impl Session {
+    pub fn new(id: u64, policy: Policy, incoming: bool) -> Session {
+        Session {
+            id,
+            peer_id: 0,
+            policy,
+            incoming,
+            addr: None,
+            peer: None,
+            state: SessionState::Connecting,
+            next_seq: 1,
+            waiting: VecDeque::new(),
+            unacked: VecDeque::new(),
+            held_bytes: 0,
+            refused: false,
+            delivered: 0,
+            acked_to_peer: 0,
+            link: None,
+            counters: SessionCounters::default(),
+            backoff: None,
+            attempt: None,
+            announced: false,
+            down_since: None,
+            stalled: false,
+        }
+    }
+
+    pub fn sid(&self) -> SessionId {
+        SessionId(self.id)
+    }
+
+    pub fn held_msgs(&self) -> usize {
+        self.waiting.len() + self.unacked.len()
+    }
+
+    /// Whether a new message of `bytes` fits the bounds.
+    pub fn has_room(&self, s: &MsgrSettings, bytes: u64) -> bool {
+        self.held_msgs() < s.send_queue_msgs
+            && (self.held_bytes == 0 || self.held_bytes + bytes <= s.send_queue_bytes)
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        SessionInfo {
+            state: self.state,
+            policy: self.policy,
+            peer: self.peer,
+            incoming: self.incoming,
+            local_id: self.id,
+            peer_id: self.peer_id,
+            queued: self.waiting.len(),
+            unacked: self.unacked.len(),
+            credits: self.link.as_ref().map_or(0, |l| l.credits.tx),
+            recv_window: self.link.as_ref().map_or(0, |l| l.credits.window),
+            counters: self.counters,
+        }
+    }
+
+    /// Everything up to `ack` was delivered by the peer: those sends complete.
+    pub fn on_ack(&mut self, ack: u64, s: &MsgrSettings, ev: &mut Vec<Event>) {
+        let sid = self.sid();
+        while self.unacked.front().is_some_and(|m| m.seq <= ack) {
+            if let Some(m) = self.unacked.pop_front() {
+                self.held_bytes -= m.bytes;
+                ev.push(Event::SendDone(sid, m.seq, Ok(())));
+            }
+        }
+        while self
+            .waiting
+            .front()
+            .is_some_and(|m| m.replay && m.seq <= ack)
+        {
+            if let Some(m) = self.waiting.pop_front() {
+                self.held_bytes -= m.bytes;
+                ev.push(Event::SendDone(sid, m.seq, Ok(())));
+            }
+        }
+        if self.refused && self.has_room(s, 0) {
+            self.refused = false;
+            ev.push(Event::Ready(sid));
+        }
+    }
+
+    /// Every send still held fails with `err`.
+    pub fn fail_all(&mut self, err: &Error, ev: &mut Vec<Event>) {
+        let sid = self.sid();
+        for m in self.unacked.drain(..).chain(self.waiting.drain(..)) {
+            ev.push(Event::SendDone(sid, m.seq, Err(err.clone())));
+        }
+        self.held_bytes = 0;
+    }
+
+    /// The link is gone: what it sent and was not acknowledged is sent again on the next.
+    pub fn drop_link(&mut self) {
+        self.link = None;
+        while let Some(mut m) = self.unacked.pop_back() {
+            m.replay = true;
+            self.waiting.push_front(m);
+        }
+    }
+
+    /// Handles the header fields every message carries.
+    fn on_header(&mut self, h: &Header, s: &MsgrSettings, ev: &mut Vec<Event>) {
+        if let Some(l) = self.link.as_mut() {
+            l.credits.on_grant(h.credits);
+            if h.has(flags::STARVED) {
+                l.credits.grow();
+            }
+        }
+        if h.kind != Kind::Hello as u8 {
+            self.on_ack(h.ack, s, ev);
+        }
+    }
+
+    /// Handles what a link poll found. `Err` = a fault (malformed or unexpected).
+    pub fn on_link_event(
+        &mut self,
+        e: LinkEvent,
+        s: &MsgrSettings,
+        ev: &mut Vec<Event>,
+    ) -> Result<()> {
+        let r = match e {
+            LinkEvent::ReadDone => return Ok(()),
+            LinkEvent::Recv(r) => r,
+        };
+        self.on_header(&r.h, s, ev);
+        let Some(kind) = r.h.kind() else {
+            return Err(Malformed("unknown message kind").into());
+        };
+        match kind {
+            Kind::Hello => self.on_hello(r, s, ev),
+            Kind::Msg => self.on_msg(r),
+            Kind::Ack | Kind::Ping | Kind::Pong => Ok(()),
+            Kind::Bye => Err(Error::fixed(
+                ErrorKind::Closed,
+                "the peer closed the session",
+            )),
+        }
+    }
+
+    /// The hello that answers ours (connecting side).
+    fn on_hello(&mut self, r: Received, s: &MsgrSettings, ev: &mut Vec<Event>) -> Result<()> {
+        let Some(link) = self.link.as_mut() else {
+            return Ok(());
+        };
+        if self.incoming || link.hello_done {
+            return Err(Malformed("unexpected session hello").into());
+        }
+        if r.h.aux == 0 || (self.peer_id != 0 && self.peer_id != r.h.aux) {
+            return Err(Error::fixed(
+                ErrorKind::Closed,
+                "the peer restarted (new session identity): session reset",
+            ));
+        }
+        link.hello_done = true;
+        self.peer_id = r.h.aux;
+        self.on_ack(r.h.aux3, s, ev);
+        self.opened(ev);
+        Ok(())
+    }
+
+    /// The session is (again) open on its link.
+    pub fn opened(&mut self, ev: &mut Vec<Event>) {
+        self.state = SessionState::Open;
+        self.backoff = None;
+        self.down_since = None;
+        if !self.announced {
+            self.announced = true;
+            if let Some(p) = self
+                .peer
+                .or_else(|| self.link.as_ref().map(|l| l.conn.peer()))
+            {
+                self.peer = Some(p);
+                ev.push(Event::Connect(self.sid(), p, self.incoming));
+            }
+        }
+    }
+
+    fn on_msg(&mut self, r: Received) -> Result<()> {
+        let Some(link) = self.link.as_mut() else {
+            return Ok(());
+        };
+        if !link.hello_done {
+            return Err(Malformed("message before the session hello").into());
+        }
+        let expected = self.delivered + link.rx.len() as u64 + 1;
+        if r.h.seq < expected {
+            self.counters.duplicates_dropped += 1;
+            if let Some(c) = r.data {
+                link.give_back(c);
+            }
+            return Ok(());
+        }
+        if r.h.seq > expected {
+            if let Some(c) = r.data {
+                link.give_back(c);
+            }
+            return Err(Malformed("message sequence gap").into());
+        }
+        let mut entry = RxEntry {
+            seq: r.h.seq,
+            msg_type: r.h.msg_type,
+            front: r.front,
+            eager: None,
+            segs: Vec::new(),
+            reads_in_flight: 0,
+        };
+        if r.h.has(flags::RNDV) {
+            let Some(c) = r.data else {
+                return Err(Malformed("rendezvous message without a descriptor block").into());
+            };
+            // SAFETY: the receive completed; the chunk is ours and holds `payload_len`
+            // (<= its size, checked by the header parse) bytes.
+            let block = unsafe { std::slice::from_raw_parts(c.addr, r.h.payload_len as usize) };
+            let parsed = wire::parse_block(&r.h, block);
+            link.give_back(c);
+            let (front, segs) = parsed?;
+            entry.front = front;
+            entry.segs = segs
+                .into_iter()
+                .map(|desc| RxBuild {
+                    desc,
+                    chunks: Default::default(),
+                    next: 0,
+                })
+                .collect();
+            self.counters.read_segments += entry.segs.len() as u64;
+        } else if r.h.nsegs == 1 {
+            match r.data {
+                Some(c) => entry.eager = Some((c, r.h.payload_len as usize)),
+                None => entry.eager = None,
+            }
+            self.counters.eager_segments += 1;
+        } else if let Some(c) = r.data {
+            link.give_back(c);
+        }
+        link.rx.push_back(entry);
+        Ok(())
+    }
+
+    /// The protocol steps after a poll: READs, in-order delivery, receives, sends within
+    /// credits, acknowledgement/credit/keepalive messages. `Err` = a fault.
+    pub fn pump(
+        &mut self,
+        now: Instant,
+        s: &MsgrSettings,
+        data_pool: &Arc<Pool>,
+        ev: &mut Vec<Event>,
+    ) -> Result<()> {
+        let sid = self.sid();
+        let Some(link) = self.link.as_mut() else {
+            return Ok(());
+        };
+        // READs of rendezvous messages, oldest first.
+        for i in 0..link.rx.len() {
+            let all_posted = link.rx[i]
+                .segs
+                .iter()
+                .all(|g| g.next >= g.desc.len as usize);
+            if !all_posted && !link.post_reads(i)? {
+                break;
+            }
+        }
+        // Deliver in order.
+        while link.rx.front().is_some_and(|e| e.complete()) {
+            let Some(e) = link.rx.pop_front() else { break };
+            let mut data = Vec::new();
+            let mut bytes = e.front.len() as u64;
+            if let Some((c, len)) = e.eager {
+                bytes += len as u64;
+                data.push(RxSeg {
+                    chunks: smallvec::smallvec![c],
+                    pool: Arc::clone(data_pool),
+                    len,
+                });
+            }
+            for g in e.segs {
+                bytes += u64::from(g.desc.len);
+                data.push(RxSeg {
+                    chunks: g.chunks,
+                    pool: Arc::clone(data_pool),
+                    len: g.desc.len as usize,
+                });
+            }
+            self.delivered = e.seq;
+            self.counters.msgs_received += 1;
+            self.counters.bytes_received += bytes;
+            ev.push(Event::Message(
+                sid,
+                InMessage {
+                    msg_type: e.msg_type,
+                    seq: e.seq,
+                    front: e.front,
+                    data,
+                },
+            ));
+        }
+        link.replenish()?;
+        if !link.hello_done {
+            return Ok(());
+        }
+        // Messages, within credits.
+        let max_sge = link.max_sge();
+        while let Some(m) = self.waiting.front() {
+            if !link.credits.can_send_data() || link.sq_room() == 0 {
+                if !self.stalled {
+                    self.stalled = true;
+                    self.counters.credit_stalls += 1;
+                }
+                break;
+            }
+            self.stalled = false;
+            let mut h = Header::new(Kind::Msg);
+            h.seq = m.seq;
+            h.ack = self.delivered;
+            h.msg_type = m.msg_type;
+            h.nsegs = m.segs.len() as u16;
+            h.front_len = m.front.len() as u32;
+            if self.waiting.len() > 1 && link.credits.tx <= 2 {
+                h.flags |= flags::STARVED;
+            }
+            if m.eager(s.eager_max, max_sge) {
+                match m.segs.first() {
+                    Some(g) => link.send(&mut h, &m.front, Body::Eager(&g.parts, &g.lkeys))?,
+                    None => link.send(&mut h, &m.front, Body::None)?,
+                }
+            } else {
+                h.flags |= flags::RNDV;
+                let mut block = [0u8; PAYLOAD_MAX];
+                let n = wire::emit_block(&mut block, &m.front, &m.descs()).ok_or_else(|| {
+                    Error::fixed(ErrorKind::InvalidArgument, "descriptor block too large")
+                })?;
+                link.send(&mut h, &[], Body::Block(&block[..n]))?;
+            }
+            self.acked_to_peer = self.delivered;
+            if let Some(mut m) = self.waiting.pop_front() {
+                if m.replay {
+                    self.counters.replays += 1;
+                } else {
+                    self.counters.msgs_sent += 1;
+                    self.counters.bytes_sent += m.bytes;
+                }
+                m.replay = true;
+                self.unacked.push_back(m);
+            }
+        }
+        // Acknowledgement, credits, keepalive.
+        let ping = link.live.ping_due(now, s.keepalive);
+        let ack = self.delivered > self.acked_to_peer && !link.sent_in_pass;
+        if (ack || ping || link.credits.announce_due()) && link.credits.can_send_control() {
+            let mut h = Header::new(if ping { Kind::Ping } else { Kind::Ack });
+            h.ack = self.delivered;
+            link.send(&mut h, &[], Body::None)?;
+            self.acked_to_peer = self.delivered;
+            if ping {
+                self.counters.keepalives_sent += 1;
+                link.credits.shrink();
+            }
+        }
+        link.sent_in_pass = false;
+        self.counters.rnr_naks += link.take_rnr();
+        if link.live.dead(now, s.keepalive, s.keepalive_timeout) {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "keepalive: nothing heard from the peer for {:?}",
+                    s.keepalive_timeout
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,119 @@
+//! The messenger's knobs (`msgr_*` in `config/keys.rs`), read from a [`Config`].
+
+use crate::config::{Config, Source};
+use crate::error::{Error, ErrorKind, Result};
+use std::time::Duration;
+
+use super::types::Policy;
+
+/// The `msgr_*` settings, typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MsgrSettings {
+    pub policy: Policy,
+    pub threads: usize,
+    /// None = no keepalive.
+    pub keepalive: Option<Duration>,
+    pub keepalive_timeout: Duration,
+    pub reconnect_min: Duration,
+    pub reconnect_max: Duration,
+    pub reconnect_timeout: Duration,
+    /// 0 = no limit.
+    pub reconnect_attempts: u32,
+    pub send_queue_msgs: usize,
+    pub send_queue_bytes: u64,
+    pub recv_window: u32,
+    pub recv_window_min: u32,
+    pub pool_chunks: u32,
+    pub eager_max: usize,
+    /// From the transport keys: receives a connection can hold, SGEs per send WR, WRs.
+    pub max_recv_wr: u32,
+    pub max_send_wr: u32,
+    pub max_send_sge: u32,
+}
+
+fn ms(c: &Config, key: &str) -> Result<Duration> {
+    Ok(Duration::from_millis(c.get_u64(key)?))
+}
+
+impl MsgrSettings {
+    /// Reads and cross-checks the messenger keys of `c` (after [`adjust`] made the
+    /// transport keys fit).
+    pub fn from_config(c: &Config) -> Result<MsgrSettings> {
+        let keepalive = ms(c, "msgr_keepalive_ms")?;
+        let s = MsgrSettings {
+            policy: match c.get("msgr_policy")?.as_str() {
+                "lossy" => Policy::Lossy,
+                _ => Policy::Lossless,
+            },
+            threads: c.get_u64("msgr_threads")? as usize,
+            keepalive: (!keepalive.is_zero()).then_some(keepalive),
+            keepalive_timeout: ms(c, "msgr_keepalive_timeout_ms")?,
+            reconnect_min: ms(c, "msgr_reconnect_min_ms")?,
+            reconnect_max: ms(c, "msgr_reconnect_max_ms")?,
+            reconnect_timeout: ms(c, "msgr_reconnect_timeout_ms")?,
+            reconnect_attempts: c.get_u64("msgr_reconnect_attempts")? as u32,
+            send_queue_msgs: c.get_u64("msgr_send_queue_msgs")? as usize,
+            send_queue_bytes: c.get_u64("msgr_send_queue_bytes")?,
+            recv_window: c.get_u64("msgr_recv_window")? as u32,
+            recv_window_min: c.get_u64("msgr_recv_window_min")? as u32,
+            pool_chunks: c.get_u64("msgr_pool_chunks")? as u32,
+            eager_max: c.get_u64("msgr_eager_max")? as usize,
+            max_recv_wr: c.get_u64("max_recv_wr")? as u32,
+            max_send_wr: c.get_u64("max_send_wr")? as u32,
+            max_send_sge: c.get_u64("max_send_sge")? as u32,
+        };
+        let mut broken = Vec::new();
+        if s.recv_window_min > s.recv_window {
+            broken.push(format!(
+                "msgr_recv_window_min ({}) must not exceed msgr_recv_window ({})",
+                s.recv_window_min, s.recv_window
+            ));
+        }
+        if s.recv_window > s.max_recv_wr {
+            broken.push(format!(
+                "msgr_recv_window ({}) must not exceed max_recv_wr ({}): each credit is a posted receive",
+                s.recv_window, s.max_recv_wr
+            ));
+        }
+        if s.max_send_wr < 8 {
+            broken.push(format!(
+                "max_send_wr ({}) must be at least 8 for the messenger",
+                s.max_send_wr
+            ));
+        }
+        if s.reconnect_min > s.reconnect_max {
+            broken.push(format!(
+                "msgr_reconnect_min_ms ({:?}) must not exceed msgr_reconnect_max_ms ({:?})",
+                s.reconnect_min, s.reconnect_max
+            ));
+        }
+        if let Some(k) = s.keepalive
+            && k >= s.keepalive_timeout
+        {
+            broken.push(format!(
+                "msgr_keepalive_ms ({k:?}) must be below msgr_keepalive_timeout_ms ({:?})",
+                s.keepalive_timeout
+            ));
+        }
+        if broken.is_empty() {
+            Ok(s)
+        } else {
+            Err(Error::new(ErrorKind::Conflict, broken.join("; ")))
+        }
+    }
+}
+
+/// The transport keys the messenger needs, raised where they were left at their defaults
+/// (an explicit value too small is refused by `from_config` or by posting).
+pub fn adjust(c: &Config) -> Result<Config> {
+    let mut c = c.clone();
+    if c.get_u64("max_recv_sge")? < 2 {
+        // Header slot + data chunk.
+        c.set("max_recv_sge", "2")?;
+    }
+    if c.source("max_send_sge")? == Source::Default && c.get_u64("max_send_sge")? < 16 {
+        // READs of up to 16 chunks (64 KiB) per work request.
+        c.set("max_send_sge", "16")?;
+    }
+    Ok(c)
+}

@@ -1,0 +1,1046 @@
+//! The messenger's core: sessions spread over shards, each driven by one thread (a worker,
+//! or the caller of `poll`); progress passes; connection attempts on helper threads; the
+//! accept path; callback dispatch outside every lock.
+//!
+//! Locks: a shard's state, then (inside it) the listener, the peer index and the hook's
+//! table. Callbacks run with no lock held, so they may call back into the messenger.
+
+use crate::config::Config;
+use crate::error::{Error, ErrorKind, Result};
+use crate::msgr::{Connection, Context, Listener};
+use parking_lot::Mutex;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::buffers::Buffers;
+use super::credits::Credits;
+use super::keepalive::Backoff;
+use super::link::{Body, Link, LinkEvent, RecvSlot};
+use super::session::{Event, OutMsg, Session};
+use super::settings::{MsgrSettings, adjust};
+use super::types::*;
+use super::wire::{self, FRONT_MAX, Header, Kind, MAX_SEGS, PAYLOAD_MAX, flags};
+use super::{Messenger, Owner};
+
+/// Completions taken per link per pass (fairness between sessions).
+const POLL_BUDGET: usize = 256;
+/// An accepted connection must say hello within this.
+const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+/// A link being closed may drain its last sends (a bye, a refusing hello) this long.
+const CLOSE_DRAIN: Duration = Duration::from_millis(200);
+/// Longest sleep of an idle thread (timers are checked at least this often).
+const MAX_SLEEP: Duration = Duration::from_millis(10);
+
+thread_local! {
+    /// Set while this thread runs a callback of some messenger.
+    static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
+    /// Receives the on-connect hook posted on this thread, by the connection's event fd.
+    /// The hook runs on the thread that called connect or accept, so that thread takes
+    /// them back when the call returns, whether it succeeded or not (a setup that failed
+    /// after the hook dropped its connection: the chunks are free again).
+    static HOOKED: std::cell::RefCell<Vec<(RawFd, Vec<RecvSlot>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Takes the receives the hook posted on this thread: those of `conn` (if any), the rest
+/// (of connections that failed their setup) released.
+fn take_hooked(bufs: &Buffers, conn: Option<&Connection>) -> Option<Vec<RecvSlot>> {
+    let all = HOOKED.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    let mut mine = None;
+    for (fd, slots) in all {
+        if mine.is_none() && conn.is_some_and(|c| c.event_fd() == fd) {
+            mine = Some(slots);
+        } else {
+            release_slots(bufs, slots);
+        }
+    }
+    mine
+}
+
+struct Pending {
+    link: Link,
+    deadline: Instant,
+}
+
+#[derive(Default)]
+struct ShardState {
+    sessions: HashMap<u64, Session>,
+    pending: Vec<Pending>,
+    closing: Vec<(Link, Instant)>,
+    /// Accepted links whose hello names a session of this shard (moved from another).
+    incoming: Vec<(Link, Header)>,
+    /// Events made outside a pass (close_session, a send to a session that just ended).
+    queued: Vec<Event>,
+}
+
+struct Shard {
+    st: Mutex<ShardState>,
+    wake: Wake,
+}
+
+/// An eventfd that wakes a shard's thread.
+struct Wake(RawFd);
+
+impl Wake {
+    fn new() -> Result<Wake> {
+        // SAFETY: eventfd(2) with valid flags; the fd is owned by the returned value.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("messenger: eventfd: {}", std::io::Error::last_os_error()),
+            ));
+        }
+        Ok(Wake(fd))
+    }
+
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
+        let _ = unsafe { libc::write(self.0, (&one as *const u64).cast(), 8) };
+    }
+
+    fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our non-blocking eventfd.
+        let _ = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        // SAFETY: closes the fd this value owns, once.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+pub(crate) struct Core {
+    settings: MsgrSettings,
+    ctx: Context,
+    bufs: Arc<Buffers>,
+    dispatcher: Arc<dyn Dispatcher>,
+    shards: Vec<Shard>,
+    listener: Mutex<Option<Listener>>,
+    /// Accepting side: the peer's session id -> ours.
+    by_peer: Mutex<HashMap<u64, u64>>,
+    owner: OnceLock<Weak<Owner>>,
+    me: OnceLock<Weak<Core>>,
+    stopping: AtomicBool,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    totals: Mutex<SessionCounters>,
+    malformed: AtomicU64,
+    next_shard: AtomicUsize,
+}
+
+fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom writes at most 8 bytes into a valid u64.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if n != 8 {
+        // Not secret, only distinct: time and address entropy will do.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        v = t ^ (&v as *const u64 as u64).rotate_left(32) ^ u64::from(std::process::id());
+    }
+    v
+}
+
+fn closed(what: &str) -> Error {
+    Error::new(ErrorKind::Closed, format!("{what}: the session is closed"))
+}
+
+impl Core {
+    pub fn new(config: &Config, dispatcher: Arc<dyn Dispatcher>) -> Result<Arc<Core>> {
+        let config = adjust(config)?;
+        let settings = MsgrSettings::from_config(&config)?;
+        let ctx = Context::new(&config)?;
+        let bufs = Arc::new(Buffers::new(&ctx, settings.pool_chunks)?);
+        let nshards = settings.threads.max(1);
+        let mut shards = Vec::with_capacity(nshards);
+        for _ in 0..nshards {
+            shards.push(Shard {
+                st: Mutex::new(ShardState::default()),
+                wake: Wake::new()?,
+            });
+        }
+        {
+            let bufs = Arc::clone(&bufs);
+            let n = settings.recv_window_min;
+            ctx.set_on_connect(Some(Arc::new(move |conn: &Connection| {
+                let (slots, err) = Link::post_initial(conn, n, &bufs.data, &bufs.slots);
+                HOOKED.with(|h| h.borrow_mut().push((conn.event_fd(), slots)));
+                err.map_or(Ok(()), Err)
+            })));
+        }
+        let core = Arc::new(Core {
+            settings,
+            ctx,
+            bufs,
+            dispatcher,
+            shards,
+            listener: Mutex::new(None),
+            by_peer: Mutex::new(HashMap::new()),
+            owner: OnceLock::new(),
+            me: OnceLock::new(),
+            stopping: AtomicBool::new(false),
+            workers: Mutex::new(Vec::new()),
+            totals: Mutex::new(SessionCounters::default()),
+            malformed: AtomicU64::new(0),
+            next_shard: AtomicUsize::new(0),
+        });
+        let _ = core.me.set(Arc::downgrade(&core));
+        Ok(core)
+    }
+
+    /// Called once the owner exists: records it and starts the workers.
+    pub(super) fn start(self: &Arc<Core>, owner: &Arc<Owner>) -> Result<()> {
+        let _ = self.owner.set(Arc::downgrade(owner));
+        if self.settings.threads == 0 {
+            return Ok(());
+        }
+        let mut workers = self.workers.lock();
+        for i in 0..self.settings.threads {
+            let core = Arc::clone(self);
+            let h = std::thread::Builder::new()
+                .name(format!("rdmx-msgr-{i}"))
+                .spawn(move || core.worker(i))
+                .map_err(|e| Error::new(ErrorKind::Io, format!("messenger: worker thread: {e}")))?;
+            workers.push(h);
+        }
+        Ok(())
+    }
+
+    fn worker(&self, i: usize) {
+        while !self.stopping.load(Ordering::Acquire) {
+            let ev = self.pass(i);
+            let n = ev.len();
+            self.dispatch(ev);
+            if n == 0 {
+                self.sleep(i, MAX_SLEEP);
+            }
+        }
+    }
+
+    pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for s in &self.shards {
+            s.wake.signal();
+        }
+        let me = std::thread::current().id();
+        for h in self.workers.lock().drain(..) {
+            if h.thread().id() != me {
+                let _ = h.join();
+            }
+        }
+        for s in &self.shards {
+            let mut st = s.st.lock();
+            for (_, mut sess) in st.sessions.drain() {
+                sess.link = None;
+                self.add_totals(&sess);
+            }
+            st.pending.clear();
+            st.closing.clear();
+            st.incoming.clear();
+            st.queued.clear();
+        }
+        *self.listener.lock() = None;
+        self.ctx.set_on_connect(None);
+    }
+
+    fn add_totals(&self, s: &Session) {
+        let mut t = self.totals.lock();
+        add_counters(&mut t, &s.counters);
+    }
+
+    fn shard_of(&self, id: u64) -> Option<&Shard> {
+        self.shards.get((id & 0xff) as usize)
+    }
+
+    fn new_id(&self, shard: usize) -> u64 {
+        loop {
+            let id = (random_u64() << 8) | shard as u64;
+            if id >> 8 != 0 {
+                return id;
+            }
+        }
+    }
+
+    pub fn listen(&self, addr: &str) -> Result<SocketAddr> {
+        let mut g = self.listener.lock();
+        if g.is_some() {
+            return Err(Error::fixed(
+                ErrorKind::InvalidArgument,
+                "messenger: already listening (one listener per messenger)",
+            ));
+        }
+        let l = self.ctx.listen(addr)?;
+        let a = l.local_addr();
+        *g = Some(l);
+        Ok(a)
+    }
+
+    pub fn connect(&self, addr: &str, policy: Policy) -> Result<SessionId> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(Error::fixed(ErrorKind::Closed, "messenger: shut down"));
+        }
+        // Refuse a malformed address now rather than on the helper thread.
+        let peer = std::net::ToSocketAddrs::to_socket_addrs(addr)
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("connect: address '{addr}' (expected HOST:PORT)"),
+                )
+            })?;
+        let shard = self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len();
+        let id = self.new_id(shard);
+        let mut s = Session::new(id, policy, false);
+        s.addr = Some(addr.to_string());
+        s.peer = Some(peer);
+        s.backoff = Some(self.backoff(Instant::now()));
+        self.shards[shard].st.lock().sessions.insert(id, s);
+        self.shards[shard].wake.signal();
+        Ok(SessionId(id))
+    }
+
+    fn backoff(&self, now: Instant) -> Backoff {
+        let s = &self.settings;
+        Backoff::new(
+            now,
+            s.reconnect_min,
+            s.reconnect_max,
+            s.reconnect_timeout,
+            s.reconnect_attempts,
+        )
+    }
+
+    pub fn send(&self, s: SessionId, msg: OutMessage) -> std::result::Result<SendId, Refused> {
+        let refuse = |error: Error, msg: OutMessage| Refused {
+            error,
+            msg: Box::new(msg),
+        };
+        let Some(shard) = self.shard_of(s.0) else {
+            return Err(refuse(closed("send"), msg));
+        };
+        if let Err(e) = self.check_shape(&msg) {
+            return Err(refuse(e, msg));
+        }
+        let bytes = (msg.front.len() + msg.data.iter().map(Payload::len).sum::<usize>()) as u64;
+        {
+            let mut st = shard.st.lock();
+            let Some(sess) = st.sessions.get_mut(&s.0) else {
+                return Err(refuse(closed("send"), msg));
+            };
+            if !sess.has_room(&self.settings, bytes) {
+                sess.refused = true;
+                sess.counters.full_refusals += 1;
+                return Err(refuse(
+                    Error::new(
+                        ErrorKind::Full,
+                        format!(
+                            "send: the session holds {} messages / {} bytes (bounds \
+                             msgr_send_queue_msgs {}, msgr_send_queue_bytes {}); retry after \
+                             on_send_ready",
+                            sess.held_msgs(),
+                            sess.held_bytes,
+                            self.settings.send_queue_msgs,
+                            self.settings.send_queue_bytes
+                        ),
+                    ),
+                    msg,
+                ));
+            }
+        }
+        // Copies and registrations outside the lock.
+        let OutMessage {
+            msg_type,
+            front,
+            data,
+        } = msg;
+        let mut segs = Vec::with_capacity(data.len());
+        let mut copied = 0;
+        for p in data {
+            match self.bufs.prepare(p) {
+                Ok((seg, c)) => {
+                    copied += c;
+                    segs.push(seg);
+                }
+                Err(e) => {
+                    // The payloads prepared so far are released with `segs`.
+                    return Err(refuse(e, OutMessage::new(msg_type, front)));
+                }
+            }
+        }
+        let mut st = shard.st.lock();
+        let Some(sess) = st.sessions.get_mut(&s.0) else {
+            return Err(refuse(closed("send"), OutMessage::new(msg_type, front)));
+        };
+        let seq = sess.next_seq;
+        sess.next_seq += 1;
+        sess.held_bytes += bytes;
+        sess.counters.copied_bytes += copied;
+        sess.waiting.push_back(OutMsg {
+            seq,
+            msg_type,
+            front,
+            segs,
+            bytes,
+            replay: false,
+        });
+        drop(st);
+        if self.settings.threads > 0 {
+            shard.wake.signal();
+        }
+        Ok(seq)
+    }
+
+    /// Refuses what the wire cannot carry, before anything is consumed.
+    fn check_shape(&self, msg: &OutMessage) -> Result<()> {
+        if msg.front.len() > FRONT_MAX || msg.data.len() > MAX_SEGS {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "send: front of {} bytes and {} segments; at most {FRONT_MAX} and {MAX_SEGS}",
+                    msg.front.len(),
+                    msg.data.len()
+                ),
+            ));
+        }
+        let mut block = msg.front.len().next_multiple_of(8);
+        for p in &msg.data {
+            let parts = match p {
+                Payload::Chunk(_) | Payload::Registered(_) => 1,
+                Payload::Received(r) => super::buffers::runs(&r.chunks),
+                Payload::Copy(v) if v.len() <= PAYLOAD_MAX => 1,
+                Payload::Copy(v) => v.len().div_ceil(64 << 10),
+            };
+            block += wire::SEG_ENTRY + wire::PART_ENTRY * parts;
+        }
+        if block > PAYLOAD_MAX {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "send: the message's descriptors take {block} bytes; at most {PAYLOAD_MAX} \
+                     (fewer segments, or registered memory: one descriptor per segment)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn alloc_chunk(&self) -> Result<TxChunk> {
+        self.bufs.alloc()
+    }
+
+    pub fn poll(&self, timeout: Duration) -> Result<usize> {
+        if self.settings.threads > 0 {
+            return Err(Error::fixed(
+                ErrorKind::InvalidArgument,
+                "poll: the messenger runs worker threads (msgr_threads > 0)",
+            ));
+        }
+        if IN_CALLBACK.with(Cell::get) {
+            return Err(Error::fixed(
+                ErrorKind::Busy,
+                "poll: called from inside a messenger callback",
+            ));
+        }
+        let end = Instant::now() + timeout;
+        loop {
+            let ev = self.pass(0);
+            let n = self.dispatch(ev);
+            let left = end.saturating_duration_since(Instant::now());
+            if n > 0 || left.is_zero() {
+                return Ok(n);
+            }
+            self.sleep(0, left.min(MAX_SLEEP));
+        }
+    }
+
+    /// Sleeps until a completion, a wake-up or `max`.
+    fn sleep(&self, i: usize, max: Duration) {
+        let shard = &self.shards[i];
+        let mut fds = Vec::new();
+        {
+            let st = shard.st.lock();
+            if !st.queued.is_empty() || !st.incoming.is_empty() {
+                return;
+            }
+            let links = st
+                .sessions
+                .values()
+                .filter_map(|s| s.link.as_ref())
+                .chain(st.pending.iter().map(|p| &p.link));
+            for l in links {
+                l.conn.req_notify();
+                fds.push(libc::pollfd {
+                    fd: l.conn.event_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+        }
+        fds.push(libc::pollfd {
+            fd: shard.wake.0,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let ms = max.as_millis().clamp(1, 1000) as libc::c_int;
+        // SAFETY: `fds` is a valid array of pollfd of the length given.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        shard.wake.clear();
+        let st = shard.st.lock();
+        for l in st.sessions.values().filter_map(|s| s.link.as_ref()) {
+            l.conn.clear_event();
+        }
+        for p in &st.pending {
+            p.link.conn.clear_event();
+        }
+    }
+
+    /// Runs the callbacks for `ev`, with no lock held. Returns how many ran.
+    fn dispatch(&self, ev: Vec<Event>) -> usize {
+        if ev.is_empty() {
+            return 0;
+        }
+        let Some(owner) = self.owner.get().and_then(Weak::upgrade) else {
+            return 0; // shutting down: nobody to call
+        };
+        let m = Messenger {
+            core: Arc::clone(&owner.0),
+            _owner: owner,
+        };
+        let d = &self.dispatcher;
+        let n = ev.len();
+        let was = IN_CALLBACK.with(|c| c.replace(true));
+        for e in ev {
+            match e {
+                Event::Connect(s, peer, incoming) => d.on_connect(&m, s, peer, incoming),
+                Event::Message(s, msg) => d.on_message(&m, s, msg),
+                Event::SendDone(s, id, r) => d.on_send_complete(&m, s, id, r),
+                Event::Ready(s) => d.on_send_ready(&m, s),
+                Event::Reset(s, why) => d.on_reset(&m, s, &why),
+            }
+        }
+        IN_CALLBACK.with(|c| c.set(was));
+        n
+    }
+
+    /// One progress pass over shard `i`: returns the events to dispatch.
+    fn pass(&self, i: usize) -> Vec<Event> {
+        let now = Instant::now();
+        let shard = &self.shards[i];
+        let mut moves: Vec<(usize, Link, Header)> = Vec::new();
+        let mut st = shard.st.lock();
+        let mut ev = std::mem::take(&mut st.queued);
+        if i == 0 {
+            self.accept_new(&mut st, now);
+        }
+        self.drive_pending(i, &mut st, now, &mut ev, &mut moves);
+        for (link, h) in std::mem::take(&mut st.incoming) {
+            self.attach_incoming(i, &mut st, link, &h, now, &mut ev);
+        }
+        let ids: Vec<u64> = st.sessions.keys().copied().collect();
+        for id in ids {
+            let Some(sess) = st.sessions.get_mut(&id) else {
+                continue;
+            };
+            self.drive_session(sess, now, &mut ev);
+            if sess.state == SessionState::Closed {
+                if let Some(sess) = st.sessions.remove(&id) {
+                    self.forget(&sess);
+                }
+            }
+        }
+        st.closing.retain_mut(|(l, until)| {
+            now < *until && l.sq_room() < self.settings.max_send_wr as usize && {
+                let mut sink = Vec::new();
+                l.poll(POLL_BUDGET, &mut sink).is_ok()
+            }
+        });
+        drop(st);
+        for (to, link, h) in moves {
+            let Some(target) = self.shards.get(to) else {
+                continue;
+            };
+            target.st.lock().incoming.push((link, h));
+            target.wake.signal();
+        }
+        ev
+    }
+
+    fn forget(&self, sess: &Session) {
+        if sess.incoming && sess.peer_id != 0 {
+            self.by_peer.lock().remove(&sess.peer_id);
+        }
+        self.add_totals(sess);
+    }
+
+    /// Takes the connections whose setup finished (non-blocking).
+    fn accept_new(&self, st: &mut ShardState, now: Instant) {
+        let g = self.listener.lock();
+        let Some(l) = g.as_ref() else { return };
+        for _ in 0..16 {
+            let r = l.accept(Some(Duration::ZERO));
+            let slots = take_hooked(&self.bufs, r.as_ref().ok());
+            match r {
+                Ok(conn) => {
+                    let Some(slots) = slots else { continue };
+                    let link = Some(self.link_from(conn, slots));
+                    if let Some(link) = link {
+                        st.pending.push(Pending {
+                            link,
+                            deadline: now + HELLO_DEADLINE,
+                        });
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Timeout => break,
+                Err(e) => {
+                    log::debug!(target: "rdmx::msgr", "messenger: accept: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    fn link_from(&self, conn: Connection, slots: Vec<RecvSlot>) -> Link {
+        let s = &self.settings;
+        let credits = Credits::new(slots.len() as u32, s.recv_window_min, s.recv_window);
+        Link::new(
+            conn,
+            slots,
+            Arc::clone(&self.bufs.data),
+            Arc::clone(&self.bufs.slots),
+            credits,
+            s.max_send_wr as usize,
+            s.max_send_sge as usize,
+        )
+    }
+
+    /// Accepted links waiting for their hello.
+    fn drive_pending(
+        &self,
+        shard: usize,
+        st: &mut ShardState,
+        now: Instant,
+        ev: &mut Vec<Event>,
+        moves: &mut Vec<(usize, Link, Header)>,
+    ) {
+        let pending = std::mem::take(&mut st.pending);
+        for mut p in pending {
+            let mut out = Vec::new();
+            let polled = p.link.poll(POLL_BUDGET, &mut out);
+            let mut hello = None;
+            for e in out {
+                match e {
+                    LinkEvent::Recv(r) if hello.is_none() && r.h.kind() == Some(Kind::Hello) => {
+                        hello = Some(r.h);
+                    }
+                    LinkEvent::Recv(_) => {
+                        self.malformed.fetch_add(1, Ordering::Relaxed);
+                        self.discard(e);
+                    }
+                    LinkEvent::ReadDone => {}
+                }
+            }
+            if let Some(h) = hello {
+                p.link.credits.on_grant(h.credits);
+                let owner = self.by_peer.lock().get(&h.aux).copied();
+                match owner {
+                    Some(id) if (id & 0xff) as usize != shard => {
+                        moves.push(((id & 0xff) as usize, p.link, h));
+                    }
+                    _ => self.attach_incoming(shard, st, p.link, &h, now, ev),
+                }
+                continue;
+            }
+            if polled.is_err() || now >= p.deadline {
+                if let Err(e) = polled
+                    && e.kind() == ErrorKind::InvalidValue
+                {
+                    self.malformed.fetch_add(1, Ordering::Relaxed);
+                }
+                continue; // dropped: closes the connection
+            }
+            let _ = p.link.replenish();
+            st.pending.push(p);
+        }
+    }
+
+    /// Returns the payload chunk of an event nobody will handle.
+    fn discard(&self, e: LinkEvent) {
+        if let LinkEvent::Recv(r) = e
+            && let Some(c) = r.data
+        {
+            let _ = self.bufs.data.put(c);
+        }
+    }
+
+    /// An accepted link said hello: resume its session, or make a new one.
+    fn attach_incoming(
+        &self,
+        shard: usize,
+        st: &mut ShardState,
+        mut link: Link,
+        h: &Header,
+        now: Instant,
+        ev: &mut Vec<Event>,
+    ) {
+        let known = self.by_peer.lock().get(&h.aux).copied();
+        let id = match known {
+            Some(id) if st.sessions.contains_key(&id) => id,
+            _ if h.aux2 != 0 || h.aux == 0 => {
+                // The peer resumes a session we do not have (we restarted, or it ended
+                // here): say so (hello with no identity) and let the link go.
+                let mut r = Header::new(Kind::Hello);
+                let _ = link.send(&mut r, &[], Body::None);
+                st.closing.push((link, now + CLOSE_DRAIN));
+                return;
+            }
+            _ => {
+                // A new session lives on the shard that accepted it.
+                let id = self.new_id(shard);
+                let policy = if h.has(flags::LOSSY) {
+                    Policy::Lossy
+                } else {
+                    Policy::Lossless
+                };
+                let mut s = Session::new(id, policy, true);
+                s.peer = Some(link.conn.peer());
+                st.sessions.insert(id, s);
+                self.by_peer.lock().insert(h.aux, id);
+                id
+            }
+        };
+        let Some(sess) = st.sessions.get_mut(&id) else {
+            return;
+        };
+        if sess.link.is_some() {
+            // The peer reconnected before this side noticed the old link died.
+            sess.counters.faults += 1;
+            sess.drop_link();
+        }
+        if sess.announced {
+            sess.counters.reconnects += 1;
+        }
+        sess.peer_id = h.aux;
+        link.hello_done = true;
+        sess.link = Some(link);
+        sess.on_ack(h.aux3, &self.settings, ev);
+        let mut r = Header::new(Kind::Hello);
+        r.aux = sess.id;
+        r.aux2 = sess.peer_id;
+        r.aux3 = sess.delivered;
+        if sess.policy == Policy::Lossy {
+            r.flags |= flags::LOSSY;
+        }
+        let sent = match sess.link.as_mut() {
+            Some(l) => l.send(&mut r, &[], Body::None),
+            None => Err(closed("hello")),
+        };
+        match sent {
+            Ok(()) => {
+                sess.acked_to_peer = sess.delivered;
+                sess.opened(ev);
+            }
+            Err(e) => self.fault(sess, e, now, ev),
+        }
+    }
+
+    /// Connection attempts, polling, protocol steps, timers of one session.
+    fn drive_session(&self, sess: &mut Session, now: Instant, ev: &mut Vec<Event>) {
+        if sess.state == SessionState::Closed {
+            return;
+        }
+        if sess.link.is_none() {
+            self.reconnect_step(sess, now, ev);
+        }
+        if sess.link.is_none() {
+            return;
+        }
+        let mut out = Vec::new();
+        let polled = sess
+            .link
+            .as_mut()
+            .map_or(Ok(0), |l| l.poll(POLL_BUDGET, &mut out));
+        let mut result = polled.map(|_| ());
+        for e in out {
+            if result.is_err() {
+                // The link is faulting: what came with it is dropped (and replayed).
+                self.discard(e);
+                continue;
+            }
+            result = sess.on_link_event(e, &self.settings, ev);
+        }
+        if result.is_ok() {
+            result = sess.pump(now, &self.settings, &self.bufs.data, ev);
+        }
+        if let Err(e) = result {
+            if e.kind() == ErrorKind::InvalidValue {
+                sess.counters.malformed += 1;
+            }
+            self.fault(sess, e, now, ev);
+        }
+    }
+
+    /// Lossless connecting side without a link: attempts with backoff; the accepting
+    /// side waits, within the budget.
+    fn reconnect_step(&self, sess: &mut Session, now: Instant, ev: &mut Vec<Event>) {
+        if sess.incoming {
+            if let Some(since) = sess.down_since
+                && now.saturating_duration_since(since) >= self.settings.reconnect_timeout * 2
+            {
+                let e = Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the peer did not reconnect within {:?}",
+                        self.settings.reconnect_timeout * 2
+                    ),
+                );
+                self.end(sess, e, true, ev);
+            }
+            return;
+        }
+        if let Some(rx) = &sess.attempt {
+            match rx.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => return,
+                Ok(Ok((conn, slots))) => {
+                    sess.attempt = None;
+                    let mut link = self.link_from(conn, slots);
+                    let mut h = Header::new(Kind::Hello);
+                    h.aux = sess.id;
+                    h.aux2 = sess.peer_id;
+                    h.aux3 = sess.delivered;
+                    if sess.policy == Policy::Lossy {
+                        h.flags |= flags::LOSSY;
+                    }
+                    match link.send(&mut h, &[], Body::None) {
+                        Ok(()) => {
+                            if sess.peer_id != 0 {
+                                sess.counters.reconnects += 1;
+                            }
+                            sess.acked_to_peer = sess.delivered;
+                            sess.link = Some(link);
+                        }
+                        Err(e) => self.attempt_failed(sess, e, now, ev),
+                    }
+                    return;
+                }
+                Ok(Err(e)) => {
+                    sess.attempt = None;
+                    self.attempt_failed(sess, e, now, ev);
+                    return;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    sess.attempt = None;
+                    self.attempt_failed(sess, closed("connect"), now, ev);
+                    return;
+                }
+            }
+        }
+        let due = sess.backoff.as_ref().is_some_and(|b| b.next_at <= now);
+        if due && let Some(addr) = sess.addr.clone() {
+            sess.attempt = Some(self.spawn_attempt(addr, sess.id));
+        }
+    }
+
+    fn attempt_failed(&self, sess: &mut Session, e: Error, now: Instant, ev: &mut Vec<Event>) {
+        log::debug!(target: "rdmx::msgr", "session {:#x}: connect attempt failed: {e}", sess.id);
+        let lossy_first = sess.policy == Policy::Lossy;
+        let more = !lossy_first && sess.backoff.as_mut().is_some_and(|b| b.failed(now));
+        if !more {
+            let e = Error::new(e.kind(), format!("connecting gave up: {e}"));
+            self.end(sess, e, true, ev);
+        }
+    }
+
+    /// Connects on a helper thread (setup blocks up to the handshake timeout).
+    fn spawn_attempt(&self, addr: String, id: u64) -> super::session::Attempt {
+        let (tx, rx) = mpsc::channel();
+        let me = self.me.get().and_then(Weak::upgrade);
+        let timeout = self.settings.reconnect_timeout.min(Duration::from_secs(10));
+        let spawned = std::thread::Builder::new()
+            .name("rdmx-msgr-connect".into())
+            .spawn(move || {
+                let Some(core) = me else { return };
+                let r = core.ctx.connect(&addr, timeout);
+                let slots = take_hooked(&core.bufs, r.as_ref().ok());
+                let r = r.and_then(|conn| {
+                    slots.map(|s| (conn, s)).ok_or_else(|| {
+                        Error::fixed(ErrorKind::Closed, "connect: no receives were posted")
+                    })
+                });
+                if let Err(std::sync::mpsc::SendError(Ok((conn, slots)))) = tx.send(r) {
+                    drop(conn);
+                    release_slots(&core.bufs, slots);
+                }
+                if let Some(s) = core.shard_of(id) {
+                    s.wake.signal();
+                }
+            });
+        if spawned.is_err() {
+            let (tx2, rx2) = mpsc::channel();
+            let _ = tx2.send(Err(Error::fixed(ErrorKind::Io, "connect: no thread")));
+            return rx2;
+        }
+        rx
+    }
+
+    /// A transport fault on the session's link.
+    fn fault(&self, sess: &mut Session, e: Error, now: Instant, ev: &mut Vec<Event>) {
+        sess.counters.faults += 1;
+        if let Some(l) = sess.link.as_mut() {
+            sess.counters.rnr_naks += l.take_rnr();
+        }
+        log::debug!(target: "rdmx::msgr", "session {:#x}: fault: {e}", sess.id);
+        sess.drop_link();
+        let reset = e.kind() == ErrorKind::Closed
+            && (e.message().contains("restarted") || e.message().contains("closed the session"));
+        if reset || sess.policy == Policy::Lossy {
+            self.end(sess, e, true, ev);
+            return;
+        }
+        sess.state = SessionState::Reconnecting;
+        if sess.incoming {
+            sess.down_since.get_or_insert(now);
+        } else if sess.backoff.is_none() {
+            sess.backoff = Some(self.backoff(now));
+        }
+    }
+
+    /// Ends the session: every held send fails, then (if `reset`) on_reset.
+    fn end(&self, sess: &mut Session, e: Error, reset: bool, ev: &mut Vec<Event>) {
+        sess.drop_link();
+        sess.attempt = None;
+        sess.fail_all(&e, ev);
+        sess.state = SessionState::Closed;
+        if reset {
+            ev.push(Event::Reset(sess.sid(), e));
+        }
+    }
+
+    pub fn close_session(&self, s: SessionId) -> Result<()> {
+        let shard = self.shard_of(s.0).ok_or_else(|| closed("close_session"))?;
+        let mut st = shard.st.lock();
+        let mut sess = st
+            .sessions
+            .remove(&s.0)
+            .ok_or_else(|| closed("close_session"))?;
+        if let Some(mut l) = sess.link.take() {
+            if l.hello_done && l.credits.can_send_control() {
+                let mut h = Header::new(Kind::Bye);
+                h.ack = sess.delivered;
+                let _ = l.send(&mut h, &[], Body::None);
+            }
+            st.closing.push((l, Instant::now() + CLOSE_DRAIN));
+        }
+        let mut ev = Vec::new();
+        self.end(
+            &mut sess,
+            Error::fixed(ErrorKind::Closed, "the session was closed"),
+            false,
+            &mut ev,
+        );
+        st.queued.extend(ev);
+        self.forget(&sess);
+        drop(st);
+        shard.wake.signal();
+        Ok(())
+    }
+
+    pub fn session_info(&self, s: SessionId) -> Result<SessionInfo> {
+        let shard = self.shard_of(s.0).ok_or_else(|| closed("session_info"))?;
+        let st = shard.st.lock();
+        st.sessions.get(&s.0).map(Session::info).ok_or_else(|| {
+            Error::fixed(ErrorKind::InvalidArgument, "session_info: no such session")
+        })
+    }
+
+    pub fn sessions(&self) -> Vec<SessionId> {
+        let mut v = Vec::new();
+        for s in &self.shards {
+            v.extend(s.st.lock().sessions.keys().map(|&id| SessionId(id)));
+        }
+        v
+    }
+
+    pub fn stats(&self) -> MsgrStats {
+        let mut totals = *self.totals.lock();
+        let mut sessions = 0;
+        let mut pending = 0;
+        for s in &self.shards {
+            let st = s.st.lock();
+            sessions += st.sessions.len();
+            pending += st.pending.len();
+            for sess in st.sessions.values() {
+                add_counters(&mut totals, &sess.counters);
+            }
+        }
+        MsgrStats {
+            sessions,
+            pending_connections: pending,
+            data_pool: self.bufs.data.stats(),
+            header_pool: self.bufs.slots.stats(),
+            copy_chunks_in_use: self.bufs.copy_in_use(),
+            malformed: self.malformed.load(Ordering::Relaxed),
+            totals,
+        }
+    }
+
+    pub fn settings(&self) -> &MsgrSettings {
+        &self.settings
+    }
+
+    pub fn inject_fault(&self, s: SessionId, fault: Fault) -> Result<()> {
+        let shard = self.shard_of(s.0).ok_or_else(|| closed("inject_fault"))?;
+        let st = shard.st.lock();
+        let link = st
+            .sessions
+            .get(&s.0)
+            .and_then(|s| s.link.as_ref())
+            .ok_or_else(|| Error::fixed(ErrorKind::Closed, "inject_fault: no connection now"))?;
+        match fault {
+            Fault::SideChannelClose => link.conn.inject_side_channel_close(),
+            Fault::QpError => link.conn.inject_qp_error(),
+        }
+        Ok(())
+    }
+
+    pub fn udp_port(&self) -> u16 {
+        self.ctx.udp_addr().port()
+    }
+}
+
+fn release_slots(bufs: &Buffers, slots: Vec<RecvSlot>) {
+    for s in slots {
+        let _ = bufs.slots.put(s.hdr);
+        let _ = bufs.data.put(s.data);
+    }
+}
+
+fn add_counters(t: &mut SessionCounters, c: &SessionCounters) {
+    t.msgs_sent += c.msgs_sent;
+    t.msgs_received += c.msgs_received;
+    t.bytes_sent += c.bytes_sent;
+    t.bytes_received += c.bytes_received;
+    t.replays += c.replays;
+    t.reconnects += c.reconnects;
+    t.faults += c.faults;
+    t.malformed += c.malformed;
+    t.credit_stalls += c.credit_stalls;
+    t.full_refusals += c.full_refusals;
+    t.copied_bytes += c.copied_bytes;
+    t.read_segments += c.read_segments;
+    t.eager_segments += c.eager_segments;
+    t.keepalives_sent += c.keepalives_sent;
+    t.rnr_naks += c.rnr_naks;
+    t.duplicates_dropped += c.duplicates_dropped;
+}

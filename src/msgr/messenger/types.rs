@@ -1,0 +1,430 @@
+//! The messenger's public types: session handles, messages (what goes out, what comes in),
+//! the callbacks and the counters.
+
+use crate::error::{Error, ErrorKind};
+use crate::mem::pool::{Chunk, Pool};
+use smallvec::SmallVec;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::Messenger;
+
+/// What a session does after a transport fault (Ceph's policy names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// The connecting side reconnects with backoff on a new connection; both sides replay
+    /// what the other has not acknowledged; each message is delivered exactly once, in
+    /// order. The application sees `on_reset` only when the peer restarted (a new session
+    /// identity) or reconnecting gave up (`msgr_reconnect_timeout_ms`/`_attempts`).
+    Lossless,
+    /// A fault ends the session: every unacknowledged send completes with an error, then
+    /// `on_reset`.
+    Lossy,
+}
+
+/// A session, as this messenger names it. Copyable; stays valid (refused with `Closed`)
+/// after the session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u64);
+
+/// A sent message, as `on_send_complete` names it: the session's sequence number of the
+/// message (1, 2, ... per session, in send order).
+pub type SendId = u64;
+
+/// A session's life stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionState {
+    /// Connecting (first time), or the session handshake is under way.
+    Connecting,
+    /// Connected and handshaken: messages flow.
+    Open,
+    /// Lossless, after a fault: the connecting side retries with backoff, the accepting side
+    /// waits for it; sends queue (within the bounds).
+    Reconnecting,
+    /// Ended (lossy fault, peer reset, reconnect gave up, or `close_session`).
+    Closed,
+}
+
+/// A data segment handed to [`Messenger::send`].
+pub enum Payload {
+    /// A chunk of this messenger's pool ([`Messenger::alloc_chunk`]): no copy, no
+    /// registration; the messenger owns it until the send completes and returns it to the
+    /// pool then.
+    Chunk(TxChunk),
+    /// A received segment sent on as it is (an echo or a forward): no copy.
+    Received(RxSeg),
+    /// Caller memory registered through the registration cache (`rcache`): no copy, no
+    /// registration per message once cached. Build with [`Payload::registered`].
+    Registered(Registered),
+    /// Unregistered bytes: copied once into pool chunks at send (counted in
+    /// [`SessionCounters::copied_bytes`]).
+    Copy(Vec<u8>),
+}
+
+/// Caller memory for [`Payload::Registered`].
+#[derive(Debug, Clone, Copy)]
+pub struct Registered {
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+}
+
+impl Payload {
+    /// Caller memory `[ptr, ptr + len)`, registered (or found registered) through the
+    /// registration cache when it is sent.
+    ///
+    /// # Safety
+    /// The memory must stay valid, mapped and unmodified until the send completes
+    /// (`on_send_complete` for it ran, with any status).
+    pub unsafe fn registered(ptr: *const u8, len: usize) -> Payload {
+        Payload::Registered(Registered {
+            addr: ptr as usize,
+            len,
+        })
+    }
+
+    /// The segment's length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Chunk(c) => c.len,
+            Payload::Received(r) => r.len,
+            Payload::Registered(r) => r.len,
+            Payload::Copy(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Payload::Chunk(c) => write!(f, "Chunk({} B)", c.len),
+            Payload::Received(r) => write!(f, "Received({} B)", r.len),
+            Payload::Registered(r) => write!(f, "Registered({:#x}, {} B)", r.addr, r.len),
+            Payload::Copy(v) => write!(f, "Copy({} B)", v.len()),
+        }
+    }
+}
+
+/// A message to send: a type, a small front part (copied) and data segments.
+#[derive(Debug, Default)]
+pub struct OutMessage {
+    /// The application's message type (carried as is).
+    pub msg_type: u16,
+    /// Small, copied into the header slot (or the descriptor chunk); at most
+    /// [`super::wire::FRONT_MAX`] bytes.
+    pub front: Vec<u8>,
+    /// Zero or more data segments (at most [`super::wire::MAX_SEGS`]), each up to 16 MiB.
+    pub data: Vec<Payload>,
+}
+
+impl OutMessage {
+    pub fn new(msg_type: u16, front: Vec<u8>) -> OutMessage {
+        OutMessage {
+            msg_type,
+            front,
+            data: Vec::new(),
+        }
+    }
+
+    /// Appends a data segment.
+    pub fn with(mut self, p: Payload) -> OutMessage {
+        self.data.push(p);
+        self
+    }
+}
+
+/// A received message. Dropping it releases its data chunks to the pool.
+#[derive(Debug)]
+pub struct InMessage {
+    pub msg_type: u16,
+    /// The session sequence number (1, 2, ... in delivery order).
+    pub seq: u64,
+    /// The front part (a copy).
+    pub front: Vec<u8>,
+    /// The data segments, each in pool chunks (page-aligned 4 KiB chunks, no copy made by
+    /// the messenger); take them out to keep them past the message.
+    pub data: Vec<RxSeg>,
+}
+
+/// A chunk of the messenger's pool lent to the application to fill and send
+/// ([`Messenger::alloc_chunk`]); dropped unsent, it goes back to the pool.
+pub struct TxChunk {
+    pub(crate) chunk: Option<Chunk>,
+    pub(crate) pool: Arc<Pool>,
+    /// Bytes of the chunk that are sent (starts at the chunk size; lower it with
+    /// [`TxChunk::set_len`]).
+    pub(crate) len: usize,
+}
+
+impl TxChunk {
+    /// The chunk's bytes (the whole chunk, whatever `len` is).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        match &self.chunk {
+            // SAFETY: the chunk is out of the pool and owned by this handle, so nobody else
+            // reads or writes it; `self.pool` keeps its arena mapped.
+            Some(c) => unsafe { std::slice::from_raw_parts_mut(c.addr, c.len) },
+            None => &mut [],
+        }
+    }
+
+    /// Sends only the first `len` bytes (at most the chunk size).
+    pub fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.capacity());
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.chunk.as_ref().map_or(0, |c| c.len)
+    }
+
+    pub(crate) fn take(&mut self) -> Option<Chunk> {
+        self.chunk.take()
+    }
+}
+
+impl fmt::Debug for TxChunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TxChunk({} of {} B)", self.len, self.capacity())
+    }
+}
+
+impl Drop for TxChunk {
+    fn drop(&mut self) {
+        if let Some(c) = self.chunk.take() {
+            let _ = self.pool.put(c);
+        }
+    }
+}
+
+/// A received data segment: `len` bytes in page-aligned pool chunks (4 KiB each, filled in
+/// order; the last may be partly used). Dropping it (or [`RxSeg::release`]) returns the
+/// chunks to the pool. `Send`: it may be released on any thread.
+pub struct RxSeg {
+    pub(crate) chunks: SmallVec<[Chunk; 1]>,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) len: usize,
+}
+
+impl RxSeg {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes of each chunk in order (each page-aligned; all but the last are full).
+    pub fn chunks(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let size = self.chunks.first().map_or(1, |c| c.len);
+        self.chunks.iter().enumerate().map(move |(i, c)| {
+            let n = self.len.saturating_sub(i * size).min(c.len);
+            // SAFETY: the chunk is out of the pool and owned by this segment (nobody writes
+            // it any more: the READ or receive that filled it completed); `self.pool` keeps
+            // its arena mapped.
+            unsafe { std::slice::from_raw_parts(c.addr, n) }
+        })
+    }
+
+    /// The segment's bytes when it lies in one chunk (every segment of up to 4 KiB).
+    pub fn as_slice(&self) -> Option<&[u8]> {
+        if self.chunks.len() == 1 {
+            self.chunks().next()
+        } else if self.len == 0 {
+            Some(&[])
+        } else {
+            None
+        }
+    }
+
+    /// The address of the first byte (page-aligned), for the application's own IO.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.chunks
+            .first()
+            .map_or(std::ptr::null(), |c| c.addr.cast_const())
+    }
+
+    /// A copy of the bytes (tests, small segments).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len);
+        for c in self.chunks() {
+            v.extend_from_slice(c);
+        }
+        v
+    }
+
+    /// Returns the chunks to the pool now (same as dropping).
+    pub fn release(self) {}
+}
+
+impl fmt::Debug for RxSeg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RxSeg({} B in {} chunks)", self.len, self.chunks.len())
+    }
+}
+
+impl Drop for RxSeg {
+    fn drop(&mut self) {
+        for c in self.chunks.drain(..) {
+            let _ = self.pool.put(c);
+        }
+    }
+}
+
+/// A send that was refused; the message is handed back untouched.
+#[derive(Debug)]
+pub struct Refused {
+    /// `Full` (the session's queue bound: retry after `on_send_ready` or completions),
+    /// `Closed` (the session ended), `InvalidArgument` (front or segments too large, a
+    /// registration failed), `ResourceLimit`.
+    pub error: Error,
+    pub msg: Box<OutMessage>,
+}
+
+impl Refused {
+    pub fn kind(&self) -> ErrorKind {
+        self.error.kind()
+    }
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+/// The application's callbacks.
+///
+/// **Which thread.** With `msgr_threads = 0` every callback runs inside
+/// [`Messenger::poll`], on the caller's thread. With `msgr_threads = N` each session is
+/// owned by one of N worker threads and every callback for it runs on that thread (so the
+/// callbacks of one session never run concurrently, and arrive in order: on_connect, then
+/// messages in sequence order, send completions in send order, then at most one on_reset).
+///
+/// **What may be called from a callback.** Everything on the messenger except
+/// `poll` (refused with `Busy` when called from a callback of this messenger) and dropping
+/// the last `Messenger` handle: no internal lock is held while a callback runs, so
+/// `send`, `close_session`, `alloc_chunk`, counters, and dropping or releasing received
+/// segments are safe and do not deadlock. A callback should not block for long: it holds up
+/// every session of its thread.
+pub trait Dispatcher: Send + Sync + 'static {
+    /// A session is open: after `connect` (`incoming = false`) or for a new peer session
+    /// accepted by `listen` (`incoming = true`). Not called again on a lossless reconnect.
+    fn on_connect(&self, _m: &Messenger, _s: SessionId, _peer: SocketAddr, _incoming: bool) {}
+
+    /// A message, delivered once, in order per session. The application owns it (drop it
+    /// or its segments to release the chunks).
+    fn on_message(&self, m: &Messenger, s: SessionId, msg: InMessage);
+
+    /// The peer acknowledged message `id` (`Ok`), or it never will (`Err`: lossy fault,
+    /// peer reset, reconnect gave up, session closed). Every accepted send gets exactly one.
+    fn on_send_complete(
+        &self,
+        _m: &Messenger,
+        _s: SessionId,
+        _id: SendId,
+        _status: crate::error::Result<()>,
+    ) {
+    }
+
+    /// A session that refused a send with `Full` has room again.
+    fn on_send_ready(&self, _m: &Messenger, _s: SessionId) {}
+
+    /// The session ended because of a fault (lossy), a peer restart, or a reconnect that
+    /// gave up. Not called for `close_session`. The session's id is dead afterwards.
+    fn on_reset(&self, _m: &Messenger, _s: SessionId, _why: &Error) {}
+}
+
+/// Per-session counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionCounters {
+    pub msgs_sent: u64,
+    pub msgs_received: u64,
+    /// Front and data bytes of the messages sent / delivered.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Messages sent again on a new connection (lossless).
+    pub replays: u64,
+    /// Connections after the first one (lossless).
+    pub reconnects: u64,
+    /// Transport faults seen (side-channel EOF, error completion, keepalive timeout,
+    /// malformed header from the peer).
+    pub faults: u64,
+    /// Malformed headers received (each also a fault).
+    pub malformed: u64,
+    /// Times a message had to wait for credits.
+    pub credit_stalls: u64,
+    /// Sends refused with `Full`.
+    pub full_refusals: u64,
+    /// Bytes copied because they came from unregistered memory (`Payload::Copy`).
+    pub copied_bytes: u64,
+    /// Data segments moved by RDMA READ (rendezvous) / eagerly in the SEND.
+    pub read_segments: u64,
+    pub eager_segments: u64,
+    pub keepalives_sent: u64,
+    /// Receiver-not-ready NAKs of this session's connections (sent + received): 0 in steady
+    /// state, since a sender never goes beyond its credits.
+    pub rnr_naks: u64,
+    /// Messages received again after a reconnect and dropped (already delivered).
+    pub duplicates_dropped: u64,
+}
+
+/// What a session is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub state: SessionState,
+    pub policy: Policy,
+    /// The peer's address (connecting side: the address given to `connect`).
+    pub peer: Option<SocketAddr>,
+    /// Whether this side accepted it.
+    pub incoming: bool,
+    /// This side's session identity and the peer's (0 until the handshake).
+    pub local_id: u64,
+    pub peer_id: u64,
+    /// Messages waiting for credits or a connection / sent and not yet acknowledged.
+    pub queued: usize,
+    pub unacked: usize,
+    /// Credits to send now / receives posted for the peer.
+    pub credits: u32,
+    pub recv_window: u32,
+    pub counters: SessionCounters,
+}
+
+/// Messenger-wide figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MsgrStats {
+    /// Sessions not closed.
+    pub sessions: usize,
+    /// Connections accepted but not handshaken yet.
+    pub pending_connections: usize,
+    /// The 4 KiB data pool and the header-slot pool.
+    pub data_pool: crate::mem::pool::PoolStats,
+    pub header_pool: crate::mem::pool::PoolStats,
+    /// 64 KiB chunks of the copy pool in use (copies of large unregistered segments).
+    pub copy_chunks_in_use: u32,
+    /// Malformed headers on connections that were not (yet) a session's.
+    pub malformed: u64,
+    /// Counters summed over every session ever made (closed ones included).
+    pub totals: SessionCounters,
+}
+
+/// A transport fault to inject on a session's current connection (tests, Ceph's
+/// `ms_inject_socket_failures`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Shut down the TCP side channel: both sides see EOF and fail their QPs.
+    SideChannelClose,
+    /// Move this side's QP to ERR (outstanding work flushes), side channel left open.
+    QpError,
+}

@@ -1,0 +1,403 @@
+//! The messenger's wire format: a fixed 64-byte header at the start of a [`SLOT`]-byte
+//! header slot, then (eager) the data segment or (rendezvous) a descriptor block.
+//!
+//! Every SEND is `[header slot: SLOT bytes][payload: 0..=4096 bytes]`, and every posted
+//! receive is `[header slot][one 4 KiB pool chunk]`, so the payload lands at the start of
+//! the chunk, page-aligned. The payload is one of:
+//! - nothing (control messages, and messages without data whose front fits the slot);
+//! - eager: the single data segment (`data_len` bytes, at most 4096);
+//! - rendezvous (`RNDV`): a descriptor block: the front (when it did not fit the slot),
+//!   padded to 8, then per segment `len: u32, parts: u32`, then per part
+//!   `addr: u64, len: u32, rkey: u32`: the sender's memory the receiver RDMA READs.
+//!
+//! All integers are little-endian. Parsing never panics: anything out of bounds or
+//! inconsistent is a [`Malformed`] error, which faults the connection.
+
+use crate::error::{Error, ErrorKind};
+
+/// The header slot: header + inline front.
+pub const SLOT: usize = 512;
+/// The fixed header.
+pub const HDR_LEN: usize = 64;
+/// The largest front carried in the slot.
+pub const FRONT_INLINE_MAX: usize = SLOT - HDR_LEN;
+/// The payload area of a receive (one pool chunk).
+pub const PAYLOAD_MAX: usize = 4096;
+/// The largest front (carried in the descriptor block when larger than the slot room).
+pub const FRONT_MAX: usize = 2048;
+/// Data segments per message.
+pub const MAX_SEGS: usize = 64;
+/// Bytes per segment entry and per part entry in a descriptor block.
+pub const SEG_ENTRY: usize = 8;
+pub const PART_ENTRY: usize = 16;
+/// The largest data segment (the limit of a u32 length is far off; this one bounds what a
+/// peer can make us allocate for one segment).
+pub const MAX_SEG_LEN: usize = 16 << 20;
+
+const MAGIC: u16 = 0x4d58; // "XM"
+const VERSION: u8 = 1;
+
+/// What a message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Session handshake: `aux` = sender's session id, `aux2` = the receiver's session id
+    /// as the sender knows it (0 = none), `aux3` = last sequence number the sender
+    /// delivered from this session; `credits` = receives posted beyond this one.
+    Hello = 1,
+    /// An application message (`seq` > 0).
+    Msg = 2,
+    /// Acknowledgement and credits only.
+    Ack = 3,
+    /// Keepalive probe (`aux` = nonce) and its answer.
+    Ping = 4,
+    Pong = 5,
+    /// The sender closed the session (best effort).
+    Bye = 6,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Hello,
+            2 => Kind::Msg,
+            3 => Kind::Ack,
+            4 => Kind::Ping,
+            5 => Kind::Pong,
+            6 => Kind::Bye,
+            _ => return None,
+        })
+    }
+}
+
+/// Header flags.
+pub mod flags {
+    /// The payload is a descriptor block (rendezvous).
+    pub const RNDV: u16 = 1;
+    /// The sender has messages waiting for credits (the receiver grows its window).
+    pub const STARVED: u16 = 2;
+    /// Hello: the sender's session is lossy.
+    pub const LOSSY: u16 = 4;
+}
+
+/// The fixed header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Header {
+    pub kind: u8,
+    pub flags: u16,
+    pub msg_type: u16,
+    pub seq: u64,
+    /// Cumulative: every message up to this sequence number was delivered.
+    pub ack: u64,
+    /// New credits granted by this message (receives posted for the peer).
+    pub credits: u32,
+    pub front_len: u32,
+    pub nsegs: u16,
+    /// Eager: the bytes of the data segment; rendezvous: the descriptor block's length.
+    pub payload_len: u32,
+    pub aux: u64,
+    pub aux2: u64,
+    pub aux3: u64,
+}
+
+/// A header or descriptor block the peer should not have sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed(pub &'static str);
+
+impl From<Malformed> for Error {
+    fn from(m: Malformed) -> Error {
+        Error::fixed(ErrorKind::InvalidValue, m.0)
+    }
+}
+
+fn get<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    if let Some(s) = b.get(at..at + N) {
+        out.copy_from_slice(s);
+    }
+    out
+}
+
+impl Header {
+    pub fn new(kind: Kind) -> Header {
+        Header {
+            kind: kind as u8,
+            ..Header::default()
+        }
+    }
+
+    pub fn kind(&self) -> Option<Kind> {
+        Kind::from_u8(self.kind)
+    }
+
+    /// Writes the header into `out[..HDR_LEN]` (`out` must be at least that long).
+    pub fn emit(&self, out: &mut [u8]) {
+        let Some(o) = out.get_mut(..HDR_LEN) else {
+            return;
+        };
+        o.fill(0);
+        o[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        o[2] = VERSION;
+        o[3] = self.kind;
+        o[4..6].copy_from_slice(&self.flags.to_le_bytes());
+        o[6..8].copy_from_slice(&self.msg_type.to_le_bytes());
+        o[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        o[16..24].copy_from_slice(&self.ack.to_le_bytes());
+        o[24..28].copy_from_slice(&self.credits.to_le_bytes());
+        o[28..32].copy_from_slice(&self.front_len.to_le_bytes());
+        o[32..34].copy_from_slice(&self.nsegs.to_le_bytes());
+        o[36..40].copy_from_slice(&self.payload_len.to_le_bytes());
+        o[40..48].copy_from_slice(&self.aux.to_le_bytes());
+        o[48..56].copy_from_slice(&self.aux2.to_le_bytes());
+        o[56..64].copy_from_slice(&self.aux3.to_le_bytes());
+    }
+
+    /// Parses the slot of a received message whose total length was `byte_len` and checks
+    /// the header against it.
+    pub fn parse(slot: &[u8], byte_len: usize) -> Result<Header, Malformed> {
+        if slot.len() < HDR_LEN || byte_len < SLOT {
+            return Err(Malformed("message shorter than the header slot"));
+        }
+        if u16::from_le_bytes(get(slot, 0)) != MAGIC {
+            return Err(Malformed("bad magic in message header"));
+        }
+        if slot[2] != VERSION {
+            return Err(Malformed("unknown message header version"));
+        }
+        let h = Header {
+            kind: slot[3],
+            flags: u16::from_le_bytes(get(slot, 4)),
+            msg_type: u16::from_le_bytes(get(slot, 6)),
+            seq: u64::from_le_bytes(get(slot, 8)),
+            ack: u64::from_le_bytes(get(slot, 16)),
+            credits: u32::from_le_bytes(get(slot, 24)),
+            front_len: u32::from_le_bytes(get(slot, 28)),
+            nsegs: u16::from_le_bytes(get(slot, 32)),
+            payload_len: u32::from_le_bytes(get(slot, 36)),
+            aux: u64::from_le_bytes(get(slot, 40)),
+            aux2: u64::from_le_bytes(get(slot, 48)),
+            aux3: u64::from_le_bytes(get(slot, 56)),
+        };
+        let kind = h.kind().ok_or(Malformed("unknown message kind"))?;
+        if byte_len - SLOT != h.payload_len as usize || h.payload_len as usize > PAYLOAD_MAX {
+            return Err(Malformed(
+                "payload length disagrees with the received length",
+            ));
+        }
+        if kind != Kind::Msg {
+            if h.payload_len != 0 || h.nsegs != 0 || h.front_len != 0 {
+                return Err(Malformed("control message with a payload"));
+            }
+            return Ok(h);
+        }
+        if h.seq == 0 {
+            return Err(Malformed("message without a sequence number"));
+        }
+        if h.nsegs as usize > MAX_SEGS || h.front_len as usize > FRONT_MAX {
+            return Err(Malformed("too many segments or too large a front"));
+        }
+        if h.flags & flags::RNDV == 0 {
+            if h.front_len as usize > FRONT_INLINE_MAX || h.nsegs > 1 {
+                return Err(Malformed(
+                    "eager message with a front or segments that do not fit",
+                ));
+            }
+            if h.nsegs == 0 && h.payload_len != 0 {
+                return Err(Malformed("eager message with a payload and no segment"));
+            }
+        }
+        Ok(h)
+    }
+
+    pub fn has(&self, flag: u16) -> bool {
+        self.flags & flag != 0
+    }
+}
+
+/// One part of a rendezvous segment: the sender's memory to READ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    pub addr: u64,
+    pub len: u32,
+    pub rkey: u32,
+}
+
+/// A rendezvous segment: its length and its parts (which add up to it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegDesc {
+    pub len: u32,
+    pub parts: Vec<Part>,
+}
+
+/// The size of a descriptor block.
+pub fn block_len(front_len: usize, segs: &[SegDesc]) -> usize {
+    front_len.next_multiple_of(8)
+        + segs
+            .iter()
+            .map(|s| SEG_ENTRY + PART_ENTRY * s.parts.len())
+            .sum::<usize>()
+}
+
+/// Writes a descriptor block into `out`; returns its length, or None if it does not fit.
+pub fn emit_block(out: &mut [u8], front: &[u8], segs: &[SegDesc]) -> Option<usize> {
+    let n = block_len(front.len(), segs);
+    let o = out.get_mut(..n)?;
+    o.fill(0);
+    o[..front.len()].copy_from_slice(front);
+    let mut at = front.len().next_multiple_of(8);
+    for s in segs {
+        o[at..at + 4].copy_from_slice(&s.len.to_le_bytes());
+        o[at + 4..at + 8].copy_from_slice(&(s.parts.len() as u32).to_le_bytes());
+        at += SEG_ENTRY;
+        for p in &s.parts {
+            o[at..at + 8].copy_from_slice(&p.addr.to_le_bytes());
+            o[at + 8..at + 12].copy_from_slice(&p.len.to_le_bytes());
+            o[at + 12..at + 16].copy_from_slice(&p.rkey.to_le_bytes());
+            at += PART_ENTRY;
+        }
+    }
+    Some(n)
+}
+
+/// Parses a descriptor block of `h` (front length, segment count) from `block`.
+pub fn parse_block(h: &Header, block: &[u8]) -> Result<(Vec<u8>, Vec<SegDesc>), Malformed> {
+    let bad = Malformed("descriptor block out of bounds or inconsistent");
+    let front_len = h.front_len as usize;
+    let front = block.get(..front_len).ok_or(bad)?.to_vec();
+    let mut at = front_len.next_multiple_of(8);
+    let mut segs = Vec::with_capacity(h.nsegs as usize);
+    for _ in 0..h.nsegs {
+        let e = block.get(at..at + SEG_ENTRY).ok_or(bad)?;
+        let len = u32::from_le_bytes(get(e, 0));
+        let nparts = u32::from_le_bytes(get(e, 4)) as usize;
+        at += SEG_ENTRY;
+        if len as usize > MAX_SEG_LEN || nparts > block.len() / PART_ENTRY {
+            return Err(bad);
+        }
+        let mut parts = Vec::with_capacity(nparts);
+        let mut sum = 0u64;
+        for _ in 0..nparts {
+            let p = block.get(at..at + PART_ENTRY).ok_or(bad)?;
+            let part = Part {
+                addr: u64::from_le_bytes(get(p, 0)),
+                len: u32::from_le_bytes(get(p, 8)),
+                rkey: u32::from_le_bytes(get(p, 12)),
+            };
+            if part.len == 0 {
+                return Err(bad);
+            }
+            sum += u64::from(part.len);
+            parts.push(part);
+            at += PART_ENTRY;
+        }
+        if sum != u64::from(len) {
+            return Err(bad);
+        }
+        segs.push(SegDesc { len, parts });
+    }
+    if at != block.len() {
+        return Err(bad);
+    }
+    Ok((front, segs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(kind: Kind) -> Header {
+        Header {
+            seq: 7,
+            ack: 5,
+            credits: 3,
+            msg_type: 9,
+            aux: 11,
+            aux2: 12,
+            aux3: 13,
+            ..Header::new(kind)
+        }
+    }
+
+    #[test]
+    fn header_round_trips() {
+        let mut h = msg(Kind::Msg);
+        h.front_len = 100;
+        h.nsegs = 1;
+        h.payload_len = 4096;
+        let mut slot = [0u8; SLOT];
+        h.emit(&mut slot);
+        assert_eq!(Header::parse(&slot, SLOT + 4096), Ok(h));
+        // The length on the wire must match.
+        assert!(Header::parse(&slot, SLOT + 4095).is_err());
+        assert!(Header::parse(&slot[..10], SLOT).is_err());
+    }
+
+    #[test]
+    fn garbage_is_malformed_never_a_panic() {
+        let mut slot = [0u8; SLOT];
+        for seed in 0..2000u32 {
+            let mut x = seed.wrapping_mul(2_654_435_761);
+            for b in slot.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = x as u8;
+            }
+            if seed % 2 == 0 {
+                slot[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+                slot[2] = VERSION;
+                slot[3] = (seed % 8) as u8;
+            }
+            if let Ok(h) = Header::parse(&slot, SLOT + (seed as usize % 5000)) {
+                let block = [0u8; PAYLOAD_MAX];
+                let _ = parse_block(&h, &block[..h.payload_len as usize]);
+            }
+        }
+        let mut c = msg(Kind::Ack);
+        c.payload_len = 1;
+        c.emit(&mut slot);
+        assert!(Header::parse(&slot, SLOT + 1).is_err());
+    }
+
+    #[test]
+    fn block_round_trips_and_checks_sums() {
+        let segs = vec![
+            SegDesc {
+                len: 10_000,
+                parts: vec![
+                    Part {
+                        addr: 0x1000,
+                        len: 4096,
+                        rkey: 1,
+                    },
+                    Part {
+                        addr: 0x9000,
+                        len: 5904,
+                        rkey: 2,
+                    },
+                ],
+            },
+            SegDesc {
+                len: 5,
+                parts: vec![Part {
+                    addr: 3,
+                    len: 5,
+                    rkey: 3,
+                }],
+            },
+        ];
+        let mut out = [0u8; PAYLOAD_MAX];
+        let n = emit_block(&mut out, b"front", &segs).unwrap();
+        assert_eq!(n, block_len(5, &segs));
+        let mut h = Header::new(Kind::Msg);
+        h.front_len = 5;
+        h.nsegs = 2;
+        assert_eq!(
+            parse_block(&h, &out[..n]),
+            Ok((b"front".to_vec(), segs.clone()))
+        );
+        out[8] ^= 1; // the first segment's length no longer matches its parts
+        assert!(parse_block(&h, &out[..n]).is_err());
+        assert!(parse_block(&h, &out[..n - 1]).is_err());
+    }
+}
