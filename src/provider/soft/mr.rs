@@ -156,6 +156,13 @@ impl Tables {
 }
 
 /// All regions of one device.
+///
+/// Readers take the lock with `read_recursive`: the receive path holds a view (a read lock)
+/// while it locks a QP, and a post holds its QP's lock while it takes a read lock here. With
+/// parking_lot's writer-preferring `read`, a `register` waiting for the write lock between
+/// the two would block the second reader behind itself and deadlock all three threads
+/// (seen: msgr_faults hung, a messenger worker in post_send, the progress thread in
+/// receive, the test thread in register). A writer waits until no reader is left.
 #[derive(Debug, Default)]
 pub struct MrTable {
     tables: RwLock<Tables>,
@@ -268,13 +275,13 @@ impl MrTable {
 
     /// Bytes this table keeps pinned (pages shared by regions counted once).
     pub fn pinned_bytes(&self) -> u64 {
-        self.tables.read().pinned_bytes()
+        self.tables.read_recursive().pinned_bytes()
     }
 
     /// Marks the regions of `lkeys` as named by one more (`up`) or one fewer work request.
     /// Unknown keys are skipped: the engine fails such a WR with LOC_PROT_ERR.
     pub fn hold(&self, lkeys: &[u32], up: bool) {
-        let t = self.tables.read();
+        let t = self.tables.read_recursive();
         for k in lkeys {
             if let Some(r) = t.by_lkey.get(k) {
                 if up {
@@ -288,7 +295,7 @@ impl MrTable {
 
     /// Regions with any remote access, for a connection handshake.
     pub fn exposed(&self) -> Vec<Arc<Region>> {
-        let t = self.tables.read();
+        let t = self.tables.read_recursive();
         let mut v: Vec<_> = t
             .by_lkey
             .values()
@@ -303,7 +310,7 @@ impl MrTable {
     /// while a view exists.
     pub fn view(&self) -> MemView<'_> {
         MemView {
-            t: self.tables.read(),
+            t: self.tables.read_recursive(),
         }
     }
 }
@@ -417,6 +424,44 @@ mod tests {
         // SAFETY: every test's buffer outlives its table's use of it (the table and its
         // views are dropped, or the region deregistered, before the buffer).
         unsafe { t.register(addr, len, access) }
+    }
+
+    /// A view held by one thread (the receive path, which then waits for a QP lock), a
+    /// `register` waiting for the write lock, and a `hold` from a third thread (a post that
+    /// holds that QP's lock): the `hold` must not queue behind the writer, or the three
+    /// deadlock.
+    #[test]
+    fn a_waiting_writer_does_not_block_readers_while_a_view_is_held() {
+        let t = MrTable::default();
+        let mut a = vec![0u8; 64];
+        let mut b = vec![0u8; 64];
+        let r = reg(&t, a.as_mut_ptr(), 64, access::LOCAL_WRITE).unwrap();
+        let b_addr = b.as_mut_ptr() as usize;
+        let view = t.view();
+        std::thread::scope(|s| {
+            let writer = s.spawn(|| reg(&t, b_addr as *mut u8, 64, access::LOCAL_WRITE));
+            // Wait (bounded) until the writer is queued: a plain `try_read` then fails.
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while t.tables.try_read().is_some() {
+                assert!(std::time::Instant::now() < end, "the writer never queued");
+                std::thread::yield_now();
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            let t2 = &t;
+            s.spawn(move || {
+                t2.hold(&[r.lkey], true);
+                t2.hold(&[r.lkey], false);
+                let _ = tx.send(());
+            });
+            let held = rx.recv_timeout(std::time::Duration::from_secs(10));
+            drop(view);
+            assert!(held.is_ok(), "hold() blocked behind a waiting writer");
+            writer
+                .join()
+                .unwrap()
+                .expect("register after the view is gone");
+        });
+        drop(b);
     }
 
     #[test]
