@@ -15,6 +15,7 @@ fn ctx(extra: &[(&str, &str)]) -> Context {
     let mut c = Config::new();
     c.set("soft_port", "0").unwrap();
     c.set("path_mtu", "1024").unwrap();
+    support::apply_provider(&mut c);
     for (k, v) in extra {
         c.set(k, v).unwrap();
     }
