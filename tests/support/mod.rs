@@ -6,7 +6,7 @@
 //! The peer: a test file declares
 //! `#[test] #[ignore] fn support_peer_main() { support::peer_main() }`; [`Peer::spawn`]
 //! re-executes the binary with `--exact support_peer_main --include-ignored` and
-//! `RDMX_TEST_PEER=<spec>`. The peer listens, prints `RDMXPEER LISTEN tcp=.. udp=..`, accepts
+//! `RDMXTEST_PEER=<spec>`. The peer listens, prints `RDMXPEER LISTEN tcp=.. udp=..`, accepts
 //! one connection, prints `RDMXPEER CONNECTED`, then reports every completion
 //! (`RDMXPEER WC ...`) and obeys commands on its stdin (`recv N`, `counters`, `exit`).
 //! Stdin EOF (the test died) ends it too, and it never lives longer than [`PEER_LIFETIME`].
@@ -28,8 +28,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Environment variable carrying the peer's spec.
-pub const PEER_ENV: &str = "RDMX_TEST_PEER";
+/// Environment variable carrying the peer's spec (not `RDMX_`: those are configuration
+/// keys, and `rdmx-ibv exec` refuses unknown ones).
+pub const PEER_ENV: &str = "RDMXTEST_PEER";
 /// Tag of the lines the peer prints (libtest's own lines lack it).
 const TAG: &str = "RDMXPEER ";
 /// Upper bound on a peer's life.
@@ -118,6 +119,9 @@ pub fn apply_provider(c: &mut Config) {
             .unwrap_or_else(|e| panic!("RDMX_PROVIDER={p}: {e}"));
     }
 }
+
+/// The peer process's device address on the verbs provider (this side's is 127.0.0.2).
+pub const VERBS_PEER_IP: &str = "127.0.0.3";
 
 /// Whether this test process runs the suite on the verbs provider (under `rdmx-ibv`).
 pub fn on_verbs() -> bool {
@@ -404,6 +408,13 @@ impl Peer {
             Some(ns) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(&exe);
+                c
+            }
+            // On the verbs provider (this binary under `rdmx-ibv exec`), the peer needs a
+            // device of its own: RoCEv2 has one UDP port, so one address per process.
+            None if on_verbs() => {
+                let mut c = Command::new(rdmx_ibv_launcher());
+                c.args(["exec", "--ip", VERBS_PEER_IP, "--"]).arg(&exe);
                 c
             }
             None => Command::new(&exe),
@@ -784,6 +795,9 @@ pub struct UdpBlackHole {
 impl UdpBlackHole {
     /// Drops UDP datagrams arriving for `ports` (on the host: loopback traffic).
     pub fn ports(ports: &[u16]) -> Result<UdpBlackHole, String> {
+        let mut ports = ports.to_vec();
+        ports.sort_unstable();
+        ports.dedup();
         let set: Vec<String> = ports.iter().map(u16::to_string).collect();
         let table = unique("rdmx_bh_");
         nft(
