@@ -233,7 +233,16 @@ impl Device {
                     sq_sig_all: false,
                     max_unacked_psns: 128.max(s.max_send_wr),
                 };
-                let qp = d.create_qp(caps, local_ip, Arc::clone(&send_cq), Arc::clone(&recv_cq))?;
+                // With `soft_addr`, packets leave from that address (the one the hello
+                // advertises): a peer accepts RC packets only from its peer's address
+                // (rxe's check_addr; a NIC's QP is bound to its GID the same way).
+                let src = s.soft_addr.map_or(local_ip, |a| a.to_canonical());
+                let src = if src.is_ipv4() == local_ip.is_ipv4() {
+                    src
+                } else {
+                    local_ip
+                };
+                let qp = d.create_qp(caps, src, Arc::clone(&send_cq), Arc::clone(&recv_cq))?;
                 Ok(Qp::Soft(SoftLink {
                     qp,
                     send_cq,
