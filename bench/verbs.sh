@@ -88,8 +88,8 @@ SB=() VB=() SL=() VL=()
 for r in $(seq 1 "$ROUNDS"); do
     SB+=("$(field "$(run soft read_bw)" ops_per_sec)")
     VB+=("$(field "$(run verbs read_bw)" ops_per_sec)")
-    SL+=("$(field "$(run soft read_lat)" p50_us)")
-    VL+=("$(field "$(run verbs read_lat)" p50_us)")
+    SL+=("$(field "$(run soft read_lat)" lat_p50_us)")
+    VL+=("$(field "$(run verbs read_lat)" lat_p50_us)")
     echo "round $r: read_bw soft ${SB[-1]} verbs ${VB[-1]} ops/s; read_lat p50 soft ${SL[-1]} verbs ${VL[-1]} us"
 done
 sb=$(printf '%s\n' "${SB[@]}" | median)

@@ -93,8 +93,8 @@ pub unsafe extern "C" fn rdmx_context_new(
             }
         };
         let inner = Context::new(config)?;
-        let reason = std::ffi::CString::new(inner.provider_reason().replace('\0', " "))
-            .unwrap_or_default();
+        let reason =
+            std::ffi::CString::new(inner.provider_reason().replace('\0', " ")).unwrap_or_default();
         let ctx = Box::new(rdmx_context {
             inner,
             reason,
@@ -143,9 +143,7 @@ pub unsafe extern "C" fn rdmx_context_provider(ctx: *const rdmx_context) -> *con
 /// # Safety
 /// `ctx` NULL or live.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdmx_context_provider_reason(
-    ctx: *const rdmx_context,
-) -> *const c_char {
+pub unsafe extern "C" fn rdmx_context_provider_reason(ctx: *const rdmx_context) -> *const c_char {
     boundary::call_value("rdmx_context_provider_reason", std::ptr::null(), || {
         // SAFETY: forwarded contract.
         match unsafe { ctx.as_ref() } {

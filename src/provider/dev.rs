@@ -24,8 +24,9 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub(crate) enum Device {
     Soft(SoftDevice),
+    // Boxed: one per context, and it keeps the enum the soft device's size.
     #[cfg(feature = "verbs")]
-    Verbs(VerbsDevice),
+    Verbs(Box<VerbsDevice>),
 }
 
 /// A registration's keys and extent.
@@ -461,10 +462,9 @@ impl Qp {
 
     /// Undoes `create_qp` after a failed setup.
     pub fn destroy(&self, dev: &Device) {
-        match (self, dev) {
-            (Qp::Soft(q), Device::Soft(d)) => d.destroy_qp(q.qp.qpn()),
-            // Dropping the last Arc destroys a verbs QP.
-            _ => {}
+        // Dropping the last Arc destroys a verbs QP.
+        if let (Qp::Soft(q), Device::Soft(d)) = (self, dev) {
+            d.destroy_qp(q.qp.qpn());
         }
     }
 }

@@ -124,7 +124,7 @@ fn open_soft(settings: &Settings) -> Result<Device> {
 fn open_verbs(settings: &Settings) -> Result<(Device, String)> {
     let d = verbs::VerbsDevice::open(settings)?;
     let why = d.describe();
-    Ok((Device::Verbs(d), why))
+    Ok((Device::Verbs(Box::new(d)), why))
 }
 
 #[cfg(not(feature = "verbs"))]

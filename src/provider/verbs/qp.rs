@@ -625,8 +625,9 @@ impl VerbsQp {
         }
         let base = ws.as_mut_ptr();
         for i in 0..n - 1 {
-            // SAFETY: i + 1 < n <= CHAIN: in bounds of `ws`.
-            ws[i].next = unsafe { base.add(i + 1) };
+            // SAFETY: i + 1 < n <= CHAIN: both elements are in `ws`; only raw pointers
+            // derived from `base` touch it until the post.
+            unsafe { (*base.add(i)).next = base.add(i + 1) };
         }
         let mut bad: *mut ib::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: a live QP; `ws[..n]` is a NULL-terminated chain whose SGE pointers point
@@ -737,8 +738,9 @@ impl VerbsQp {
         }
         let base = ws.as_mut_ptr();
         for i in 0..n - 1 {
-            // SAFETY: in bounds (i + 1 < n <= CHAIN).
-            ws[i].next = unsafe { base.add(i + 1) };
+            // SAFETY: i + 1 < n <= CHAIN: both elements are in `ws`; only raw pointers
+            // derived from `base` touch it until the post.
+            unsafe { (*base.add(i)).next = base.add(i + 1) };
         }
         let mut bad: *mut ib::ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: live QP; a NULL-terminated chain with SGEs in `sg`, alive for the call.
