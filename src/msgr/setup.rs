@@ -918,7 +918,7 @@ mod tests {
         h.src_port = Some(0xc011);
         let mut want = SMALL.to_vec();
         want[3] = 63; // total length
-        want[9] = 1; // version 1.1
+        want[9] = VERSION_MINOR; // this build's minor (1.2: FLAG_ROCE)
         want[11] = 1; // flags: SRC_PORT
         want.extend_from_slice(&[0xc0, 0x11]); // source port 0xc011
         assert_eq!(h.encode(), want);
