@@ -36,12 +36,12 @@ build() { # build NAME SOURCE EXTRA_FLAGS...
   local name=$1 src=$2; shift 2
   case "$src" in
     *.c)   # shellcheck disable=SC2086
-           cc -std=c11 $cflags "$@" -o "$out/$name" "$here/$src" $ldlibs ;;
+           cc -std=c11 $cflags "$@" -o "$out/$name" "$here/$src" $ldlibs -lpthread ;;
     *.cpp) # shellcheck disable=SC2086
            c++ -std=c++17 $cflags "$@" -o "$out/$name" "$here/$src" $ldlibs ;;
   esac
 }
-tests=(test_config.c test_config.cpp test_conn.c test_mem.c)
+tests=(test_config.c test_config.cpp test_conn.c test_mem.c test_provider.c)
 
 echo "== ffi-tests: ASan+UBSan"
 for t in "${tests[@]}"; do
@@ -59,7 +59,7 @@ vg=(valgrind -q --error-exitcode=99 --leak-check=full --trace-children=yes
 for t in "${tests[@]}"; do
   name="${t%.*}_${t##*.}"
   build "$name" "$t" -O1
-  if [ "$t" = test_conn.c ] || [ "$t" = test_mem.c ]; then
+  if [ "$t" = test_conn.c ] || [ "$t" = test_mem.c ] || [ "$t" = test_provider.c ]; then
     # valgrind slows everything ~30x: give the RC ACK timer room (timeout 16 = 268 ms
     # instead of the default 4.2 ms), or retransmission timeouts would fail connections.
     RDMX_TIMEOUT=16 "${vg[@]}" "$out/$name"
@@ -67,4 +67,21 @@ for t in "${tests[@]}"; do
     "${vg[@]}" "$out/$name"
   fi
 done
+# The verbs provider: the same library, its contexts opening rdmx's libibverbs device
+# (rdmx-ibv exec: libibverbs -> rdmx0 -> the soft transport). test_provider.c runs in one
+# process; test_conn.c and test_mem.c fork a server, and a device address serves one
+# process (RoCEv2 has one UDP port), so they stay on soft. ASan must come first in the
+# library list, which the launcher's LD_PRELOAD of the provider changes: the check is
+# turned off (the preloaded provider is not instrumented; the test and librdmx.a are).
+echo "== ffi-tests: provider=verbs under rdmx-ibv exec (ASan+UBSan, valgrind)"
+launcher="$root/target/debug/rdmx-ibv"
+if [ ! -x "$launcher" ] || [ ! -f "$root/target/debug/librdmx_ibv.so" ]; then
+  echo "missing $launcher or librdmx_ibv.so: run cargo build --workspace first"
+  exit 1
+fi
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:verify_asan_link_order=0 \
+  UBSAN_OPTIONS=print_stacktrace=1 \
+  "$launcher" exec --ip 127.0.0.2 --set provider=verbs -- "$out/test_provider_c_san"
+"$launcher" exec --ip 127.0.0.2 --set provider=verbs --set timeout=16 -- \
+  "${vg[@]}" "$out/test_provider_c"
 echo "== ffi-tests: all passed"

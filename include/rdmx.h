@@ -758,6 +758,16 @@ void rdmx_context_free(rdmx_context *ctx);
 const char *rdmx_context_provider(const rdmx_context *ctx);
 
 /**
+ * Why the context runs on its provider, in one line: `provider=auto`'s reasoning (the
+ * verbs device, port and GID it opened, or why no device was usable and soft was taken),
+ * or the configured choice. Valid as long as the context; NULL only for a NULL ctx.
+ *
+ * # Safety
+ * `ctx` NULL or live.
+ */
+const char *rdmx_context_provider_reason(const rdmx_context *ctx);
+
+/**
  * Fills `*out` with the context's port counters. The caller owns `*out` (plain data,
  * copied); nothing is retained. RDMX_INVALID_ARGUMENT if `ctx` or `out` is NULL.
  *

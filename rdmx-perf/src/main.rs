@@ -295,6 +295,12 @@ fn config(args: &[String]) -> Result<(), Fail> {
     s.push('\n');
     s.push_str(&tables());
     s.push_str(&format!("\n# {}\n", rdmx::provider::describe_verbs()));
+    // The provider this configuration gets here, and why (provider=auto opens the verbs
+    // device to see whether it is usable).
+    match cfg.settings().and_then(|st| rdmx::provider::resolve(&st)) {
+        Ok((name, why)) => s.push_str(&format!("# provider: {name} ({why})\n")),
+        Err(e) => s.push_str(&format!("# provider: none ({e})\n")),
+    }
     out(&s);
     Ok(())
 }

@@ -29,7 +29,7 @@ use support::{Local, Peer, PeerSpec, continue_process, serial, stop_process, wit
 const BIN: &str = env!("CARGO_BIN_EXE_rdmx-perf");
 const SEC: Duration = Duration::from_secs(1);
 
-/// Entry point of the peer process (does nothing unless RDMX_TEST_PEER is set).
+/// Entry point of the peer process (does nothing unless RDMXTEST_PEER is set).
 #[test]
 #[ignore = "the peer process of the other tests; run by them"]
 fn support_peer_main() {

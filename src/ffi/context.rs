@@ -20,6 +20,8 @@ pub const RDMX_ACCESS_REMOTE_READ: u32 = 4;
 #[allow(non_camel_case_types)]
 pub struct rdmx_context {
     pub(crate) inner: Context,
+    /// `rdmx_context_provider_reason`'s text.
+    reason: std::ffi::CString,
     /// Registration-cache handles given to C as ids (`rdmx_mem.id`).
     mem: parking_lot::Mutex<(
         u64,
@@ -90,8 +92,12 @@ pub unsafe extern "C" fn rdmx_context_new(
                 &owned
             }
         };
+        let inner = Context::new(config)?;
+        let reason =
+            std::ffi::CString::new(inner.provider_reason().replace('\0', " ")).unwrap_or_default();
         let ctx = Box::new(rdmx_context {
-            inner: Context::new(config)?,
+            inner,
+            reason,
             mem: parking_lot::Mutex::new((0, std::collections::HashMap::new())),
         });
         // SAFETY: as above.
@@ -125,6 +131,23 @@ pub unsafe extern "C" fn rdmx_context_provider(ctx: *const rdmx_context) -> *con
         match unsafe { ctx.as_ref() }.map(|c| c.inner.provider()) {
             Some("soft") => c"soft".as_ptr(),
             Some(_) => c"verbs".as_ptr(),
+            None => std::ptr::null(),
+        }
+    })
+}
+
+/// Why the context runs on its provider, in one line: `provider=auto`'s reasoning (the
+/// verbs device, port and GID it opened, or why no device was usable and soft was taken),
+/// or the configured choice. Valid as long as the context; NULL only for a NULL ctx.
+///
+/// # Safety
+/// `ctx` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_context_provider_reason(ctx: *const rdmx_context) -> *const c_char {
+    boundary::call_value("rdmx_context_provider_reason", std::ptr::null(), || {
+        // SAFETY: forwarded contract.
+        match unsafe { ctx.as_ref() } {
+            Some(c) => c.reason.as_ptr(),
             None => std::ptr::null(),
         }
     })

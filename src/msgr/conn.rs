@@ -1,16 +1,17 @@
 //! Listener and connection: TCP side channel setup (QP numbers, PSNs, addresses, MTU,
-//! rd_atomic limits, exposed regions), then RC traffic on the soft provider, with the TCP
+//! rd_atomic limits, exposed regions), then RC traffic on the context's provider (soft or
+//! verbs, through `provider::dev`'s enums: this file names neither), with the TCP
 //! connection kept open as the liveness signal (EOF = peer gone: every outstanding WR
 //! completes with an error or a flush).
 
-use crate::config::{CqLayout, PollMode, Progress};
 use crate::error::{Error, ErrorKind, Result};
-use crate::provider::soft::cq::{Cq, Wc};
+use crate::provider::dev::Qp;
+use crate::provider::soft::cq::Wc;
 use crate::provider::soft::device::ProgressStats;
-use crate::provider::soft::qp::{Remote, SendReq, SoftQp, Timers};
+use crate::provider::soft::qp::SendReq;
 use crate::provider::soft::sys::{self, EventFd};
-use crate::rc::verbs::{QpState, access};
-use crate::rc::{Counters, QpCaps, SgeList};
+use crate::rc::verbs::QpState;
+use crate::rc::{Counters, SgeList};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -76,10 +77,7 @@ struct HandshakeState {
 pub struct Connection {
     ctx: Context,
     tcp: TcpStream,
-    qp: Arc<SoftQp>,
-    send_cq: Arc<Cq>,
-    recv_cq: Arc<Cq>,
-    channel: Arc<EventFd>,
+    qp: Qp,
     peer_regions: Vec<Region>,
     peer: SocketAddr,
     /// This side's offer (configured, link and active MTU) and the negotiated path MTU.
@@ -401,84 +399,53 @@ impl Connection {
         let peer = tcp
             .peer_addr()
             .map_err(|e| Error::new(ErrorKind::Io, format!("side channel: {e}")))?;
-        let channel = Arc::new(EventFd::new()?);
-        let (send_cq, recv_cq) = match s.cq_layout() {
-            CqLayout::Separate { send, recv } => (
-                Arc::new(Cq::new(send as usize, Arc::clone(&channel))),
-                Arc::new(Cq::new(recv as usize, Arc::clone(&channel))),
-            ),
-            CqLayout::Shared { size } => {
-                let cq = Arc::new(Cq::new(size as usize, Arc::clone(&channel)));
-                (Arc::clone(&cq), cq)
-            }
-        };
-        let caps = QpCaps {
-            max_send_wr: s.max_send_wr,
-            max_recv_wr: s.max_recv_wr,
-            max_send_sge: s.max_send_sge,
-            max_recv_sge: s.max_recv_sge,
-            sq_sig_all: false,
-            max_unacked_psns: 128.max(s.max_send_wr),
-        };
-        let offer = setup::offered_path_mtu(&tcp, s.path_mtu.bytes())?;
+        let mut offer = setup::offered_path_mtu(&tcp, s.path_mtu.bytes())?;
         let dev = &ctx.shared.dev;
-        let qp = dev.create_qp(caps, local_ip, Arc::clone(&send_cq), Arc::clone(&recv_cq))?;
+        if let Some(port) = dev.port_mtu() {
+            // A NIC caps a QP at its port's active MTU (the verbs device says which).
+            offer.active = offer.active.min(port);
+            offer.offered = offer.offered.min(port);
+            if offer.clamped() {
+                log::info!(
+                    target: "rdmx::msgr",
+                    "path_mtu {} (configured) clamped to {}: the verbs port's active MTU is \
+                     {port}, the route's link MTU {}",
+                    offer.configured,
+                    offer.offered,
+                    offer.link_mtu
+                );
+            }
+        }
+        let qp = dev.create_qp(s, local_ip)?;
         let result = (|| {
+            let ep = dev.endpoint(&qp, local_ip)?;
+            let (max_rd_atomic, max_dest_rd_atomic) = dev.rd_atomic_offer(s);
             let mine = Hello {
                 version: setup::VERSION,
-                flags: setup::FLAG_SRC_PORT,
-                src_port: Some(qp.local_udp().port()),
+                flags: if ep.src_port.is_some() {
+                    setup::FLAG_SRC_PORT
+                } else {
+                    0
+                } | if ep.roce { setup::FLAG_ROCE } else { 0 },
+                src_port: ep.src_port,
                 qpn: qp.qpn(),
                 psn: setup::random_psn(),
-                udp: dev.udp_addr_for(local_ip).ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Unsupported,
-                        format!("soft provider: no UDP port for {local_ip}'s family on this host"),
-                    )
-                })?,
+                udp: ep.udp,
                 path_mtu: offer.offered,
-                max_rd_atomic: s.max_rd_atomic,
-                max_dest_rd_atomic: s.max_dest_rd_atomic,
+                max_rd_atomic,
+                max_dest_rd_atomic,
                 credits: s.effective_credits(),
-                regions: dev
-                    .mrs()
-                    .exposed()
-                    .iter()
-                    .map(|r| Region {
-                        addr: r.addr,
-                        len: r.len,
-                        rkey: r.rkey,
-                        access: r.access,
-                    })
-                    .collect(),
+                regions: dev.exposed(),
             };
             let theirs = setup::exchange(&mut tcp, &mine, timeout)?;
             let n = setup::negotiate(&mine, &theirs, peer.ip())?;
-            qp.connect(
-                &Remote {
-                    dest_qpn: n.dest_qpn,
-                    peer_udp: n.peer_udp,
-                    peer_src_port: n.peer_src_port,
-                    sq_psn: n.sq_psn,
-                    rq_psn: n.rq_psn,
-                    path_mtu: n.path_mtu,
-                    max_rd_atomic: n.max_rd_atomic,
-                    max_dest_rd_atomic: n.max_dest_rd_atomic,
-                },
-                &Timers {
-                    timeout: s.timeout,
-                    retry_cnt: s.retry_cnt,
-                    rnr_retry: s.rnr_retry,
-                    min_rnr_timer: s.min_rnr_timer,
-                    access: access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ,
-                },
-            )?;
+            qp.connect(&n, s)?;
             Ok((n.peer_regions, theirs.path_mtu, n.path_mtu))
         })();
         let (peer_regions, peer_mtu, path_mtu) = match result {
             Ok(r) => r,
             Err(e) => {
-                dev.destroy_qp(qp.qpn());
+                qp.destroy(dev);
                 return Err(e);
             }
         };
@@ -486,9 +453,6 @@ impl Connection {
             ctx,
             tcp,
             qp,
-            send_cq,
-            recv_cq,
-            channel,
             peer_regions,
             peer,
             mtu: (offer, path_mtu),
@@ -512,8 +476,7 @@ impl Connection {
             hook(self)?;
         }
         ready(&mut self.tcp)?;
-        let dev = &self.ctx.shared.dev;
-        dev.watch(self.tcp.as_raw_fd(), self.qp.qpn());
+        self.qp.watch(&self.ctx.shared.dev, self.tcp.as_raw_fd());
         let offer = self.mtu.0;
         log::info!(
             target: "rdmx::msgr",
@@ -551,9 +514,7 @@ impl Connection {
     /// Returns how many were posted; `Full` when the send queue has no room at all.
     pub fn post_send(&self, wrs: &[SendReq]) -> Result<usize> {
         self.check_open("post_send")?;
-        let dev = &self.ctx.shared.dev;
-        let (n, err) = self.qp.post_send(dev.mrs(), dev.now(), wrs);
-        dev.timer_armed(self.qp.next_deadline());
+        let (n, err) = self.qp.post_send(&self.ctx.shared.dev, wrs);
         match err {
             Some(e) if n == 0 => Err(e),
             _ => Ok(n),
@@ -563,7 +524,7 @@ impl Connection {
     /// Posts a chain of receive WRs (cookie, SGEs).
     pub fn post_recv(&self, wrs: &[(u64, SgeList)]) -> Result<usize> {
         self.check_open("post_recv")?;
-        let (n, err) = self.qp.post_recv(self.ctx.shared.dev.mrs(), wrs);
+        let (n, err) = self.qp.post_recv(&self.ctx.shared.dev, wrs);
         match err {
             Some(e) if n == 0 => Err(e),
             _ => Ok(n),
@@ -573,15 +534,8 @@ impl Connection {
     /// Moves up to `out.len()` completions (send CQ first, then receive CQ) into `out`.
     /// With progress=inline or poll_mode=busy the call also drives the engine.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
-        let s = &self.ctx.shared.settings;
-        if s.progress == Progress::Inline || s.poll_mode == PollMode::Busy {
-            self.ctx.shared.dev.progress_inline();
-        }
-        let n = self.send_cq.poll(out);
-        if Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
-            return n;
-        }
-        n + self.recv_cq.poll(&mut out[n..])
+        self.qp
+            .poll(&self.ctx.shared.dev, &self.ctx.shared.settings, out)
     }
 
     /// Arms the event fd: it becomes readable when the next completion arrives (or at once
@@ -589,20 +543,16 @@ impl Connection {
     /// With progress=inline this also tells the device the caller stops polling, so its
     /// progress thread receives in the meantime (arm only right before sleeping).
     pub fn req_notify(&self) {
-        self.ctx.shared.dev.app_sleeping();
-        self.send_cq.req_notify();
-        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
-            self.recv_cq.req_notify();
-        }
+        self.qp.req_notify(&self.ctx.shared.dev);
     }
 
     /// The completion channel's fd, for epoll/poll.
     pub fn event_fd(&self) -> RawFd {
-        self.channel.raw_fd()
+        self.qp.event_fd()
     }
 
     pub fn clear_event(&self) {
-        self.channel.clear();
+        self.qp.clear_event();
     }
 
     pub fn counters(&self) -> Counters {
@@ -703,10 +653,9 @@ impl Connection {
         }
         self.closed = true;
         let dev = &self.ctx.shared.dev;
-        dev.unwatch(self.tcp.as_raw_fd());
+        self.qp.unwatch(dev, self.tcp.as_raw_fd());
         let _ = self.tcp.shutdown(std::net::Shutdown::Both);
-        self.qp.fail(dev.mrs());
-        dev.destroy_qp(self.qp.qpn());
+        self.qp.close(dev);
     }
 }
 

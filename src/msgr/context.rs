@@ -5,9 +5,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::mem::Registrar;
 use crate::mem::pool::Pool;
 use crate::mem::rcache::{RegCache, RegCacheOptions};
-use crate::provider::soft::device::{PortCounters, SoftDevice};
-use crate::provider::{self};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use crate::provider::soft::device::PortCounters;
+use crate::provider::{self, Device};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// Runs on every new connection (accepted or initiated) after its QP is ready to receive
@@ -17,8 +17,10 @@ pub type OnConnect = Arc<dyn Fn(&super::Connection) -> Result<()> + Send + Sync>
 /// What listeners and connections share.
 pub(crate) struct Shared {
     pub settings: Settings,
-    pub dev: SoftDevice,
+    pub dev: Device,
     pub provider: provider::Kind,
+    /// Why this provider (logged at creation; `provider=auto`'s reasoning).
+    pub provider_reason: String,
     pub on_connect: parking_lot::RwLock<Option<OnConnect>>,
     /// Registrations of caller buffers (`rcache_entries`).
     pub rcache: RegCache,
@@ -53,27 +55,20 @@ impl Context {
     /// Validates `config`, chooses the provider and opens its device.
     pub fn new(config: &Config) -> Result<Context> {
         let settings = config.settings()?;
-        let provider = provider::choose(&settings)?;
-        // One receiving port per family; IPv6 only where the host has it. With soft_addr,
-        // that address only (and so its family only).
-        let any = [
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        ];
-        let one = settings.soft_addr.map(|ip| [ip.to_canonical()]);
-        let dev = SoftDevice::open(&settings, one.as_ref().map_or(&any[..], |a| &a[..]))?;
-        // No merging on the soft provider: a merged region would stay valid over a
-        // neighbour's buffer after that buffer was invalidated and unmapped, and soft
-        // regions with remote access are offered to peers.
+        let (dev, provider, provider_reason) = provider::open(&settings)?;
+        // No merging (either provider): a merged region would stay valid over a
+        // neighbour's buffer after that buffer was invalidated and unmapped, and regions
+        // with remote access are offered to peers.
         let mut opts = RegCacheOptions::new(settings.rcache_entries as usize);
         opts.merge = false;
-        let registrar: Arc<dyn Registrar> = dev.mrs_arc();
+        let registrar: Arc<dyn Registrar> = dev.registrar();
         let rcache = RegCache::with_options(registrar, opts)?;
         Ok(Context {
             shared: Arc::new(Shared {
                 settings,
                 dev,
                 provider,
+                provider_reason,
                 on_connect: parking_lot::RwLock::new(None),
                 rcache,
             }),
@@ -91,11 +86,17 @@ impl Context {
         self.shared.provider.name()
     }
 
+    /// Why the context runs on its provider: `provider=auto`'s reasoning (the verbs
+    /// device and GID it opened, or why none was usable), or the configured choice.
+    pub fn provider_reason(&self) -> &str {
+        &self.shared.provider_reason
+    }
+
     pub fn settings(&self) -> &Settings {
         &self.shared.settings
     }
 
-    /// The soft device's UDP address.
+    /// The soft device's UDP address (verbs: the GID's address and RoCEv2's port 4791).
     pub fn udp_addr(&self) -> std::net::SocketAddr {
         self.shared.dev.udp_addr()
     }
@@ -113,7 +114,7 @@ impl Context {
     /// modified while a send that names it is outstanding.
     pub unsafe fn register(&self, addr: *mut u8, len: usize, access: u32) -> Result<MrInfo> {
         // SAFETY: this function's contract is the table's (valid until deregistered).
-        let r = unsafe { self.shared.dev.mrs().register(addr, len, access) }?;
+        let r = unsafe { self.shared.dev.register(addr, len, access) }?;
         Ok(MrInfo {
             addr: r.addr,
             len: r.len,
@@ -125,7 +126,7 @@ impl Context {
 
     /// Deregisters the region with `lkey`; `Busy` while work requests name it.
     pub fn deregister(&self, lkey: u32) -> Result<()> {
-        self.shared.dev.mrs().deregister(lkey)
+        self.shared.dev.deregister(lkey)
     }
 
     /// A pool of `chunk_size` chunks (0 = the config's `chunk_size`), at most `max_chunks`
@@ -142,7 +143,7 @@ impl Context {
         } else {
             max_chunks
         };
-        Pool::new(self.shared.dev.mrs_arc(), size, cap, access, s.hugepages)
+        Pool::new(self.shared.dev.registrar(), size, cap, access, s.hugepages)
     }
 
     /// The registration cache for caller buffers.

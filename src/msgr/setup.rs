@@ -19,7 +19,7 @@
 //! | 0 | 4 | total length in bytes, including these 4 |
 //! | 4 | 4 | magic `b"RDMX"` |
 //! | 8 | 2 | version: major in the high byte, minor in the low byte |
-//! | 10 | 2 | flags: bit 0 [`FLAG_SRC_PORT`] (1.1); unknown bits are ignored |
+//! | 10 | 2 | flags: bit 0 [`FLAG_SRC_PORT`] (1.1), bit 1 [`FLAG_ROCE`] (1.2); unknown bits are ignored |
 //! | 12 | 4 | qpn (24 bits) |
 //! | 16 | 4 | psn (24 bits) |
 //! | 20 | 2 | path MTU in bytes (256, 512, 1024, 2048 or 4096) |
@@ -52,11 +52,19 @@ pub const MAGIC: [u8; 4] = *b"RDMX";
 /// Major protocol version. A different major means a different layout: rejected.
 pub const VERSION_MAJOR: u8 = 1;
 /// Minor protocol version. Minor bumps keep the layout and may only add flag bits, so any
-/// minor of a known major is accepted. 1.1 added [`FLAG_SRC_PORT`].
-pub const VERSION_MINOR: u8 = 1;
+/// minor of a known major is accepted. 1.1 added [`FLAG_SRC_PORT`], 1.2 [`FLAG_ROCE`].
+pub const VERSION_MINOR: u8 = 2;
 /// Flag bit: a 2-byte UDP source port follows the regions ([`Hello::src_port`]). Without
 /// it (a 1.0 peer), the receiver learns the port from the peer's first RC packet.
 pub const FLAG_SRC_PORT: u16 = 1;
+/// Flag bit: the sender's QP is a verbs QP (a NIC, or any libibverbs device). Its `udp`
+/// address is its RoCEv2 GID (IPv4-mapped GIDs as IPv4) and port 4791, the only UDP port
+/// a NIC sends RoCEv2 to; its packets leave from source ports the NIC chooses (so no
+/// [`FLAG_SRC_PORT`]). A soft peer can interoperate with it only when its own UDP port is
+/// 4791 ([`negotiate`] checks both directions).
+pub const FLAG_ROCE: u16 = 2;
+/// RoCEv2's UDP destination port (IANA).
+pub const ROCEV2_PORT: u16 = 4791;
 /// The version this build sends: major in the high byte, minor in the low byte.
 pub const VERSION: u16 = (VERSION_MAJOR as u16) << 8 | VERSION_MINOR as u16;
 
@@ -471,6 +479,7 @@ pub fn negotiate(mine: &Hello, peer: &Hello, peer_tcp_ip: IpAddr) -> Result<Nego
     }
     peer.check()
         .map_err(|m| Error::new(ErrorKind::Parse, format!("peer's {m}")))?;
+    check_interop(mine, peer)?;
     Ok(Negotiated {
         path_mtu: mine.path_mtu.min(peer.path_mtu),
         max_rd_atomic: mine.max_rd_atomic.min(peer.max_dest_rd_atomic),
@@ -483,6 +492,38 @@ pub fn negotiate(mine: &Hello, peer: &Hello, peer_tcp_ip: IpAddr) -> Result<Nego
         peer_regions: peer.regions.clone(),
         peer_credits: peer.credits,
     })
+}
+
+/// A soft side and a verbs side speak the same RoCEv2 on the wire, so they interoperate
+/// when every packet reaches its receiver: a verbs QP (a NIC) sends only to UDP port 4791,
+/// so the soft side must listen there (`soft_port = 4791`, the default). Otherwise both
+/// sides refuse, each saying what to change, rather than connect and time out.
+fn check_interop(mine: &Hello, peer: &Hello) -> Result<()> {
+    let my_roce = mine.flags & FLAG_ROCE != 0;
+    let peer_roce = peer.flags & FLAG_ROCE != 0;
+    if my_roce && !peer_roce && peer.udp.port() != ROCEV2_PORT {
+        return Err(Error::new(
+            ErrorKind::Conflict,
+            format!(
+                "provider mismatch: the peer runs the soft provider on UDP port {}, this side \
+                 runs provider=verbs, whose device sends RoCEv2 to port {ROCEV2_PORT} only: set \
+                 soft_port={ROCEV2_PORT} on the peer (its default), or provider=soft here",
+                peer.udp.port()
+            ),
+        ));
+    }
+    if !my_roce && peer_roce && mine.udp.port() != ROCEV2_PORT {
+        return Err(Error::new(
+            ErrorKind::Conflict,
+            format!(
+                "provider mismatch: the peer runs provider=verbs, whose device sends RoCEv2 to \
+                 UDP port {ROCEV2_PORT} only, but this soft provider listens on port {}: set \
+                 soft_port={ROCEV2_PORT} here (the default), or provider=soft on the peer",
+                mine.udp.port()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The path MTU this side offers in its hello on the side channel `stream`: the configured
@@ -877,7 +918,7 @@ mod tests {
         h.src_port = Some(0xc011);
         let mut want = SMALL.to_vec();
         want[3] = 63; // total length
-        want[9] = 1; // version 1.1
+        want[9] = VERSION_MINOR; // this build's minor (1.2: FLAG_ROCE)
         want[11] = 1; // flags: SRC_PORT
         want.extend_from_slice(&[0xc0, 0x11]); // source port 0xc011
         assert_eq!(h.encode(), want);

@@ -1,22 +1,29 @@
 //! Verbs-shaped device API and its providers. `provider=auto` picks verbs when the host has
 //! an RDMA device and soft otherwise; the choice is logged and queryable.
 
+pub(crate) mod dev;
 pub mod soft;
+#[cfg(feature = "verbs")]
+pub(crate) mod verbs;
 
 use crate::config::{Provider, Settings};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
+pub(crate) use dev::Device;
+use soft::device::SoftDevice;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The provider a context runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Soft,
-    // The verbs data path adds `Verbs` here.
+    Verbs,
 }
 
 impl Kind {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Soft => "soft",
+            Kind::Verbs => "verbs",
         }
     }
 }
@@ -44,28 +51,86 @@ pub fn describe_verbs() -> String {
     }
 }
 
-/// Chooses the provider for `settings`. The verbs data path is not implemented yet, so
-/// `provider=verbs` is refused with a message saying so, and `auto` picks verbs only when
-/// it could run.
-pub(crate) fn choose(settings: &Settings) -> Result<Kind> {
-    let (n, why) = verbs_devices();
-    let kind = match settings.provider {
-        Provider::Soft => Kind::Soft,
-        Provider::Auto => {
-            if n > 0 {
-                log::warn!(target: "rdmx::provider", "{why}, but the verbs data path is not implemented yet: using soft");
-            }
-            Kind::Soft
-        }
+/// The provider a configuration gets on this host, and why: `provider=auto` opens the
+/// verbs device (and closes it again) to see whether it is usable. For diagnostics
+/// (`rdmx-perf config`); a context reports its own choice
+/// (`Context::provider_reason`).
+pub fn resolve(settings: &Settings) -> Result<(&'static str, String)> {
+    open(settings).map(|(_, k, why)| (k.name(), why))
+}
+
+/// Chooses the provider for `settings` and opens its device. `provider=verbs` opens the
+/// verbs device or fails saying why; `auto` picks verbs when a device opens with a usable
+/// port and RoCEv2 GID, soft otherwise. Returns the device, the kind and the reason (also
+/// logged).
+pub(crate) fn open(settings: &Settings) -> Result<(Device, Kind, String)> {
+    let (dev, kind, why) = match settings.provider {
+        Provider::Soft => (
+            open_soft(settings)?,
+            Kind::Soft,
+            "provider=soft configured".to_string(),
+        ),
         Provider::Verbs => {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "provider=verbs: the verbs data path is not implemented yet ({why}); use provider=soft or auto"
-                ),
-            ));
+            let (d, why) = open_verbs(settings).map_err(|e| {
+                Error::new(
+                    e.kind(),
+                    format!(
+                        "provider=verbs: {} (use provider=soft or auto)",
+                        e.message()
+                    ),
+                )
+            })?;
+            (d, Kind::Verbs, format!("provider=verbs configured: {why}"))
+        }
+        Provider::Auto => {
+            let (n, probe) = verbs_devices();
+            if n == 0 {
+                (
+                    open_soft(settings)?,
+                    Kind::Soft,
+                    format!("provider=auto: {probe}"),
+                )
+            } else {
+                match open_verbs(settings) {
+                    Ok((d, why)) => (d, Kind::Verbs, format!("provider=auto: {why}")),
+                    Err(e) => (
+                        open_soft(settings)?,
+                        Kind::Soft,
+                        format!("provider=auto: {probe}, but none usable: {}", e.message()),
+                    ),
+                }
+            }
         }
     };
-    log::info!(target: "rdmx::provider", "provider={} chosen ({:?} requested; {why})", kind.name(), settings.provider);
-    Ok(kind)
+    log::info!(target: "rdmx::provider", "provider={} chosen ({why})", kind.name());
+    Ok((dev, kind, why))
+}
+
+fn open_soft(settings: &Settings) -> Result<Device> {
+    // One receiving port per family; IPv6 only where the host has it. With soft_addr,
+    // that address only (and so its family only).
+    let any = [
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    ];
+    let one = settings.soft_addr.map(|ip| [ip.to_canonical()]);
+    Ok(Device::Soft(SoftDevice::open(
+        settings,
+        one.as_ref().map_or(&any[..], |a| &a[..]),
+    )?))
+}
+
+#[cfg(feature = "verbs")]
+fn open_verbs(settings: &Settings) -> Result<(Device, String)> {
+    let d = verbs::VerbsDevice::open(settings)?;
+    let why = d.describe();
+    Ok((Device::Verbs(Box::new(d)), why))
+}
+
+#[cfg(not(feature = "verbs"))]
+fn open_verbs(_settings: &Settings) -> Result<(Device, String)> {
+    Err(Error::new(
+        crate::error::ErrorKind::Unsupported,
+        "built without the verbs feature",
+    ))
 }

@@ -6,7 +6,7 @@
 //! The peer: a test file declares
 //! `#[test] #[ignore] fn support_peer_main() { support::peer_main() }`; [`Peer::spawn`]
 //! re-executes the binary with `--exact support_peer_main --include-ignored` and
-//! `RDMX_TEST_PEER=<spec>`. The peer listens, prints `RDMXPEER LISTEN tcp=.. udp=..`, accepts
+//! `RDMXTEST_PEER=<spec>`. The peer listens, prints `RDMXPEER LISTEN tcp=.. udp=..`, accepts
 //! one connection, prints `RDMXPEER CONNECTED`, then reports every completion
 //! (`RDMXPEER WC ...`) and obeys commands on its stdin (`recv N`, `counters`, `exit`).
 //! Stdin EOF (the test died) ends it too, and it never lives longer than [`PEER_LIFETIME`].
@@ -28,8 +28,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Environment variable carrying the peer's spec.
-pub const PEER_ENV: &str = "RDMX_TEST_PEER";
+/// Environment variable carrying the peer's spec (not `RDMX_`: those are configuration
+/// keys, and `rdmx-ibv exec` refuses unknown ones).
+pub const PEER_ENV: &str = "RDMXTEST_PEER";
 /// Tag of the lines the peer prints (libtest's own lines lack it).
 const TAG: &str = "RDMXPEER ";
 /// Upper bound on a peer's life.
@@ -95,16 +96,98 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// An rdmx config: soft port 0 (any free port), MTU 1024, then `kv` in order.
+/// An rdmx config: soft port 0 (any free port), MTU 1024, the provider under test
+/// ([`apply_provider`]), then `kv` in order.
 pub fn config(kv: &[(&str, &str)]) -> Config {
     let mut c = Config::new();
     c.set("soft_port", "0").unwrap();
     c.set("path_mtu", "1024").unwrap();
+    apply_provider(&mut c);
     for (k, v) in kv {
         c.set(k, v)
             .unwrap_or_else(|e| panic!("config {k}={v}: {e}"));
     }
     c
+}
+
+/// The provider the provider suite runs on: `RDMX_PROVIDER` when set (the configuration
+/// key's own variable: [`rerun_under_rdmx_ibv`] runs a test binary again under
+/// `rdmx-ibv exec --set provider=verbs`), else the default config's.
+pub fn apply_provider(c: &mut Config) {
+    if let Ok(p) = std::env::var("RDMX_PROVIDER") {
+        c.set("provider", &p)
+            .unwrap_or_else(|e| panic!("RDMX_PROVIDER={p}: {e}"));
+    }
+}
+
+/// The peer process's device address on the verbs provider (this side's is 127.0.0.2).
+pub const VERBS_PEER_IP: &str = "127.0.0.3";
+
+/// Whether this test process runs the suite on the verbs provider (under `rdmx-ibv`).
+pub fn on_verbs() -> bool {
+    std::env::var("RDMX_PROVIDER").is_ok_and(|p| p == "verbs")
+}
+
+/// `target/<profile>/rdmx-ibv`, next to this test binary's `deps/` directory. `cargo
+/// test` does not build it (nor the provider library): `cargo build --workspace` does,
+/// as `scripts/test.sh` runs before the tests.
+pub fn rdmx_ibv_launcher() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let l = dir.join("rdmx-ibv");
+    assert!(
+        l.exists() && dir.join("librdmx_ibv.so").exists(),
+        "{} or librdmx_ibv.so missing: run `cargo build --workspace` first (scripts/test.sh does)",
+        l.display()
+    );
+    l
+}
+
+/// Runs `tests` of this test binary again with `provider=verbs` under `rdmx-ibv exec --ip
+/// ip`: libibverbs then sees rdmx's device `rdmx0` (the soft transport underneath), and
+/// the same tests drive rdmx's verbs provider. Asserts they all pass; bounded by
+/// `deadline`. A no-op inside such a run.
+pub fn rerun_under_rdmx_ibv(ip: &str, tests: &[&str], deadline: Duration) {
+    if std::env::var_os("RDMX_PROVIDER").is_some() {
+        return;
+    }
+    let mut cmd = Command::new(rdmx_ibv_launcher());
+    cmd.args(["exec", "--ip", ip, "--set", "provider=verbs", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "--test-threads=1", "--nocapture"])
+        .args(tests)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn rdmx-ibv exec");
+    let end = Instant::now() + deadline;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let Some(status) = status else {
+        panic!("provider=verbs run exceeded {deadline:?}\n{stdout}\n{stderr}");
+    };
+    assert!(
+        status.success(),
+        "provider=verbs under rdmx-ibv failed ({status}):\n{stdout}\n{stderr}"
+    );
+    let want = format!("{} passed", tests.len());
+    assert!(
+        stdout.contains(&want),
+        "expected '{want}' (every test ran, none filtered out):\n{stdout}"
+    );
+    eprintln!("provider=verbs under rdmx-ibv: {want}");
 }
 
 /// What the peer process does.
@@ -325,6 +408,13 @@ impl Peer {
             Some(ns) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(&exe);
+                c
+            }
+            // On the verbs provider (this binary under `rdmx-ibv exec`), the peer needs a
+            // device of its own: RoCEv2 has one UDP port, so one address per process.
+            None if on_verbs() => {
+                let mut c = Command::new(rdmx_ibv_launcher());
+                c.args(["exec", "--ip", VERBS_PEER_IP, "--"]).arg(&exe);
                 c
             }
             None => Command::new(&exe),
@@ -705,6 +795,9 @@ pub struct UdpBlackHole {
 impl UdpBlackHole {
     /// Drops UDP datagrams arriving for `ports` (on the host: loopback traffic).
     pub fn ports(ports: &[u16]) -> Result<UdpBlackHole, String> {
+        let mut ports = ports.to_vec();
+        ports.sort_unstable();
+        ports.dedup();
         let set: Vec<String> = ports.iter().map(u16::to_string).collect();
         let table = unique("rdmx_bh_");
         nft(

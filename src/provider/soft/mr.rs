@@ -69,7 +69,7 @@ fn runs(pages: &[u64]) -> Vec<(u64, u64)> {
 }
 
 /// The RLIMIT_MEMLOCK soft limit in bytes; None when unlimited.
-fn memlock_limit() -> Option<u64> {
+pub(crate) fn memlock_limit() -> Option<u64> {
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

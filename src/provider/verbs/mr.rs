@@ -1,0 +1,226 @@
+//! Memory regions on a verbs device: `ibv_reg_mr` with the caller's access flags, one per
+//! registration (pools register each 2 MiB arena once), kept in a table by lkey so that
+//! deregistration is refused while work requests name a region (as the soft provider
+//! does: a NIC would DMA into freed memory) and the handshake can list exposed regions.
+
+use super::device::Pd;
+use crate::error::{Error, ErrorKind, Result};
+use crate::rc::verbs::access;
+use parking_lot::RwLock;
+use rdma_sys as ib;
+use rustc_hash::FxHashMap as HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The access bits rdmx knows (`ibv_access_flags`: LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ,
+/// REMOTE_ATOMIC).
+const KNOWN_ACCESS: u32 =
+    access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
+
+/// One registration.
+#[derive(Debug)]
+pub struct VRegion {
+    mr: *mut ib::ibv_mr,
+    pub addr: u64,
+    pub len: u64,
+    pub access: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+    /// Work requests naming the region (posted, not completed).
+    inflight: AtomicU32,
+}
+
+// SAFETY: the mr pointer is only passed to ibv_dereg_mr (once, by the table); the rest is
+// plain data and atomics.
+unsafe impl Send for VRegion {}
+// SAFETY: as above.
+unsafe impl Sync for VRegion {}
+
+/// Every region of one device.
+#[derive(Debug)]
+pub struct VerbsMrs {
+    pd: Arc<Pd>,
+    by_lkey: RwLock<HashMap<u32, Arc<VRegion>>>,
+}
+
+impl VerbsMrs {
+    pub fn new(pd: Arc<Pd>) -> VerbsMrs {
+        VerbsMrs {
+            pd,
+            by_lkey: RwLock::new(HashMap::default()),
+        }
+    }
+
+    /// Registers `[addr, addr + len)` with `access_flags` (checked as the soft provider
+    /// checks them, so both providers refuse the same inputs with the same words).
+    ///
+    /// # Safety
+    /// The memory must stay valid and mapped until `deregister(lkey)` succeeds.
+    pub unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access_flags: u32,
+    ) -> Result<Arc<VRegion>> {
+        if addr.is_null() && len > 0 {
+            return Err(Error::new(ErrorKind::InvalidArgument, "addr is NULL"));
+        }
+        if (addr as u64).checked_add(len as u64).is_none() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("region {addr:p} + {len} bytes wraps the address space"),
+            ));
+        }
+        if access_flags & !KNOWN_ACCESS != 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "access: unknown bits {:#x}: allowed LOCAL_WRITE (1), REMOTE_WRITE (2), REMOTE_READ (4), REMOTE_ATOMIC (8)",
+                    access_flags & !KNOWN_ACCESS
+                ),
+            ));
+        }
+        if access_flags & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+            && access_flags & access::LOCAL_WRITE == 0
+        {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "access: REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (as ibv_reg_mr)",
+            ));
+        }
+        // SAFETY: the PD is live (held by `self`); the caller keeps the range mapped until
+        // deregistration; the access bits are the ibv_access_flags values.
+        let mr =
+            unsafe { ib::ibv_reg_mr(self.pd.pd, addr.cast(), len, access_flags as libc::c_int) };
+        if mr.is_null() {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                // The driver pins the pages: the kernel charges them to RLIMIT_MEMLOCK
+                // (unless CAP_IPC_LOCK) and refuses with ENOMEM or EPERM/EAGAIN above it.
+                Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN) => {
+                    let limit = crate::provider::soft::mr::memlock_limit()
+                        .map_or("unlimited".to_string(), |l| format!("{l} bytes"));
+                    Error::new(
+                        ErrorKind::ResourceLimit,
+                        format!(
+                            "registering {len} bytes: ibv_reg_mr refused ({e}); RLIMIT_MEMLOCK is {limit}: raise it (ulimit -l), or register less (pools reuse one registration)"
+                        ),
+                    )
+                }
+                _ => Error::new(
+                    ErrorKind::Io,
+                    format!("verbs: ibv_reg_mr of {len} bytes at {addr:p}: {e}"),
+                ),
+            });
+        }
+        // SAFETY: `mr` is non-NULL, returned by ibv_reg_mr.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        let r = Arc::new(VRegion {
+            mr,
+            addr: addr as u64,
+            len: len as u64,
+            access: access_flags,
+            lkey,
+            rkey,
+            inflight: AtomicU32::new(0),
+        });
+        self.by_lkey.write().insert(lkey, Arc::clone(&r));
+        Ok(r)
+    }
+
+    /// Deregisters the region with `lkey`; `Busy` while work requests name it.
+    pub fn deregister(&self, lkey: u32) -> Result<()> {
+        let mut t = self.by_lkey.write();
+        let Some(r) = t.get(&lkey) else {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("no memory region with lkey {lkey:#x}"),
+            ));
+        };
+        let n = r.inflight.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "memory region lkey {lkey:#x} is named by {n} work request(s) in flight: poll their completions first"
+                ),
+            ));
+        }
+        let mr = r.mr;
+        // SAFETY: `mr` came from ibv_reg_mr and is deregistered once: it leaves the table
+        // under the write lock right after.
+        let rc = unsafe { ib::ibv_dereg_mr(mr) };
+        if rc != 0 {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "verbs: ibv_dereg_mr lkey {lkey:#x}: {}",
+                    std::io::Error::from_raw_os_error(rc)
+                ),
+            ));
+        }
+        t.remove(&lkey);
+        Ok(())
+    }
+
+    /// Marks the regions of `lkeys` as named by one more (`up`) or one fewer WR.
+    pub fn hold(&self, lkeys: &[u32], up: bool) {
+        if lkeys.is_empty() {
+            return;
+        }
+        let t = self.by_lkey.read();
+        for k in lkeys {
+            if let Some(r) = t.get(k) {
+                if up {
+                    r.inflight.fetch_add(1, Ordering::AcqRel);
+                } else {
+                    r.inflight.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
+    /// Regions with remote access, by address (for the handshake).
+    pub fn exposed(&self) -> Vec<Arc<VRegion>> {
+        let mut v: Vec<_> = self
+            .by_lkey
+            .read()
+            .values()
+            .filter(|r| r.access & (access::REMOTE_READ | access::REMOTE_WRITE) != 0)
+            .cloned()
+            .collect();
+        v.sort_by_key(|r| r.addr);
+        v
+    }
+}
+
+impl Drop for VerbsMrs {
+    fn drop(&mut self) {
+        // Regions still registered when the last user goes (a leak by the caller):
+        // deregister them before the PD is released.
+        for (_, r) in self.by_lkey.get_mut().drain() {
+            // SAFETY: each mr is deregistered once, here, and never used again.
+            unsafe { ib::ibv_dereg_mr(r.mr) };
+        }
+    }
+}
+
+impl crate::mem::Registrar for VerbsMrs {
+    unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: u32,
+    ) -> Result<crate::mem::MrKeys> {
+        // SAFETY: the trait's contract is this function's.
+        let r = unsafe { VerbsMrs::register(self, addr, len, access) }?;
+        Ok(crate::mem::MrKeys {
+            lkey: r.lkey,
+            rkey: r.rkey,
+        })
+    }
+
+    fn deregister(&self, lkey: u32) -> Result<()> {
+        VerbsMrs::deregister(self, lkey)
+    }
+}

@@ -1,0 +1,370 @@
+//! What only the verbs provider does, run under `rdmx-ibv exec` (this binary re-executed
+//! with `provider=verbs`, device `rdmx0` at 127.0.0.2): `provider=auto` picks the device
+//! and says why; device, port and GID selection errors name the knob; a soft side and a
+//! verbs side interoperate when the soft side listens on RoCEv2's port 4791, and refuse
+//! each other clearly otherwise; the event fd follows the soft provider's contract.
+
+use rdmx::config::Config;
+use rdmx::msgr::Context;
+use rdmx::provider::soft::cq::Wc;
+use rdmx::provider::soft::qp::SendReq;
+use rdmx::rc::verbs::{access, send_flags};
+use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
+use std::time::{Duration, Instant};
+
+mod support;
+
+fn cfg(kv: &[(&str, &str)]) -> Config {
+    let mut c = Config::new();
+    c.set("path_mtu", "1024").unwrap();
+    for (k, v) in kv {
+        c.set(k, v).unwrap();
+    }
+    c
+}
+
+const EMPTY: Wc = Wc {
+    cookie: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Send,
+    byte_len: 0,
+    imm: None,
+    qp_num: 0,
+};
+
+fn wait(c: &rdmx::msgr::Connection, n: usize) -> Vec<Wc> {
+    let mut got = Vec::new();
+    let mut buf = [EMPTY; 8];
+    let end = Instant::now() + Duration::from_secs(10);
+    while got.len() < n && Instant::now() < end {
+        let k = c.poll(&mut buf);
+        got.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    got
+}
+
+/// Skips (returns true) outside the rdmx-ibv run.
+fn outside() -> bool {
+    !support::on_verbs()
+}
+
+#[test]
+fn auto_picks_the_verbs_device_and_says_why() {
+    if outside() {
+        return;
+    }
+    let ctx = Context::new(&cfg(&[("provider", "auto")])).unwrap();
+    assert_eq!(ctx.provider(), "verbs");
+    let why = ctx.provider_reason();
+    assert!(
+        why.starts_with("provider=auto: device rdmx0 port 1 GID[0] 127.0.0.2 (RoCE v2)"),
+        "{why}"
+    );
+    let (name, why2) = rdmx::provider::resolve(ctx.settings()).unwrap();
+    assert_eq!((name, why2.as_str()), ("verbs", why));
+    // The soft provider is still chosen when asked for.
+    let soft = Context::new(&cfg(&[("provider", "soft"), ("soft_port", "0")])).unwrap();
+    assert_eq!(soft.provider(), "soft");
+    assert_eq!(soft.provider_reason(), "provider=soft configured");
+}
+
+#[test]
+fn device_port_and_gid_errors_name_the_knob() {
+    if outside() {
+        return;
+    }
+    let e = Context::new(&cfg(&[("provider", "verbs"), ("device", "mlx5_9")])).unwrap_err();
+    assert_eq!(e.kind(), rdmx::ErrorKind::Unsupported, "{e}");
+    assert!(
+        e.message()
+            .contains("device=\"mlx5_9\" not found (devices: rdmx0)"),
+        "{e}"
+    );
+    let e = Context::new(&cfg(&[("provider", "verbs"), ("port", "2")])).unwrap_err();
+    assert!(e.message().contains("no device has port 2 active"), "{e}");
+    let e = Context::new(&cfg(&[("provider", "verbs"), ("gid_index", "3")])).unwrap_err();
+    assert_eq!(e.kind(), rdmx::ErrorKind::InvalidArgument, "{e}");
+    assert!(
+        e.message()
+            .contains("gid_index=3: rdmx0 port 1 has 1 GID entries"),
+        "{e}"
+    );
+    // auto falls back to soft, with the reason.
+    let ctx = Context::new(&cfg(&[
+        ("provider", "auto"),
+        ("device", "mlx5_9"),
+        ("soft_port", "0"),
+    ]))
+    .unwrap();
+    assert_eq!(ctx.provider(), "soft");
+    assert!(
+        ctx.provider_reason()
+            .contains("but none usable: verbs: device=\"mlx5_9\" not found"),
+        "{}",
+        ctx.provider_reason()
+    );
+    // A configuration above the device's limits is refused before any connection.
+    let e = Context::new(&cfg(&[("provider", "verbs"), ("max_send_sge", "32")]));
+    if let Err(e) = e {
+        assert!(
+            e.message().contains("max_send_sge=32 exceeds max_sge="),
+            "{e}"
+        );
+    }
+}
+
+/// Moves a READ, a WRITE and a SEND with immediate between `a` and `b` (b exposes memory).
+fn exchange_bytes(a: &Context, b: &Context) {
+    let mut a_buf = vec![0u8; 16384];
+    let mut b_buf: Vec<u8> = (0..16384u32).map(|i| (i * 7 + 3) as u8).collect();
+    // SAFETY: the buffers outlive the registrations (deregistered below).
+    let (ma, mb) = unsafe { support::register_pair(a, &mut a_buf, b, &mut b_buf) };
+    let (ca, cb) = support::connect_pair(a, b, "127.0.0.1", "127.0.0.1");
+    let sge = |addr, length| Sge {
+        addr,
+        length,
+        lkey: ma.lkey,
+    };
+    let wr = |cookie, opcode, s, remote_addr| SendReq {
+        cookie,
+        opcode,
+        flags: send_flags::SIGNALED,
+        sges: smallvec![s],
+        remote_addr,
+        rkey: mb.rkey,
+        imm: 0x1234_5678,
+    };
+    ca.post_send(&[wr(1, WrOpcode::RdmaRead, sge(ma.addr, 5000), mb.addr + 7)])
+        .unwrap();
+    let c = wait(&ca, 1);
+    assert_eq!((c[0].cookie, c[0].status), (1, WcStatus::Success), "{c:?}");
+    assert_eq!(a_buf[..5000], b_buf[7..5007]);
+    a_buf[8000..9000].fill(0x5A);
+    ca.post_send(&[wr(
+        2,
+        WrOpcode::RdmaWrite,
+        sge(ma.addr + 8000, 1000),
+        mb.addr + 12000,
+    )])
+    .unwrap();
+    assert_eq!(wait(&ca, 1)[0].status, WcStatus::Success);
+    assert!(b_buf[12000..13000].iter().all(|&x| x == 0x5A));
+    cb.post_recv(&[(
+        9,
+        smallvec![Sge {
+            addr: mb.addr,
+            length: 4096,
+            lkey: mb.lkey,
+        }],
+    )])
+    .unwrap();
+    ca.post_send(&[wr(3, WrOpcode::SendWithImm, sge(ma.addr + 8000, 100), 0)])
+        .unwrap();
+    assert_eq!(wait(&ca, 1)[0].status, WcStatus::Success);
+    let r = wait(&cb, 1);
+    assert_eq!(
+        (r[0].cookie, r[0].status, r[0].byte_len, r[0].imm),
+        (9, WcStatus::Success, 100, Some(0x1234_5678))
+    );
+    drop((ca, cb));
+    a.deregister(ma.lkey).unwrap();
+    b.deregister(mb.lkey).unwrap();
+}
+
+#[test]
+fn soft_and_verbs_interoperate_when_the_soft_side_uses_port_4791() {
+    if outside() {
+        return;
+    }
+    // The verbs device holds 127.0.0.2:4791; the soft context takes 127.0.0.4:4791.
+    let verbs = Context::new(&cfg(&[("provider", "verbs")])).unwrap();
+    let soft = Context::new(&cfg(&[
+        ("provider", "soft"),
+        ("soft_addr", "127.0.0.4"),
+        ("soft_port", "4791"),
+    ]))
+    .unwrap();
+    exchange_bytes(&verbs, &soft);
+    exchange_bytes(&soft, &verbs);
+}
+
+#[test]
+fn soft_on_another_port_and_verbs_refuse_each_other() {
+    if outside() {
+        return;
+    }
+    let verbs = Context::new(&cfg(&[("provider", "verbs")])).unwrap();
+    let soft = Context::new(&cfg(&[("provider", "soft"), ("soft_port", "0")])).unwrap();
+    let l = soft.listen("127.0.0.1:0").unwrap();
+    let port = l.local_addr().port();
+    let t = std::thread::spawn(move || l.accept(Some(Duration::from_secs(10))));
+    let e = verbs
+        .connect(&format!("127.0.0.1:{port}"), Duration::from_secs(10))
+        .unwrap_err();
+    assert_eq!(e.kind(), rdmx::ErrorKind::Conflict, "{e}");
+    assert!(
+        e.message()
+            .contains("provider mismatch: the peer runs the soft provider on UDP port")
+            && e.message().contains("set soft_port=4791 on the peer"),
+        "{e}"
+    );
+    let e = t.join().unwrap().unwrap_err();
+    assert_eq!(e.kind(), rdmx::ErrorKind::Conflict, "{e}");
+    assert!(
+        e.message()
+            .contains("provider mismatch: the peer runs provider=verbs")
+            && e.message().contains("set soft_port=4791 here"),
+        "{e}"
+    );
+}
+
+#[test]
+fn event_fd_fires_on_a_completion_and_at_once_when_one_is_queued() {
+    if outside() {
+        return;
+    }
+    let a = Context::new(&cfg(&[("provider", "verbs")])).unwrap();
+    let b = Context::new(&cfg(&[("provider", "verbs")])).unwrap();
+    let mut a_buf = vec![0u8; 4096];
+    let mut b_buf = vec![1u8; 4096];
+    // SAFETY: the buffers outlive the registrations.
+    let (ma, mb) = unsafe { support::register_pair(&a, &mut a_buf, &b, &mut b_buf) };
+    let (ca, _cb) = support::connect_pair(&a, &b, "127.0.0.1", "127.0.0.1");
+    let readable = |fd, ms| {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) == 1 }
+    };
+    let fd = ca.event_fd();
+    let read = SendReq {
+        cookie: 1,
+        opcode: WrOpcode::RdmaRead,
+        flags: send_flags::SIGNALED,
+        sges: smallvec![Sge {
+            addr: ma.addr,
+            length: 64,
+            lkey: ma.lkey,
+        }],
+        remote_addr: mb.addr,
+        rkey: mb.rkey,
+        imm: 0,
+    };
+    // Armed, then a completion: the fd fires.
+    ca.req_notify();
+    assert!(!readable(fd, 0), "nothing yet");
+    ca.post_send(std::slice::from_ref(&read)).unwrap();
+    assert!(readable(fd, 5000), "fires on the completion");
+    ca.clear_event();
+    assert_eq!(wait(&ca, 1)[0].cookie, 1);
+    assert!(!readable(fd, 0), "cleared");
+    // A completion already queued when arming: readable at once, and poll returns it.
+    ca.post_send(&[SendReq { cookie: 2, ..read }]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    ca.req_notify();
+    assert!(
+        readable(fd, 0),
+        "a queued completion makes the fd readable at once"
+    );
+    ca.clear_event();
+    let c = wait(&ca, 1);
+    assert_eq!((c[0].cookie, c[0].status), (2, WcStatus::Success));
+    assert!(!readable(fd, 0));
+    assert_eq!(a_buf[..64], b_buf[..64]);
+    let _ = access::LOCAL_WRITE;
+}
+
+/// Signal interval and SQ accounting: 200 unsignaled SENDs of 16 bytes (inline) and one
+/// signaled: one completion, and the send queue never fills (the forced signals retire
+/// the unsignaled ones).
+#[test]
+fn unsignaled_runs_are_retired_by_forced_signals() {
+    if outside() {
+        return;
+    }
+    let kv = [
+        ("provider", "verbs"),
+        ("max_send_wr", "32"),
+        ("max_recv_wr", "256"),
+        ("signal_interval", "8"),
+    ];
+    let (a, b) = (
+        Context::new(&cfg(&kv)).unwrap(),
+        Context::new(&cfg(&kv)).unwrap(),
+    );
+    let mut a_buf = vec![3u8; 4096];
+    let mut b_buf = vec![0u8; 256 * 16];
+    // SAFETY: the buffers outlive the registrations.
+    let (ma, mb) = unsafe { support::register_pair(&a, &mut a_buf, &b, &mut b_buf) };
+    let (ca, cb) = support::connect_pair(&a, &b, "127.0.0.1", "127.0.0.1");
+    let recvs: Vec<(u64, rdmx::rc::SgeList)> = (0..201u64)
+        .map(|i| {
+            (
+                i,
+                smallvec![Sge {
+                    addr: mb.addr + (i % 256) * 16,
+                    length: 16,
+                    lkey: mb.lkey,
+                }],
+            )
+        })
+        .collect();
+    assert_eq!(cb.post_recv(&recvs[..200]).unwrap(), 200);
+    let mut sent = 0;
+    let mut got = Vec::new();
+    let mut buf = [EMPTY; 8];
+    let end = Instant::now() + Duration::from_secs(10);
+    while sent < 200 && Instant::now() < end {
+        let wr = SendReq {
+            cookie: sent,
+            opcode: WrOpcode::Send,
+            flags: 0,
+            sges: smallvec![Sge {
+                addr: ma.addr,
+                length: 16,
+                lkey: ma.lkey,
+            }],
+            remote_addr: 0,
+            rkey: 0,
+            imm: 0,
+        };
+        match ca.post_send(&[wr]) {
+            Ok(n) => sent += n as u64,
+            Err(e) if e.kind() == rdmx::ErrorKind::Full => {}
+            Err(e) => panic!("{e}"),
+        }
+        let k = ca.poll(&mut buf);
+        got.extend_from_slice(&buf[..k]);
+    }
+    assert_eq!(sent, 200);
+    assert!(
+        got.is_empty(),
+        "no completion for unsignaled successes: {got:?}"
+    );
+    assert_eq!(wait(&cb, 200).len(), 200);
+    drop((ca, cb));
+    a.deregister(ma.lkey).unwrap();
+    b.deregister(mb.lkey).unwrap();
+}
+
+#[test]
+fn verbs_cases_under_rdmx_ibv() {
+    support::rerun_under_rdmx_ibv(
+        "127.0.0.2",
+        &[
+            "auto_picks_the_verbs_device_and_says_why",
+            "device_port_and_gid_errors_name_the_knob",
+            "soft_and_verbs_interoperate_when_the_soft_side_uses_port_4791",
+            "soft_on_another_port_and_verbs_refuse_each_other",
+            "event_fd_fires_on_a_completion_and_at_once_when_one_is_queued",
+            "unsignaled_runs_are_retired_by_forced_signals",
+        ],
+        Duration::from_secs(120),
+    );
+}
