@@ -641,7 +641,7 @@ impl Connection {
     /// Fault injection (tests): moves this side's QP to ERR now (outstanding work
     /// flushes); the side channel stays open.
     pub fn inject_qp_error(&self) {
-        self.qp.fail(self.ctx.shared.dev.mrs());
+        self.qp.fail(&self.ctx.shared.dev);
     }
 
     /// Closes the connection: the peer sees EOF, this QP goes to ERR so every outstanding

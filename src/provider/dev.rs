@@ -445,6 +445,18 @@ impl Qp {
         }
     }
 
+    /// QP to ERR now (every outstanding WR completes flushed); the QP stays known to its
+    /// device (fault injection: the connection's side channel stays open).
+    pub fn fail(&self, dev: &Device) {
+        match (self, dev) {
+            (Qp::Soft(q), Device::Soft(d)) => q.qp.fail(d.mrs()),
+            #[cfg(feature = "verbs")]
+            (Qp::Verbs(v), _) => v.fail(),
+            #[cfg(feature = "verbs")]
+            _ => unreachable!("a QP is made by its own device"),
+        }
+    }
+
     /// QP to ERR (every outstanding WR completes flushed); soft also forgets the QP.
     /// Completions stay pollable until the QP is dropped.
     pub fn close(&self, dev: &Device) {
