@@ -53,6 +53,10 @@ type Touched = SmallVec<[Arc<SoftQp>; 4]>;
 /// Most stale heap entries one pass repairs at the top (see [`DeviceTimers::settle`]).
 const SETTLE_MAX: usize = 64;
 
+/// Timer heap entries reserved when a device opens (16 bytes each). Entries are live QP
+/// deadlines plus stale ones waiting to be popped (lazy deletion), a few per busy QP.
+const TIMER_HEAP_RESERVE: usize = 1024;
+
 /// One QP's timer as the device sees it: the engine's earliest deadline, published by the
 /// QP whenever its engine is touched, so reading it needs no lock, and where the QP stands
 /// in the device's timer heap. Shared by the QP and its heap entries (which never keep the
@@ -159,7 +163,10 @@ impl std::fmt::Debug for DeviceTimers {
 impl DeviceTimers {
     fn new() -> Result<DeviceTimers> {
         Ok(DeviceTimers {
-            heap: Mutex::new(BinaryHeap::new()),
+            // Room for the entries of a busy device up front: `arm` runs on the posting
+            // thread, and a heap that grows there allocates on the data path (seen once in
+            // alloc_free under load 14: a refused post pushed the heap past 32 entries).
+            heap: Mutex::new(BinaryHeap::with_capacity(TIMER_HEAP_RESERVE)),
             min: AtomicU64::new(u64::MAX),
             planned_wake: AtomicU64::new(0),
             wake: EventFd::new()?,
