@@ -42,6 +42,26 @@ build() { # build NAME SOURCE EXTRA_FLAGS...
   esac
 }
 tests=(test_config.c test_config.cpp test_conn.c test_mem.c test_provider.c)
+# The messenger echo: a C server, a C client (event records, then callbacks) and a C++ client
+# (callbacks on worker threads), as separate processes.
+echo_progs=(msgr_echo_server.c msgr_echo_client.c msgr_echo_client.cpp)
+
+echo_run() { # echo_run SUFFIX COUNT RUNNER...: the server and the three clients
+  local sfx=$1 count=$2; shift 2
+  local portf="$out/msgr_port$sfx"
+  rm -f "$portf"
+  # 4 sessions: the C client twice, the C++ client's two.
+  "$@" "$out/msgr_echo_server_c$sfx" "$portf" 4 &
+  local srv=$!
+  local i
+  for i in $(seq 1 600); do [ -s "$portf" ] && break; sleep 0.1; done
+  [ -s "$portf" ] || { echo "msgr_echo_server did not start"; kill "$srv"; return 1; }
+  local addr="127.0.0.1:$(cat "$portf")"
+  "$@" "$out/msgr_echo_client_c$sfx" "$addr" poll "$count"
+  "$@" "$out/msgr_echo_client_c$sfx" "$addr" callback "$count"
+  "$@" "$out/msgr_echo_client_cpp$sfx" "$addr" "$count"
+  wait "$srv"
+}
 
 echo "== ffi-tests: ASan+UBSan"
 for t in "${tests[@]}"; do
@@ -49,6 +69,8 @@ for t in "${tests[@]}"; do
   build "${name}_san" "$t" $san
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 "$out/${name}_san"
 done
+for t in "${echo_progs[@]}"; do build "${t%.*}_${t##*.}_san" "$t" $san; done
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 echo_run _san 2000
 
 echo "== ffi-tests: valgrind"
 
@@ -67,6 +89,8 @@ for t in "${tests[@]}"; do
     "${vg[@]}" "$out/$name"
   fi
 done
+for t in "${echo_progs[@]}"; do build "${t%.*}_${t##*.}" "$t" -O1; done
+RDMX_TIMEOUT=16 echo_run "" 200 "${vg[@]}"
 # The verbs provider: the same library, its contexts opening rdmx's libibverbs device
 # (rdmx-ibv exec: libibverbs -> rdmx0 -> the soft transport). test_provider.c runs in one
 # process; test_conn.c and test_mem.c fork a server, and a device address serves one

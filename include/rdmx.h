@@ -71,6 +71,109 @@ typedef struct rdmx_conn rdmx_conn;
 #define RDMX_BACKING_HUGETLB 2
 
 /**
+ * `rdmx_msgr_connect`: the policy of the `msgr_policy` key.
+ */
+#define RDMX_POLICY_DEFAULT 0
+
+/**
+ * After a transport fault the connecting side reconnects and both sides replay what the
+ * other has not acknowledged: each message is delivered exactly once, in order. A reset
+ * only if the peer restarted or reconnecting gave up.
+ */
+#define RDMX_POLICY_LOSSLESS 1
+
+/**
+ * A fault ends the session: unacknowledged sends complete with an error, then a reset.
+ */
+#define RDMX_POLICY_LOSSY 2
+
+/**
+ * A session is open (`incoming`: accepted by `rdmx_msgr_listen`; `text`: the peer's
+ * "IP:PORT"). Not repeated on a lossless reconnect.
+ */
+#define RDMX_MSGR_EVENT_CONNECT 1
+
+/**
+ * A message (`msg`, owned by the application from now on: `rdmx_msg_free` it).
+ */
+#define RDMX_MSGR_EVENT_MESSAGE 2
+
+/**
+ * Send `send_id` completed: `status` RDMX_OK when the peer acknowledged it, else it never
+ * will (lossy fault, peer reset, reconnect gave up, session closed; `text` says why).
+ * Exactly one per accepted send; the memory its segments named is free again.
+ */
+#define RDMX_MSGR_EVENT_SEND_COMPLETE 3
+
+/**
+ * A session that refused a send with RDMX_FULL has room again.
+ */
+#define RDMX_MSGR_EVENT_SEND_READY 4
+
+/**
+ * The session ended (lossy fault, peer restart, reconnect gave up): `status` and `text`
+ * say why. Not for `rdmx_session_close`. The session id is dead afterwards.
+ */
+#define RDMX_MSGR_EVENT_RESET 5
+
+/**
+ * A data segment from unregistered memory: copied once into pool chunks during
+ * `rdmx_session_send` (counted in `copied_bytes`); the memory is the caller's again when
+ * the call returns.
+ */
+#define RDMX_SEG_COPY 0
+
+/**
+ * A chunk from `rdmx_msgr_chunk_get` (`addr` its start, `length` at most its size): no
+ * copy, no registration; the messenger owns it once the send is accepted.
+ */
+#define RDMX_SEG_CHUNK 1
+
+/**
+ * Memory inside a registration from `rdmx_msgr_mem_reg` (`mem`): no copy, no
+ * registration per message. The memory must stay valid and unmodified until the send's
+ * SEND_COMPLETE event.
+ */
+#define RDMX_SEG_MEM 2
+
+/**
+ * Data segment `index` of the received message `msg`, sent on as it is (an echo or a
+ * forward; no copy): it moves out of `msg` when the send is accepted (`addr`/`length` are
+ * ignored).
+ */
+#define RDMX_SEG_RECEIVED 3
+
+/**
+ * Connecting, or the session handshake is under way.
+ */
+#define RDMX_SESSION_CONNECTING 0
+
+/**
+ * Open: messages flow.
+ */
+#define RDMX_SESSION_OPEN 1
+
+/**
+ * Lossless, after a fault: reconnecting (sends queue within the bounds).
+ */
+#define RDMX_SESSION_RECONNECTING 2
+
+/**
+ * Ended.
+ */
+#define RDMX_SESSION_CLOSED 3
+
+/**
+ * `rdmx_session_inject_fault`: shut down the TCP side channel (both sides see EOF).
+ */
+#define RDMX_FAULT_SIDE_CHANNEL_CLOSE 1
+
+/**
+ * `rdmx_session_inject_fault`: move this side's QP to the error state.
+ */
+#define RDMX_FAULT_QP_ERROR 2
+
+/**
  * Result of every fallible rdmx call. 0 is success; on any other value
  * `rdmx_last_error()` holds a message naming what was wrong.
  */
@@ -164,6 +267,20 @@ typedef struct rdmx_context rdmx_context;
  * Accepts connections. Opaque; free with `rdmx_listener_free`.
  */
 typedef struct rdmx_listener rdmx_listener;
+
+/**
+ * A received message. Opaque; the application owns it from the MESSAGE event on and frees
+ * it with `rdmx_msg_free` (from any thread, also after `rdmx_msgr_free`). Not
+ * thread-safe: one thread at a time.
+ */
+typedef struct rdmx_msg rdmx_msg;
+
+/**
+ * A messenger: listens, connects, carries many sessions. Opaque; create with
+ * `rdmx_msgr_new`, free with `rdmx_msgr_free`. Thread-safe: every call may be made from
+ * any thread at once, except `rdmx_msgr_free`.
+ */
+typedef struct rdmx_msgr rdmx_msgr;
 
 /**
  * A pool of fixed-size chunks carved from 2 MiB-aligned arenas, each arena registered
@@ -395,6 +512,223 @@ typedef struct {
   uint64_t entries;
   uint64_t registered_bytes;
 } rdmx_rcache_stats;
+
+/**
+ * One event. Plain data; the caller owns the message in a MESSAGE event.
+ */
+typedef struct {
+  /**
+   * RDMX_MSGR_EVENT_*.
+   */
+  uint32_t kind;
+  /**
+   * CONNECT: 1 if this side accepted the session, 0 if it connected.
+   */
+  uint32_t incoming;
+  uint64_t session;
+  /**
+   * SEND_COMPLETE: the id `rdmx_session_send` returned (1, 2, ... per session).
+   */
+  uint64_t send_id;
+  /**
+   * SEND_COMPLETE and RESET: RDMX_OK or why not (RDMX_CLOSED, RDMX_TIMEOUT, ...).
+   */
+  rdmx_status status;
+  /**
+   * MESSAGE: the message; the application owns it (free with `rdmx_msg_free`, from any
+   * thread, also after `rdmx_msgr_free`). NULL otherwise.
+   */
+  rdmx_msg *msg;
+  /**
+   * Never NULL: CONNECT the peer's "IP:PORT"; RESET and failed SEND_COMPLETE the reason;
+   * "" otherwise. Owned by rdmx: valid until the next `rdmx_msgr_poll` on this thread
+   * (event records) or until the callback returns.
+   */
+  const char *text;
+} rdmx_msgr_event;
+
+/**
+ * The event callback. Which thread: with `msgr_threads = 0`, inside `rdmx_msgr_poll` on
+ * its caller's thread; with `msgr_threads = N` each session belongs to one of N worker
+ * threads and every event of that session comes on it, in order (CONNECT, then messages in
+ * sequence order and send completions in send order, at most one RESET last), so one
+ * session's events never run concurrently.
+ *
+ * What may be called from it: every rdmx call on this messenger (send, close, counters,
+ * chunk/mem calls, `rdmx_msg_*`) except `rdmx_msgr_poll` (RDMX_BUSY) and `rdmx_msgr_free`
+ * (refused). No lock is held while it runs. `ev` and `ev->text` are valid for the call;
+ * `ev->msg` is the application's to free. Do not block long: it holds up every session of
+ * its thread.
+ */
+typedef void (*rdmx_msgr_on_event)(void *user_data, rdmx_msgr *m, const rdmx_msgr_event *ev);
+
+/**
+ * Per-session counters (also summed over a messenger's sessions in `rdmx_msgr_stats`).
+ */
+typedef struct {
+  uint64_t msgs_sent;
+  uint64_t msgs_received;
+  /**
+   * Front and data bytes of the messages sent / delivered.
+   */
+  uint64_t bytes_sent;
+  uint64_t bytes_received;
+  /**
+   * Messages sent again on a new connection (lossless).
+   */
+  uint64_t replays;
+  /**
+   * Connections after the first one (lossless).
+   */
+  uint64_t reconnects;
+  /**
+   * Transport faults seen (side-channel EOF, error completion, keepalive timeout,
+   * malformed header).
+   */
+  uint64_t faults;
+  /**
+   * Malformed headers received (each also a fault).
+   */
+  uint64_t malformed;
+  /**
+   * Times a message had to wait for credits.
+   */
+  uint64_t credit_stalls;
+  /**
+   * Sends refused with RDMX_FULL.
+   */
+  uint64_t full_refusals;
+  /**
+   * Bytes copied because they came from unregistered memory (RDMX_SEG_COPY).
+   */
+  uint64_t copied_bytes;
+  /**
+   * Data segments moved by RDMA READ (rendezvous) / in the SEND (eager).
+   */
+  uint64_t read_segments;
+  uint64_t eager_segments;
+  uint64_t keepalives_sent;
+  /**
+   * Receiver-not-ready NAKs of the session's connections: 0 in steady state.
+   */
+  uint64_t rnr_naks;
+  /**
+   * Messages received again after a reconnect and dropped (already delivered).
+   */
+  uint64_t duplicates_dropped;
+} rdmx_session_counters;
+
+/**
+ * Messenger-wide figures.
+ */
+typedef struct {
+  /**
+   * Sessions not closed; accepted connections not handshaken yet.
+   */
+  uint64_t sessions;
+  uint64_t pending_connections;
+  /**
+   * The 4 KiB data pool: chunks in use (posted receives, queued and unacknowledged
+   * sends, lent chunks, received data the application holds), carved, and the bound.
+   */
+  uint32_t data_chunks_in_use;
+  uint32_t data_chunks_total;
+  uint32_t data_chunks_cap;
+  /**
+   * Header slots in use (one per posted receive and SEND in flight).
+   */
+  uint32_t header_slots_in_use;
+  /**
+   * 64 KiB chunks in use for copies of large unregistered segments.
+   */
+  uint32_t copy_chunks_in_use;
+  /**
+   * Event records queued for `rdmx_msgr_poll`.
+   */
+  uint32_t events_queued;
+  /**
+   * Chunks lent by `rdmx_msgr_chunk_get` and not sent or given back.
+   */
+  uint32_t chunks_lent;
+  /**
+   * Live `rdmx_msgr_mem_reg` registrations.
+   */
+  uint32_t mem_registrations;
+  /**
+   * Malformed headers on connections that were not (yet) a session's.
+   */
+  uint64_t malformed;
+  /**
+   * Counters summed over every session ever made (closed ones included).
+   */
+  rdmx_session_counters totals;
+} rdmx_msgr_stats;
+
+/**
+ * A piece of received data: `len` bytes at `base`.
+ */
+typedef struct {
+  void *base;
+  size_t len;
+} rdmx_iov;
+
+/**
+ * One data segment of a message to send, with where its memory comes from.
+ */
+typedef struct {
+  /**
+   * RDMX_SEG_*.
+   */
+  uint32_t kind;
+  /**
+   * COPY, CHUNK, MEM: the bytes.
+   */
+  const void *addr;
+  size_t length;
+  /**
+   * MEM: the registration covering `[addr, addr + length)`.
+   */
+  const rdmx_mem *mem;
+  /**
+   * RECEIVED: the message holding the segment, and its index.
+   */
+  rdmx_msg *msg;
+  size_t index;
+} rdmx_msg_iov;
+
+/**
+ * A session's state.
+ */
+typedef struct {
+  /**
+   * RDMX_SESSION_*.
+   */
+  uint32_t state;
+  /**
+   * RDMX_POLICY_LOSSLESS or RDMX_POLICY_LOSSY.
+   */
+  uint32_t policy;
+  /**
+   * 1 if this side accepted the session.
+   */
+  uint32_t incoming;
+  /**
+   * Credits to send now / receives posted for the peer.
+   */
+  uint32_t credits;
+  uint32_t recv_window;
+  /**
+   * Messages waiting (for credits or a connection) / sent and not yet acknowledged.
+   */
+  uint64_t queued;
+  uint64_t unacked;
+  /**
+   * This side's session identity and the peer's (0 until the handshake).
+   */
+  uint64_t local_id;
+  uint64_t peer_id;
+  rdmx_session_counters counters;
+} rdmx_session_info;
 
 #ifdef __cplusplus
 extern "C" {
@@ -921,6 +1255,314 @@ rdmx_status rdmx_mem_invalidate(rdmx_context *ctx, const void *addr, size_t len)
  * `ctx` NULL or live; `out` NULL or writable.
  */
 rdmx_status rdmx_mem_cache_stats(const rdmx_context *ctx, rdmx_rcache_stats *out);
+
+/**
+ * Creates a messenger from `cfg` (NULL: defaults and `RDMX_*` environment variables): the
+ * transport keys and the `msgr_*` keys (`msgr_threads`, `msgr_policy`, queue bounds,
+ * windows, keepalive, reconnect backoff; `rdmx_config_dump` lists them). It has its own
+ * context (provider, pools). With `on_event` NULL, events are queued for `rdmx_msgr_poll`;
+ * else `on_event(user_data, m, ev)` is called for each (see `rdmx_msgr_on_event` for the
+ * thread). `user_data` must stay valid until `rdmx_msgr_free` returns. Worker threads
+ * (`msgr_threads` of at least 1) start here. `*out` receives a messenger the caller owns (NULL
+ * on failure).
+ *
+ * # Safety
+ * `cfg` NULL or a live config; `out` NULL or writable.
+ */
+rdmx_status rdmx_msgr_new(const rdmx_config *cfg,
+                          rdmx_msgr_on_event on_event,
+                          void *user_data,
+                          rdmx_msgr **out);
+
+/**
+ * Frees a messenger. NULL is a no-op. Stops the worker threads (waiting for a running
+ * callback to return; no event is delivered afterwards), closes every session (no events,
+ * sends never complete), frees queued events, returns lent chunks and releases
+ * `rdmx_msgr_mem_reg` registrations. Messages the application holds stay valid:
+ * `rdmx_msg_free` them afterwards (the pools go when the last one is freed). Refused
+ * (logged, nothing freed) from inside an event callback.
+ *
+ * # Safety
+ * `m` NULL or from `rdmx_msgr_new`, not freed before, no other call on it running or
+ * made afterwards.
+ */
+void rdmx_msgr_free(rdmx_msgr *m);
+
+/**
+ * Listens on `addr` ("IP:PORT", port 0 = any free port) for sessions; `*port` (if not
+ * NULL) receives the bound TCP port. Accepted sessions come as CONNECT events with
+ * `incoming` = 1. One listener per messenger (a second call: RDMX_INVALID_ARGUMENT).
+ *
+ * # Safety
+ * `m` NULL or live; `addr` NULL or NUL-terminated; `port` NULL or writable.
+ */
+rdmx_status rdmx_msgr_listen(rdmx_msgr *m, const char *addr, uint16_t *port);
+
+/**
+ * Opens a session to the messenger listening at `addr` ("HOST:PORT") with `policy`
+ * (RDMX_POLICY_*); `*session` receives its id at once and the connection is made in the
+ * background: a CONNECT event when it is open (a lossy session that cannot connect ends
+ * with a RESET; a lossless one retries with backoff). Sends made meanwhile wait, within
+ * the queue bounds.
+ *
+ * # Safety
+ * `m` NULL or live; `addr` NULL or NUL-terminated; `session` NULL or writable.
+ */
+rdmx_status rdmx_msgr_connect(rdmx_msgr *m, const char *addr, uint32_t policy, uint64_t *session);
+
+/**
+ * Event records: waits up to `timeout_ms` (0: not at all, -1: until something happens)
+ * for events, moves up to `max` of them into `out` and stores how many in `*n` (0 is not
+ * an error; events beyond `max` stay queued). With `msgr_threads = 0` this call also makes
+ * the progress (connects, accepts, sends, receives, timers): call it often (keepalives
+ * and reconnects happen only inside it). The records' `text` stays valid until the next
+ * `rdmx_msgr_poll` on this thread.
+ *
+ * Callback mode: with `msgr_threads = 0` makes progress and runs the callbacks on this
+ * thread (`*n` = how many ran; `out` unused, may be NULL); with worker threads
+ * RDMX_INVALID_ARGUMENT. From inside a callback: RDMX_BUSY.
+ *
+ * # Safety
+ * `m` NULL or live; `out` valid for `max` records (NULL if 0); `n` NULL or writable.
+ */
+rdmx_status rdmx_msgr_poll(rdmx_msgr *m,
+                           int32_t timeout_ms,
+                           rdmx_msgr_event *out,
+                           size_t max,
+                           size_t *n);
+
+/**
+ * An fd for epoll/poll: readable while event records are queued (event-record mode; with
+ * worker threads they queue events as they come). Drain with `rdmx_msgr_poll`
+ * (timeout 0) until it returns fewer than `max`; the fd is reset when the queue empties.
+ * With `msgr_threads = 0` nothing happens between `rdmx_msgr_poll` calls, so wait on the
+ * fd with a timeout of at most `msgr_keepalive_ms`. -1 for a NULL messenger. Owned by the
+ * messenger: do not close it.
+ *
+ * # Safety
+ * `m` NULL or live.
+ */
+int32_t rdmx_msgr_event_fd(const rdmx_msgr *m);
+
+/**
+ * Takes a chunk of the messenger's data pool (4 KiB, page-aligned, registered) to fill
+ * and send as an RDMX_SEG_CHUNK segment without copy or registration. The messenger owns
+ * it again once a send accepted it (it returns to the pool when the send completes);
+ * give back an unsent one with `rdmx_msgr_chunk_put`. RDMX_FULL when the pool
+ * (`msgr_pool_chunks`) is exhausted.
+ *
+ * # Safety
+ * `m` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_msgr_chunk_get(rdmx_msgr *m, rdmx_chunk *out);
+
+/**
+ * Gives back an unsent chunk from `rdmx_msgr_chunk_get` by its address. Not a lent
+ * chunk (never lent, already sent or given back): RDMX_INVALID_ARGUMENT, nothing changes.
+ *
+ * # Safety
+ * `m` NULL or live.
+ */
+rdmx_status rdmx_msgr_chunk_put(rdmx_msgr *m, const void *addr);
+
+/**
+ * Registers `[addr, addr + len)` in the messenger's registration cache (pinning it) so
+ * that RDMX_SEG_MEM segments in it are sent without copy and without a registration per
+ * message. `*out` carries the registered region (maybe larger: whole pages) and its id.
+ * Release with `rdmx_msgr_mem_dereg`; before unmapping the memory, let the sends naming
+ * it complete, dereg, then `rdmx_msgr_mem_invalidate`. RDMX_RESOURCE_LIMIT when
+ * RLIMIT_MEMLOCK refuses the pinning.
+ *
+ * # Safety
+ * `m` NULL or live; `addr` valid for `len` bytes until invalidated as above; `out` NULL or
+ * writable.
+ */
+rdmx_status rdmx_msgr_mem_reg(rdmx_msgr *m, void *addr, size_t len, rdmx_mem *out);
+
+/**
+ * Releases a registration from `rdmx_msgr_mem_reg` (it stays cached until evicted or
+ * invalidated). Released twice or never issued: RDMX_INVALID_ARGUMENT.
+ *
+ * # Safety
+ * `m` NULL or live; `mem` NULL or a live `rdmx_mem`.
+ */
+rdmx_status rdmx_msgr_mem_dereg(rdmx_msgr *m, const rdmx_mem *mem);
+
+/**
+ * Drops every cached registration overlapping `[addr, addr + len)` (call it before
+ * unmapping memory that was sent from; see `rdmx_msgr_mem_reg`).
+ *
+ * # Safety
+ * `m` NULL or live.
+ */
+rdmx_status rdmx_msgr_mem_invalidate(rdmx_msgr *m, const void *addr, size_t len);
+
+/**
+ * The messenger's figures: pools (to check they are back at their baseline), sessions,
+ * totals.
+ *
+ * # Safety
+ * `m` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_msgr_get_stats(const rdmx_msgr *m, rdmx_msgr_stats *out);
+
+/**
+ * The message's type (as sent); 0 for NULL.
+ *
+ * # Safety
+ * `msg` NULL or live.
+ */
+uint16_t rdmx_msg_type(const rdmx_msg *msg);
+
+/**
+ * The message's sequence number in its session (1, 2, ... in delivery order); 0 for NULL.
+ *
+ * # Safety
+ * `msg` NULL or live.
+ */
+uint64_t rdmx_msg_seq(const rdmx_msg *msg);
+
+/**
+ * The front part: its length in `*len` (if not NULL) and a pointer to its bytes (owned by
+ * the message, valid until `rdmx_msg_free`; NULL for an empty front or a NULL message).
+ *
+ * # Safety
+ * `msg` NULL or live; `len` NULL or writable.
+ */
+const void *rdmx_msg_front(const rdmx_msg *msg, size_t *len);
+
+/**
+ * How many data segments the message came with (released or sent-on ones included); 0 for
+ * NULL.
+ *
+ * # Safety
+ * `msg` NULL or live.
+ */
+size_t rdmx_msg_seg_count(const rdmx_msg *msg);
+
+/**
+ * Data segment `i`'s length in bytes; 0 for a NULL message, an index out of range or a
+ * segment released or sent on.
+ *
+ * # Safety
+ * `msg` NULL or live.
+ */
+size_t rdmx_msg_seg_len(const rdmx_msg *msg, size_t i);
+
+/**
+ * Where data segment `i` lies, without a copy: one `rdmx_iov` per pool chunk, in order,
+ * each page-aligned and 4 KiB except the last (a segment of up to 4 KiB is one piece).
+ * `*n` (if not NULL) gets the number of pieces in every case; with `max` below it:
+ * RDMX_BUFFER_TOO_SMALL (NULL `out` with `max` 0 asks the count). The memory is the
+ * application's to read (and write) until the segment is released, sent on, or the message
+ * freed.
+ *
+ * # Safety
+ * `msg` NULL or live; `out` valid for `max` elements (NULL if 0); `n` NULL or writable.
+ */
+rdmx_status rdmx_msg_seg_iov(const rdmx_msg *msg, size_t i, rdmx_iov *out, size_t max, size_t *n);
+
+/**
+ * Returns data segment `i`'s chunks to the pool now (the rest of the message stays). A
+ * segment already released or sent on, or an index out of range: RDMX_INVALID_ARGUMENT.
+ *
+ * # Safety
+ * `msg` NULL or live, not used by another thread during the call.
+ */
+rdmx_status rdmx_msg_seg_release(rdmx_msg *msg, size_t i);
+
+/**
+ * Frees a received message and returns its data chunks to the pool. NULL is a no-op.
+ *
+ * # Safety
+ * `msg` NULL or from a MESSAGE event, not freed before.
+ */
+void rdmx_msg_free(rdmx_msg *msg);
+
+/**
+ * Sends a message on `session`: `type`, a front part of `front_len` bytes (copied; at most
+ * 448 bytes go in the SEND's header slot, larger fronts up to 2048 bytes travel in a
+ * descriptor chunk) and `n` data segments `iov` (at most 64, each up to 16 MiB; one segment of up to
+ * 4 KiB goes eagerly in the SEND, anything larger or more is RDMA READ by the receiver
+ * into its pool chunks). `*send_id` (if not NULL) receives the id its SEND_COMPLETE
+ * event will carry. Payloads are prepared in this call (copies made, registrations looked
+ * up); the message goes out on the next progress pass (at once with worker threads).
+ *
+ * Refusals: RDMX_FULL when the session holds `msgr_send_queue_msgs` messages or
+ * `msgr_send_queue_bytes` data bytes (queued + unacknowledged): retry after a SEND_READY
+ * event or send completions; RDMX_CLOSED when the session ended; RDMX_INVALID_ARGUMENT for
+ * a bad segment or a message beyond the limits. After a refusal by these checks nothing
+ * was consumed: chunks and received segments named stay the caller's. If preparing a
+ * payload failed (a copy found the pool exhausted: RDMX_FULL, a registration was refused),
+ * the last error says "consumed": the chunks and received segments named were released.
+ *
+ * # Safety
+ * `m` NULL or live; `front` valid for `front_len` bytes (NULL if 0); `iov` valid for `n`
+ * elements (NULL if 0), each naming memory as its kind requires; `send_id` NULL or
+ * writable.
+ */
+rdmx_status rdmx_session_send(rdmx_msgr *m,
+                              uint64_t session,
+                              uint16_t msg_type,
+                              const void *front,
+                              size_t front_len,
+                              const rdmx_msg_iov *iov,
+                              size_t n,
+                              uint64_t *send_id);
+
+/**
+ * Closes a session now: its connection is closed; queued and unacknowledged sends
+ * complete with RDMX_CLOSED (SEND_COMPLETE events); no RESET. The peer sees a fault
+ * (lossy: it resets; lossless: it waits for a reconnect and resets after the timeout).
+ * An unknown or ended session: RDMX_CLOSED.
+ *
+ * # Safety
+ * `m` NULL or live.
+ */
+rdmx_status rdmx_session_close(rdmx_msgr *m, uint64_t session);
+
+/**
+ * A session's state, queue depths, credits and counters. RDMX_INVALID_ARGUMENT for an
+ * unknown session (ended sessions are forgotten after their last event).
+ *
+ * # Safety
+ * `m` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_session_get_info(const rdmx_msgr *m, uint64_t session, rdmx_session_info *out);
+
+/**
+ * A session's counters (messages, bytes, replays, reconnects, credit stalls, copies,
+ * RNR NAKs, ...); as `rdmx_session_get_info`'s `counters`.
+ *
+ * # Safety
+ * `m` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_session_get_counters(const rdmx_msgr *m,
+                                      uint64_t session,
+                                      rdmx_session_counters *out);
+
+/**
+ * The session peer's "IP:PORT" into `buf`, snprintf-style (`*out_len` = the length
+ * without the NUL; NULL `buf` with `len` 0 asks the size; too small: RDMX_BUFFER_TOO_SMALL).
+ * "" while an accepted session's peer is not known.
+ *
+ * # Safety
+ * `m` NULL or live; `buf` NULL or valid for `len` bytes; `out_len` NULL or writable.
+ */
+rdmx_status rdmx_session_peer(const rdmx_msgr *m,
+                              uint64_t session,
+                              char *buf,
+                              size_t len,
+                              size_t *out_len);
+
+/**
+ * Injects a transport fault (RDMX_FAULT_*) on the session's current connection (tests,
+ * as Ceph's `ms_inject_socket_failures`). RDMX_CLOSED when it has none right now.
+ *
+ * # Safety
+ * `m` NULL or live.
+ */
+rdmx_status rdmx_session_inject_fault(rdmx_msgr *m, uint64_t session, uint32_t fault);
 
 /**
  * A static, NUL-terminated name for a status code, e.g. "RDMX_INVALID_VALUE";

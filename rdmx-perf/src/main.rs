@@ -2,7 +2,8 @@
 //!
 //! Subcommands (the table [`SUBCOMMANDS`] is what `--help` lists and what runs):
 //! - `server` serves the NIC-style tests until killed (`server.rs`); `read_bw`, `write_bw`,
-//!   `send_bw`, `read_lat` and `send_lat` run them against it (`client.rs`).
+//!   `send_bw`, `read_lat` and `send_lat` run them against it (`client.rs`); `msg_bw`,
+//!   `rpc_bw` and `rpc_lat` run through the messenger (`msgr_bench.rs`).
 //! - `udp_server` / `udp_read`: the bare UDP baseline with the same batching and no
 //!   reliability, which read_bw is compared with (`udp_baseline.rs`).
 //! - `engine_bench` runs two RC engines in one process exchanging RDMA READs through an
@@ -21,6 +22,7 @@
 mod cli;
 mod client;
 mod engine_bench;
+mod msgr_bench;
 mod perf;
 mod reg_bench;
 mod server;
@@ -47,7 +49,7 @@ struct Subcommand {
 const SUBCOMMANDS: &[Subcommand] = &[
     Subcommand {
         name: "server",
-        what: "serve the five tests below until killed",
+        what: "serve the client tests below until killed",
         usage: server::USAGE,
         help: server::HELP,
         run: |a| exit_status(server::main(a), "rdmx-perf: server"),
@@ -86,6 +88,27 @@ const SUBCOMMANDS: &[Subcommand] = &[
         usage: client::USAGE,
         help: client::HELP,
         run: |a| client::main("send_lat", a),
+    },
+    Subcommand {
+        name: "msg_bw",
+        what: "one-way messenger messages of --size data, --qd unacknowledged",
+        usage: msgr_bench::USAGE,
+        help: msgr_bench::HELP,
+        run: |a| msgr_bench::main("msg_bw", a),
+    },
+    Subcommand {
+        name: "rpc_bw",
+        what: "messenger requests answered with --size data, --qd outstanding",
+        usage: msgr_bench::USAGE,
+        help: msgr_bench::HELP,
+        run: |a| msgr_bench::main("rpc_bw", a),
+    },
+    Subcommand {
+        name: "rpc_lat",
+        what: "messenger request/reply latency (one at a time)",
+        usage: msgr_bench::USAGE,
+        help: msgr_bench::HELP,
+        run: |a| msgr_bench::main("rpc_lat", a),
     },
     Subcommand {
         name: "udp_server",

@@ -19,7 +19,7 @@ use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{QpState, Sge, SgeList, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::cli;
@@ -35,8 +35,10 @@ pub const USAGE: &str =
 pub const HELP: &str = "\
 Serves read_bw, write_bw, send_bw, read_lat and send_lat clients until killed: exposes a
 64 MiB patterned region (REMOTE_READ | REMOTE_WRITE), keeps max_recv_wr receives posted per
-connection and answers send_lat pings. Its first stdout line is
-  rdmx-perf server listening on ADDR:PORT (provider ..., UDP ADDR:PORT, ...)
+connection and answers send_lat pings. A messenger on a second port serves msg_bw, rpc_bw
+and rpc_lat (one worker thread unless msgr_threads is set; clients learn its port from the
+ready message of a connection to ADDR:PORT). Its first stdout line is
+  rdmx-perf server listening on ADDR:PORT (provider ..., UDP ADDR:PORT, ..., messenger ADDR:PORT)
 and each finished connection is summed up on stderr.
 
 options:
@@ -106,9 +108,21 @@ pub fn main(args: &[String]) -> Result<(), Fail> {
     let listener = ctx
         .listen(&a.listen)
         .map_err(|e| Fail::Run(once_prefixed("listen on", &a.listen, &e.to_string())))?;
+    // The messenger tests (msg_bw, rpc_bw, rpc_lat) on a second port, told to clients in
+    // the ready message.
+    let msgr = match crate::msgr_bench::serve(&cfg, listener.local_addr().ip()) {
+        Ok(a) => {
+            MSGR_PORT.store(a.port(), Ordering::Relaxed);
+            a.to_string()
+        }
+        Err(e) => {
+            eprintln!("rdmx-perf server: no messenger tests: {e}");
+            "none".to_string()
+        }
+    };
     let s = ctx.settings();
     println!(
-        "rdmx-perf server listening on {} (provider {}, UDP {}, region {} MiB rkey {:#x}, path_mtu {}, progress {:?}, poll_mode {:?})",
+        "rdmx-perf server listening on {} (provider {}, UDP {}, region {} MiB rkey {:#x}, path_mtu {}, progress {:?}, poll_mode {:?}, messenger {msgr})",
         listener.local_addr(),
         ctx.provider(),
         ctx.udp_addr_for(listener.local_addr().ip())
@@ -151,16 +165,25 @@ fn port_drops(ctx: &Context) -> String {
     )
 }
 
+/// The messenger's TCP port (0: none), sent in every connection's ready message.
+static MSGR_PORT: AtomicU16 = AtomicU16::new(0);
+
 /// The server's default receive queue depth (user-overridable).
 pub const SERVER_RECV_WR: u32 = 4096;
 
-/// Per-connection memory: receives land in the first half, answers go from the second.
-const AREA: usize = 2 * MAX_SEND;
+/// Per-connection memory: receives land in the first half, answers go from the second;
+/// the ready message's payload follows.
+const AREA: usize = 2 * MAX_SEND + READY_LEN;
+/// The ready message: `MSGR`, the messenger's port (u16 LE), 2 bytes of padding.
+const READY_LEN: usize = 8;
 
 fn serve(ctx: &Context, conn: Connection, id: u64) {
     let peer = conn.peer();
     let mut area = vec![0u8; AREA];
-    area[MAX_SEND..].fill(PONG);
+    area[MAX_SEND..2 * MAX_SEND].fill(PONG);
+    area[2 * MAX_SEND..2 * MAX_SEND + 4].copy_from_slice(crate::msgr_bench::READY_MSGR);
+    area[2 * MAX_SEND + 4..2 * MAX_SEND + 6]
+        .copy_from_slice(&MSGR_PORT.load(Ordering::Relaxed).to_le_bytes());
     let base = area.as_mut_ptr();
     // SAFETY: `area` outlives the registration: it is deregistered below, after the
     // connection is dropped (which flushes every WR naming it).
@@ -244,8 +267,8 @@ fn run(
         opcode: WrOpcode::Send,
         flags: send_flags::SIGNALED,
         sges: smallvec![Sge {
-            addr: addr + MAX_SEND as u64,
-            length: 1,
+            addr: addr + 2 * MAX_SEND as u64,
+            length: READY_LEN as u32,
             lkey,
         }],
         remote_addr: 0,

@@ -678,3 +678,67 @@ fn config_and_engine_bench_still_work() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The messenger tests against the same server as the others: JSON with the common keys,
+/// no errors, every reply's data checked (rpc_lat), replies larger than a chunk (READ).
+#[test]
+fn messenger_tests_run_against_the_same_server() {
+    let server = start("server", &[]);
+    assert!(
+        server.line.contains("messenger 127.0.0.1:"),
+        "{}",
+        server.line
+    );
+    for (test, extra) in [
+        ("msg_bw", &["--size", "4096", "--qd", "8"][..]),
+        ("msg_bw", &["--size", "65536", "--qd", "4"]),
+        ("rpc_bw", &["--size", "4096", "--qd", "8", "--verify", "1"]),
+        ("rpc_bw", &["--size", "20000", "--qd", "4", "--verify", "1"]),
+        ("rpc_lat", &["--size", "4096"]),
+        ("rpc_lat", &["--size", "64", "--set", "msgr_threads=1"]),
+    ] {
+        let j = client(&server, test, extra);
+        for f in [
+            "ops",
+            "ops_per_sec",
+            "bw_gbit_per_sec",
+            "bw_mib_per_sec",
+            "lat_p50_us",
+            "lat_p99_us",
+            "lat_p999_us",
+            "size",
+            "qd",
+            "rnr_naks",
+            "credit_stalls",
+            "replays",
+            "reconnects",
+            "errors",
+        ] {
+            assert!(field(&j, f).is_some(), "{test}: field {f} missing in {j}");
+        }
+        assert!(j.contains(&format!("\"test\":\"{test}\"")), "{j}");
+        assert!(field(&j, "ops").unwrap_or(0.0) > 0.0, "{test}: {j}");
+        assert_eq!(field(&j, "errors"), Some(0.0), "{test}: {j}");
+        assert_eq!(field(&j, "rnr_naks"), Some(0.0), "{test}: {j}");
+        if test == "rpc_lat" {
+            assert_eq!(field(&j, "qd"), Some(1.0), "{test}: {j}");
+        }
+        if test.starts_with("rpc") {
+            assert_eq!(field(&j, "verified"), field(&j, "ops"), "{test}: {j}");
+        }
+        let p50 = field(&j, "lat_p50_us").unwrap_or(0.0);
+        let p99 = field(&j, "lat_p99_us").unwrap_or(0.0);
+        assert!(p50 > 0.0 && p50 <= p99, "{test}: {j}");
+        check_bandwidth_units(&j);
+    }
+    // The same server still serves the RC tests.
+    let j = client(&server, "read_lat", &["--size", "4096"]);
+    assert_eq!(field(&j, "errors"), Some(0.0), "{j}");
+    fails_with(&["rpc_bw", "--size", "4096"], 2, "--connect");
+    fails_with(
+        &["rpc_bw", "--connect", &server.addr, "--size", "0"],
+        2,
+        "--size must be",
+    );
+    fails_with(&["msg_bw", "--connect", "127.0.0.1:1"], 1, "127.0.0.1:1");
+}

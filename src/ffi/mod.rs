@@ -11,6 +11,7 @@ pub mod context;
 pub mod encoding;
 pub mod log;
 pub mod mem;
+pub mod msgr;
 pub mod status;
 
 pub use status::rdmx_status;

@@ -162,7 +162,16 @@ impl Buffers {
                     return Ok((seg, 0));
                 }
             }
-            Payload::Copy(bytes) => {
+            p @ (Payload::Copy(_) | Payload::CopyFrom(_)) => {
+                let bytes: &[u8] = match &p {
+                    Payload::Copy(v) => v,
+                    // SAFETY: `Payload::copy_from`'s contract: the memory is readable for the
+                    // duration of the `send` call, which is running (prepare is called by it).
+                    Payload::CopyFrom(r) if r.len > 0 => unsafe {
+                        std::slice::from_raw_parts(r.addr as *const u8, r.len)
+                    },
+                    _ => &[],
+                };
                 copied = bytes.len() as u64;
                 let pool = if bytes.len() <= PAYLOAD_MAX {
                     Arc::clone(&self.data)

@@ -419,8 +419,8 @@ impl Core {
             let parts = match p {
                 Payload::Chunk(_) | Payload::Registered(_) => 1,
                 Payload::Received(r) => super::buffers::runs(&r.chunks),
-                Payload::Copy(v) if v.len() <= PAYLOAD_MAX => 1,
-                Payload::Copy(v) => v.len().div_ceil(64 << 10),
+                Payload::Copy(_) | Payload::CopyFrom(_) if p.len() <= PAYLOAD_MAX => 1,
+                Payload::Copy(_) | Payload::CopyFrom(_) => p.len().div_ceil(64 << 10),
             };
             block += wire::SEG_ENTRY + wire::PART_ENTRY * parts;
         }
@@ -997,6 +997,11 @@ impl Core {
 
     pub fn settings(&self) -> &MsgrSettings {
         &self.settings
+    }
+
+    /// The messenger's context (the C ABI registers caller memory in its cache).
+    pub(crate) fn context(&self) -> &Context {
+        &self.ctx
     }
 
     pub fn inject_fault(&self, s: SessionId, fault: Fault) -> Result<()> {

@@ -57,6 +57,10 @@ pub enum Payload {
     /// Caller memory registered through the registration cache (`rcache`): no copy, no
     /// registration per message once cached. Build with [`Payload::registered`].
     Registered(Registered),
+    /// Unregistered caller memory copied once into pool chunks during the `send` call
+    /// (counted in [`SessionCounters::copied_bytes`]), like `Copy` without the caller's
+    /// `Vec` (the C ABI's unregistered segments). Build with [`Payload::copy_from`].
+    CopyFrom(Registered),
     /// Unregistered bytes: copied once into pool chunks at send (counted in
     /// [`SessionCounters::copied_bytes`]).
     Copy(Vec<u8>),
@@ -83,12 +87,23 @@ impl Payload {
         })
     }
 
+    /// Caller memory `[ptr, ptr + len)` copied into pool chunks by [`Messenger::send`].
+    ///
+    /// # Safety
+    /// The memory must be valid for reads for the duration of the `send` call (only).
+    pub unsafe fn copy_from(ptr: *const u8, len: usize) -> Payload {
+        Payload::CopyFrom(Registered {
+            addr: ptr as usize,
+            len,
+        })
+    }
+
     /// The segment's length in bytes.
     pub fn len(&self) -> usize {
         match self {
             Payload::Chunk(c) => c.len,
             Payload::Received(r) => r.len,
-            Payload::Registered(r) => r.len,
+            Payload::Registered(r) | Payload::CopyFrom(r) => r.len,
             Payload::Copy(v) => v.len(),
         }
     }
@@ -105,6 +120,7 @@ impl fmt::Debug for Payload {
             Payload::Received(r) => write!(f, "Received({} B)", r.len),
             Payload::Registered(r) => write!(f, "Registered({:#x}, {} B)", r.addr, r.len),
             Payload::Copy(v) => write!(f, "Copy({} B)", v.len()),
+            Payload::CopyFrom(r) => write!(f, "CopyFrom({:#x}, {} B)", r.addr, r.len),
         }
     }
 }

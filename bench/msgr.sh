@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# The messenger against its baselines on 127.0.0.1 (soft provider), ratios from one run:
+#
+#   bench/msgr.sh              # DURATION=3 s per run, PAIRS=3 alternating pairs per target
+#   PAIRS=5 DURATION=5 bench/msgr.sh
+#
+# 1. rpc_bw 4K, 32 outstanding (64-byte request, 4 KiB reply)  vs read_bw 4K qd 32   >= 0.8
+# 2. rpc_lat 4K p50 (request to reply)                           vs read_lat 4K p50   <= 1.3
+# 3. msg_bw 4K qd 32 msg/s                 vs ucx_perftest am_bw 4K over TCP (lo)    >= 1.5
+#
+# Each pair alternates A and B against a fresh server on fresh ports (this shared host drifts
+# between minutes); the verdict is on the median of the per-pair ratios and every pair is
+# printed. Exits 0 when every run completed (a missed target is reported as BELOW, not a
+# failure), non-zero when a run failed. Servers are killed on exit.
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+DURATION=${DURATION:-3}
+PAIRS=${PAIRS:-3}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$TARGET_DIR/release/rdmx-perf
+LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/rdmx-msgr-bench.XXXXXX")
+PIDS=()
+FAILED=0
+
+cleanup() {
+    for p in "${PIDS[@]}"; do
+        kill "$p" 2>/dev/null
+    done
+    for p in "${PIDS[@]}"; do
+        wait "$p" 2>/dev/null
+    done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "# building rdmx-perf (release)"
+if ! cargo build --release --quiet -p rdmx-perf; then
+    echo "bench/msgr.sh: build failed" >&2
+    exit 2
+fi
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+
+# run NAME ARGS...: runs a client, sets JSON to its last stdout line; a failed run is
+# reported and counted.
+run() {
+    local name=$1 ok=1
+    shift
+    JSON=""
+    if ! "$BIN" "$@" --json >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err"; then
+        ok=0
+        echo "RUN FAILED: $name: rdmx-perf $* --json" >&2
+        sed 's/^/    /' "$LOGDIR/$name.err" >&2
+    fi
+    JSON=$(tail -1 "$LOGDIR/$name.out" | grep '^{' || true)
+    if [ -z "$JSON" ]; then
+        [ "$ok" = 1 ] && echo "RUN FAILED: $name: no JSON output" >&2
+        ok=0
+        JSON="{}"
+    fi
+    [ "$ok" = 1 ] || FAILED=$((FAILED + 1))
+}
+
+verdict() {
+    awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN {
+        if (v == "" || v == "n/a") { print "n/a"; exit }
+        ok = (op == "ge") ? (v + 0 >= t + 0) : (v + 0 <= t + 0)
+        print ok ? "PASS" : "BELOW"
+    }'
+}
+
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'
+}
+
+# median VALUES...: the middle value (failed "n/a" values sort first).
+median() {
+    printf '%s\n' "$@" | sort -g | sed -n "$((($# + 1) / 2))p"
+}
+
+LINES=()
+line() {
+    LINES+=("$(printf '%-44s %14s %14s %8s %10s  %s' "$@")")
+    printf '%-44s %14s %14s %8s %10s  %s\n' "$@"
+}
+header() {
+    printf '%-44s %14s %14s %8s %10s  %s\n' "what" "measured" "baseline" "ratio" "target" "verdict"
+}
+
+CLIENT=(--duration "$DURATION" --size 4096)
+echo "# rdmx-perf $("$BIN" config | sed -n 's/^# rdmx \([^:]*\):.*/\1/p' | head -1), runs of $DURATION s, $PAIRS pairs, logs in $LOGDIR"
+header
+
+# pairs NAME A_TEST B_TEST KEY QD: PAIRS pairs of (A, B) each against a fresh server; sets
+# A_MED, B_MED, R_MED (median of the per-pair ratios A/B of KEY) and prints every pair.
+pairs() {
+    local name=$1 a=$2 b=$3 key=$4 qd=$5 p
+    local ra=() rb=() rr=() ea=() eb=()
+    for p in $(seq 1 "$PAIRS"); do
+        start "srv.$name.$p" server --listen 127.0.0.1:0
+        # Alternate which goes first.
+        if [ $((p % 2)) = 1 ]; then
+            run "$name.$a.$p" "$a" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
+            ra+=("$(field "$JSON" "$key")"); ea+=("$(field "$JSON" errors)")
+            run "$name.$b.$p" "$b" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
+            rb+=("$(field "$JSON" "$key")"); eb+=("$(field "$JSON" errors)")
+        else
+            run "$name.$b.$p" "$b" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
+            rb+=("$(field "$JSON" "$key")"); eb+=("$(field "$JSON" errors)")
+            run "$name.$a.$p" "$a" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
+            ra+=("$(field "$JSON" "$key")"); ea+=("$(field "$JSON" errors)")
+        fi
+        stop
+        rr+=("$(ratio "${ra[-1]}" "${rb[-1]}")")
+        echo "    pair $p: $a ${ra[-1]} (errors ${ea[-1]}), $b ${rb[-1]} (errors ${eb[-1]}), ratio ${rr[-1]}"
+    done
+    A_MED=$(median "${ra[@]}")
+    B_MED=$(median "${rb[@]}")
+    R_MED=$(median "${rr[@]}")
+}
+
+# 1. rpc_bw vs read_bw at 32 outstanding.
+pairs rpcbw rpc_bw read_bw ops_per_sec 32
+line "1 rpc_bw 4K qd32 ops/s vs read_bw qd32" "$A_MED" "$B_MED" "$R_MED" ">= 0.8" "$(verdict "$R_MED" 0.8 ge)"
+
+# 2. rpc_lat p50 vs read_lat p50.
+pairs rpclat rpc_lat read_lat lat_p50_us 1
+line "2 rpc_lat 4K p50 us vs read_lat p50" "$A_MED" "$B_MED" "$R_MED" "<= 1.3" "$(verdict "$R_MED" 1.3 le)"
+
+# 3. msg_bw vs ucx_perftest am_bw over TCP, alternating, fresh ports.
+MSG=()
+UCX=()
+RATIOS=()
+UCX_WHY=""
+command -v ucx_perftest >/dev/null 2>&1 || UCX_WHY="ucx_perftest not installed (Debian: ucx-utils)"
+# am_bw over TCP runs at a few thousand 4K messages/s here: iterations for about DURATION s.
+UCX_ITERS=${UCX_ITERS:-$((3000 * DURATION))}
+for p in $(seq 1 "$PAIRS"); do
+    start "srv.msgbw.$p" server --listen 127.0.0.1:0
+    run "msg_bw.$p" msg_bw --connect "$ADDR" "${CLIENT[@]}" --qd 32
+    MSG+=("$(field "$JSON" ops_per_sec)")
+    stop
+    U=""
+    if [ -z "$UCX_WHY" ]; then
+        UCX_PORT=$((20000 + RANDOM % 20000))
+        timeout $((DURATION * 10 + 30)) ucx_perftest -p "$UCX_PORT" -x tcp -d lo >"$LOGDIR/ucx_server.$p.out" 2>&1 &
+        UCX_SERVER=$!
+        PIDS+=("$UCX_SERVER")
+        sleep 0.5
+        if timeout $((DURATION * 10 + 25)) ucx_perftest 127.0.0.1 -p "$UCX_PORT" -x tcp -d lo \
+            -t am_bw -s 4096 -w 1000 -n "$UCX_ITERS" >"$LOGDIR/ucx_client.$p.out" 2>&1; then
+            # "Final: iterations p50 avg overall MB/s-avg MB/s-overall msg/s-avg msg/s-overall"
+            U=$(awk '/^Final:/ { print $NF }' "$LOGDIR/ucx_client.$p.out" | tail -1)
+            [ -z "$U" ] && UCX_WHY="no 'Final:' line ($LOGDIR/ucx_client.$p.out)"
+        else
+            UCX_WHY="ucx_perftest failed: $(tail -2 "$LOGDIR/ucx_client.$p.out" | tr '\n' ' ')"
+        fi
+        kill "$UCX_SERVER" 2>/dev/null
+        wait "$UCX_SERVER" 2>/dev/null
+    fi
+    UCX+=("${U:-n/a}")
+    RATIOS+=("$(ratio "${MSG[-1]}" "$U")")
+    echo "    pair $p: msg_bw ${MSG[-1]}, ucx am_bw ${U:-n/a}, ratio ${RATIOS[-1]}"
+done
+if [ -z "$UCX_WHY" ]; then
+    R=$(median "${RATIOS[@]}")
+    line "3 msg_bw 4K qd32 msg/s vs ucx am_bw tcp" "$(median "${MSG[@]}")" "$(median "${UCX[@]}")" "$R" ">= 1.5" "$(verdict "$R" 1.5 ge)"
+else
+    line "3 msg_bw 4K qd32 msg/s vs ucx am_bw tcp" "$(median "${MSG[@]}")" "skipped" "n/a" ">= 1.5" "SKIPPED"
+    echo "    ucx skipped: $UCX_WHY"
+fi
+
+echo
+echo "# summary (medians of $PAIRS alternating pairs, $DURATION s runs)"
+header
+printf '%s\n' "${LINES[@]}"
+[ "$FAILED" = 0 ] || { echo "bench/msgr.sh: $FAILED run(s) failed (logs in $LOGDIR)" >&2; exit 1; }
