@@ -138,6 +138,7 @@ start_daemon() {
   local name=$1 ip=$2; shift 2
   (launch "$ip" "$@") >>"$D/log/$name.out" 2>&1 &
   echo "$name $! $ip" >>"$D/pids"
+  disown "$!"   # no job notices when the harness kills it
 }
 
 alive() { [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat")" != Z ]; }

@@ -81,6 +81,7 @@ stop_cluster() {
   if [ -n "$keep_to" ]; then
     mkdir -p "$keep_to"
     cp -r "$D/log" "$D/rdmx-stats" "$D/ceph.conf" "$keep_to/" 2>/dev/null || true
+    cp "$D/pids.stopped" "$keep_to/pids" 2>/dev/null || true
   fi
   [ "${KEEP_DIRS:-0}" = 1 ] || rm -rf "$D"
   D=""
@@ -98,7 +99,7 @@ on_exit() {
 # counters DIR: the per-daemon rdmx counter table of cluster dir's rdmx-stats; fails if
 # no daemon moved packets (transport rdma only).
 counters() {
-  python3 "$HERE/analyze.py" counters "$D/rdmx-stats" "$D/pids" "$D/pids.stopped"
+  python3 "$HERE/analyze.py" counters "$D/rdmx-stats" "$D/pids" "$D/pids.stopped" "$D/pids"
 }
 
 FIO_COMMON=()
@@ -162,11 +163,16 @@ cmd_smoke() {
   fill "$RUN_OUT/fill.json" || die "smoke: fill failed"
   victim=$(primary_of fio.0)
   pid=$(daemon_pid "osd.$victim")
-  run_fio "$RUN_OUT/randread.json" 40 --name=smoke --rw=randread --bs=4k --iodepth=16 \
-    --runtime=10 --time_based --verify=crc32c --continue_on_error=none &
+  # fio verifies a read job's blocks in one pass over the data (time_based is ignored
+  # with verify on reads): 10 s of randread with verify = back-to-back passes (stonewall).
+  local passes=() n
+  for n in $(seq 1 "${SMOKE_PASSES:-12}"); do passes+=(--name="verify$n" --stonewall); done
+  run_fio "$RUN_OUT/randread.json" 60 --rw=randread --bs=4k --iodepth=16 --verify=crc32c \
+    --continue_on_error=none "${passes[@]}" &
   local fio=$!
   BG_PIDS=$fio
   sleep 4
+  alive "$fio" || die "smoke: fio ended before the OSD kill (see $RUN_OUT/randread.json.stderr)"
   kill -KILL "$pid"; KILLED[osd.$victim]=1
   say "killed osd.$victim (pid $pid, primary of fio.0)"
   local rc=0

@@ -1,0 +1,185 @@
+# shellcheck shell=bash
+# ceph-harness/bench.sh: the full runs (bench, failover, rnr), sourced by run.sh after
+# lib.sh. Each run starts a fresh cluster and stops it (trap in run.sh whatever happens).
+
+# results_dir NAME: $OUT or target/ceph-harness/NAME-<time>.
+results_dir() {
+  local r=${OUT:-$ROOT/target/ceph-harness/$1-$(date +%Y%m%d-%H%M%S)}
+  mkdir -p "$r"
+  echo "$r"
+}
+
+# up_for LABEL TRANSPORT PROFILE: a fresh cluster for one measurement.
+up_for() {
+  set_transport "$2" "$3"
+  new_cluster_dir "$1"
+  cluster_up
+}
+
+# fill_fast: every fio file written once with 64 KiB blocks (randread needs data; 1 MiB
+# writes are 64 RDMA chunks each and exhaust the OSDs' SRQs: that is the RNR storm's job).
+fill_fast() {
+  run_fio "$1" "${FILL_TIMEOUT:-240}" --name=fill --rw=write --bs=64k --iodepth=8 ||
+    { tail -20 "$1.stderr" >&2; die "fill failed"; }
+}
+
+# The three jobs of the bench: randread (after the fill), randwrite and 70/30 with crc32c
+# verify (verify_backlog: fio reads back and checks what it wrote during the run).
+JOBS=(randread randwrite mixed)
+job_args() {
+  case $1 in
+    randread) echo "--rw=randread" ;;
+    randwrite) echo "--rw=randwrite --verify=crc32c --verify_backlog=256" ;;
+    mixed) echo "--rw=randrw --rwmixread=70 --verify=crc32c --verify_backlog=256" ;;
+  esac
+}
+
+# bench_one RESULTS ROUND TRANSPORT PROFILE: one cluster, the three jobs, a TSV row each.
+bench_one() {
+  local res=$1 round=$2 tr=$3 prof=$4 label dir job t0 t1 out hz
+  label="$tr-${prof}"
+  dir=$res/raw/r$round-$label
+  mkdir -p "$dir"
+  RUN_OUT=$dir
+  up_for "bench-$label" "$tr" "$prof"
+  fio_common
+  fill_fast "$dir/fill.json"
+  hz=$(getconf CLK_TCK)
+  for job in "${JOBS[@]}"; do
+    # shellcheck disable=SC2207
+    local extra=($(job_args "$job"))
+    t0=$(cpu_ticks $(daemon_pids))
+    run_fio "$dir/$job.json" $((RUNTIME + 60)) --name="$job" "${extra[@]}" --bs=4k --iodepth=32 \
+      --runtime="$RUNTIME" --time_based --continue_on_error=all || say "fio $job: rc $? (counted as errors)"
+    t1=$(cpu_ticks $(daemon_pids))
+    check_daemons || say "a daemon died during $job ($label)"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$tr" "$prof" "$job" "$(( (t1 - t0) ))/$hz" "$dir/$job.json" >>"$res/runs.tsv"
+  done
+  if [ "$tr" = rdma ]; then
+    counters >"$dir/counters.md" || { cat "$dir/counters.md"; say "NO TRAFFIC over rdmx in $label: its rows are refused"; echo "$round $tr $prof" >>"$res/refused"; }
+  fi
+  stop_cluster "$dir"
+}
+
+cmd_bench() {
+  RUNTIME=${RUNTIME:-20}
+  local res configs round i order
+  res=$(results_dir bench)
+  trap on_exit EXIT INT TERM
+  read -r -a configs <<<"${BENCH_CONFIGS:-rdma:ceph-before rdma:ceph-after posix:none}"
+  : >"$res/runs.tsv"
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    # alternate the order: A B C, then C B A, ...
+    order=()
+    for i in "${!configs[@]}"; do order+=("${configs[$i]}"); done
+    if [ $((round % 2)) = 0 ]; then
+      local rev=(); for ((i = ${#order[@]} - 1; i >= 0; i--)); do rev+=("${order[$i]}"); done; order=("${rev[@]}")
+    fi
+    for c in "${order[@]}"; do
+      say "bench round $round: ${c%%:*} ${c#*:}"
+      bench_one "$res" "$round" "${c%%:*}" "${c#*:}"
+    done
+  done
+  python3 "$HERE/analyze.py" table "$res" | tee "$res/table.md"
+  say "bench results: $res"
+}
+
+# ---- failover ---------------------------------------------------------------------------
+
+# failover_one RES CASE RW PROFILE: fresh cluster, fio RW for FO_RUNTIME s, the event at
+# FO_AT s (kill: kill -9 of fio.0's acting primary; blackhole: nft drops its UDP, the
+# process lives), then the timeline facts into CASE dir.
+failover_one() {
+  local res=$1 kind=$2 rw=$3 prof=$4 dir victim vip pid fio ev_ms rc=0
+  dir=$res/$kind-$rw/${prof}
+  mkdir -p "$dir"
+  RUN_OUT=$dir
+  up_for "fo-$kind-$prof" rdma "$prof"
+  FIO_SIZE=64m FIO_NRFILES=16
+  fio_common
+  [ "$rw" = randread ] && fill_fast "$dir/fill.json"
+  victim=$(primary_of fio.0)
+  vip=$(osd_ip "$victim")
+  pid=$(daemon_pid "osd.$victim")
+  ceph_cli pg ls-by-primary "osd.$victim" -f json 2>/dev/null |
+    python3 -c 'import json,sys; d=json.load(sys.stdin); print(len(d["pg_stats"] if isinstance(d,dict) else d))' >"$dir/primary_pgs" || true
+  run_fio "$dir/fio.json" $((FO_RUNTIME + 90)) --name=fo --rw="$rw" --bs=4k --iodepth=32 \
+    --runtime="$FO_RUNTIME" --time_based --continue_on_error=all \
+    --write_iops_log="$dir/fo" --log_avg_msec=100 --log_unix_epoch=1 &
+  fio=$!
+  BG_PIDS=$fio
+  sleep "$FO_AT"
+  ev_ms=$(now_ms)
+  case $kind in
+    kill) kill -KILL "$pid"; KILLED[osd.$victim]=1 ;;
+    blackhole)
+      nft -f - <<EOF
+table inet rdmx_ceph {
+  chain out {
+    type filter hook output priority 0; policy accept;
+    ip saddr $vip meta l4proto udp drop
+    ip daddr $vip meta l4proto udp drop
+  }
+}
+EOF
+      ;;
+  esac
+  say "$kind osd.$victim ($vip, pid $pid) at $ev_ms ($prof, $rw)"
+  wait "$fio" || rc=$?
+  BG_PIDS=""
+  nft delete table inet rdmx_ceph 2>/dev/null || true
+  printf 'victim %s\nvip %s\nevent_ms %s\nfio_rc %s\nkind %s\nrw %s\nprofile %s\n' \
+    "$victim" "$vip" "$ev_ms" "$rc" "$kind" "$rw" "$prof" >"$dir/facts"
+  check_daemons || say "a daemon died besides the victim"
+  counters >"$dir/counters.md" || say "no rdmx traffic?"
+  stop_cluster "$dir"
+}
+
+cmd_failover() {
+  FO_RUNTIME=${FO_RUNTIME:-30}
+  FO_AT=${FO_AT:-6}
+  local res kind rw prof
+  res=$(results_dir failover)
+  trap on_exit EXIT INT TERM
+  for kind in ${FO_KINDS:-kill blackhole}; do
+    for rw in ${FO_RWS:-randread randwrite}; do
+      for prof in ${FO_PROFILES:-ceph-before ceph-after}; do
+        say "failover: $kind $rw $prof"
+        failover_one "$res" "$kind" "$rw" "$prof"
+      done
+    done
+  done
+  python3 "$HERE/analyze.py" failover "$res" | tee "$res/table.md"
+  say "failover results: $res"
+}
+
+# ---- RNR storm ---------------------------------------------------------------------------
+
+# Tiny receive queues on every daemon (RDMA_RECV_QUEUE_LEN receives posted on each SRQ,
+# RDMA_RECV_BUFFERS chunks at most), a randwrite burst at QD 32: receivers run out, the
+# senders see RNR NAKs. rnr_retry 7 / min_rnr_timer 0 (ceph-before) vs 2 / 12 (ceph-after).
+cmd_rnr() {
+  local res prof dir rc
+  res=$(results_dir rnr)
+  trap on_exit EXIT INT TERM
+  for prof in ${RNR_PROFILES:-ceph-before ceph-after}; do
+    dir=$res/$prof
+    mkdir -p "$dir"
+    RUN_OUT=$dir
+    say "rnr storm: $prof (receive_queue_len ${RNR_QUEUE_LEN:-4}, receive_buffers ${RNR_BUFFERS:-8})"
+    RDMA_RECV_QUEUE_LEN=${RNR_QUEUE_LEN:-4} RDMA_RECV_BUFFERS=${RNR_BUFFERS:-8} \
+      up_for "rnr-$prof" rdma "$prof"
+    FIO_SIZE=64m FIO_NRFILES=16
+    fio_common
+    rc=0
+    run_fio "$dir/fio.json" $((${RNR_RUNTIME:-15} + 90)) --name=rnr --rw=randwrite --bs=4k \
+      --iodepth=32 --runtime="${RNR_RUNTIME:-15}" --time_based --continue_on_error=all \
+      --write_iops_log="$dir/fo" --log_avg_msec=100 --log_unix_epoch=1 || rc=$?
+    printf 'fio_rc %s\nprofile %s\n' "$rc" "$prof" >"$dir/facts"
+    check_daemons || say "a daemon died in the RNR storm ($prof)"
+    counters >"$dir/counters.md" || say "no rdmx traffic?"
+    stop_cluster "$dir"
+  done
+  python3 "$HERE/analyze.py" rnr "$res" | tee "$res/table.md"
+  say "rnr results: $res"
+}
