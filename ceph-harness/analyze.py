@@ -282,8 +282,8 @@ def fmt_s(ms):
 
 def cmd_failover(argv):
     res = argv[0]
-    out = ["| case | profile | victim | fio rc | IO errors | baseline IOPS | first RETRY_EXC_ERR (s) | QPs with it | marked down (s) | longest window without completions (s) | back to 50% (s) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| case | profile | victim | fio rc | IO errors | baseline IOPS | first RETRY_EXC_ERR (s) | QPs with it | marked down (s) | longest window without completions (s) | back to 50% (s) | died (not killed) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for case in sorted(glob.glob(os.path.join(res, "*-*"))):
         if not os.path.isdir(case):
@@ -297,7 +297,14 @@ def cmd_failover(argv):
             ser = iops_series(d)
             pre = [v for t, v in ser if t0 - 5000 <= t < t0]
             base = statistics.median(pre) if pre else 0
-            gap, gap_at = gaps_after(ser, t0)
+            # fio logs no bin without completions: the run's end closes the last gap
+            end = int(f.get("end_ms", 0))
+            try:
+                j0 = load_fio(os.path.join(d, "fio.json"))
+                end = min(end or 1 << 62, int(j0.get("timestamp_ms", end)))
+            except (OSError, ValueError):
+                pass
+            gap, gap_at = gaps_after(ser + ([(end, 1)] if end else []), t0)
             rec = None
             zero_seen = False
             for t, v in ser:
@@ -316,7 +323,7 @@ def cmd_failover(argv):
             ev = cluster_events(d, f["victim"], t0)
             down = next((t for t, l in ev if "failed" in l or "marked down" in l or "OSD_DOWN" in l), None)
             out.append(f"| {os.path.basename(case)} | {f['profile']} | osd.{f['victim']} | {f['fio_rc']} | {errs} | "
-                       f"{base:.0f} | {fmt_s(rx_first)} | {rx_qps} | {fmt_s(down)} | {gap / 1000:.2f} | {fmt_s(rec)} |")
+                       f"{base:.0f} | {fmt_s(rx_first)} | {rx_qps} | {fmt_s(down)} | {gap / 1000:.2f} | {fmt_s(rec)} | {f.get('crashed', '?')} |")
             for t, l in ev[:4]:
                 notes.append(f"{os.path.basename(case)} {f['profile']}: +{t / 1000:.2f}s {l}")
             curves.append((f["profile"], ser, t0, rx_first, down))

@@ -80,7 +80,7 @@ cmd_bench() {
       bench_one "$res" "$round" "${c%%:*}" "${c#*:}"
     done
   done
-  python3 "$HERE/analyze.py" table "$res" | tee "$res/table.md"
+  "$PY" "$HERE/analyze.py" table "$res" | tee "$res/table.md"
   say "bench results: $res"
 }
 
@@ -128,16 +128,20 @@ EOF
   wait "$fio" || rc=$?
   BG_PIDS=""
   nft delete table inet rdmx_ceph 2>/dev/null || true
-  printf 'victim %s\nvip %s\nevent_ms %s\nfio_rc %s\nkind %s\nrw %s\nprofile %s\n' \
-    "$victim" "$vip" "$ev_ms" "$rc" "$kind" "$rw" "$prof" >"$dir/facts"
-  check_daemons || say "a daemon died besides the victim"
+  local dead
+  dead=$(check_daemons 2>&1 | awk '{print $1}' | paste -sd, -) || true
+  printf 'victim %s\nvip %s\nevent_ms %s\nfio_rc %s\nkind %s\nrw %s\nprofile %s\nend_ms %s\ncrashed %s\n' \
+    "$victim" "$vip" "$ev_ms" "$rc" "$kind" "$rw" "$prof" "$(now_ms)" "${dead:-none}" >"$dir/facts"
+  [ -z "$dead" ] || say "died during the run (not killed by the harness): $dead"
   counters >"$dir/counters.md" || say "no rdmx traffic?"
   stop_cluster "$dir"
 }
 
 cmd_failover() {
-  FO_RUNTIME=${FO_RUNTIME:-30}
-  FO_AT=${FO_AT:-6}
+  # 35 s: a black hole is detected by heartbeats only (osd_heartbeat_grace 20 s, Ceph's
+  # default), so the run must outlast grace + interval after the event at 4 s.
+  FO_RUNTIME=${FO_RUNTIME:-35}
+  FO_AT=${FO_AT:-4}
   local res kind rw prof
   res=$(results_dir failover)
   trap on_exit EXIT INT TERM
@@ -149,7 +153,7 @@ cmd_failover() {
       done
     done
   done
-  python3 "$HERE/analyze.py" failover "$res" | tee "$res/table.md"
+  "$PY" "$HERE/analyze.py" failover "$res" | tee "$res/table.md"
   say "failover results: $res"
 }
 
@@ -180,6 +184,6 @@ cmd_rnr() {
     counters >"$dir/counters.md" || say "no rdmx traffic?"
     stop_cluster "$dir"
   done
-  python3 "$HERE/analyze.py" rnr "$res" | tee "$res/table.md"
+  "$PY" "$HERE/analyze.py" rnr "$res" | tee "$res/table.md"
   say "rnr results: $res"
 }

@@ -10,6 +10,8 @@
 
 # Addresses: 127.0.13.0/24 is this harness's (issue 13); every daemon and client its own.
 NET=${CEPH_HARNESS_NET:-127.0.13}
+# Debian's python (python3-matplotlib from install-deps.sh), not a python3 earlier in PATH
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
 MON_IP=$NET.1
 MGR_IP=$NET.2
 osd_ip() { echo "$NET.$((10 + $1))"; }
@@ -245,7 +247,7 @@ cpu_ticks() {
   local p s=0
   for p in "$@"; do
     [ -r "/proc/$p/stat" ] || continue
-    s=$((s + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+    s=$((s + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
   done
   echo "$s"
 }

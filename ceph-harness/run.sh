@@ -99,7 +99,7 @@ on_exit() {
 # counters DIR: the per-daemon rdmx counter table of cluster dir's rdmx-stats; fails if
 # no daemon moved packets (transport rdma only).
 counters() {
-  python3 "$HERE/analyze.py" counters "$D/rdmx-stats" "$D/pids" "$D/pids.stopped" "$D/pids"
+  "$PY" "$HERE/analyze.py" counters "$D/rdmx-stats" "$D/pids" "$D/pids.stopped" "$D/pids"
 }
 
 FIO_COMMON=()
@@ -178,7 +178,7 @@ cmd_smoke() {
   local rc=0
   wait "$fio" || rc=$?
   BG_PIDS=""
-  python3 "$HERE/analyze.py" fio-check "$RUN_OUT/fill.json" "$RUN_OUT/randread.json" || rc=1
+  "$PY" "$HERE/analyze.py" fio-check "$RUN_OUT/fill.json" "$RUN_OUT/randread.json" || rc=1
   [ "$rc" = 0 ] || { tail -20 "$RUN_OUT/randread.json.stderr" >&2; die "smoke: fio failed (rc $rc)"; }
   check_daemons || die "smoke: a daemon crashed (logs in $RUN_OUT/log)"
   counters || die "smoke: the rdmx counters show no traffic"
