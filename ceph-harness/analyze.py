@@ -133,6 +133,20 @@ def cmd_counters(argv):
 
 # ---- bench table ---------------------------------------------------------------------
 
+def crashes(run_dir):
+    """Daemons of one cluster that crashed: {name: first crash line} from their logs."""
+    out = {}
+    for f in sorted(glob.glob(os.path.join(run_dir, "log", "*.log"))):
+        name = os.path.basename(f)[:-4]
+        if name.startswith("client") or name == "cluster":
+            continue
+        for line in open(f, errors="replace"):
+            if "FAILED ceph_assert" in line or "Caught signal" in line:
+                out[name] = line.strip()[:160]
+                break
+    return out
+
+
 def job_metrics(doc, job):
     j = doc["jobs"][0]
     r, w = j["read"], j["write"]
@@ -173,13 +187,14 @@ def cmd_table(argv):
             rows.setdefault((tr, prof, job), []).append({"iops": 0, "ios": 0, "p50": 0, "p99": 0, "p999": 0, "errors": 1, "cpu_us": 0})
             continue
         m = job_metrics(doc, job)
+        m["crashed"] = crashes(os.path.dirname(path))
         t, hz = ticks.split("/")
         daemon_s = int(t) / int(hz)
         m["cpu_us"] = (daemon_s + m["client_cpu_s"]) / m["ios"] * 1e6 if m["ios"] else 0
         rows.setdefault((tr, prof, job), []).append(m)
     jobs = ["randread", "randwrite", "mixed"]
-    out = ["| job | transport | profile | rounds | IOPS (median) | p50 us | p99 us | p99.9 us | CPU us/IO | IO errors |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| job | transport | profile | rounds | IOPS (median) | p50 us | p99 us | p99.9 us | CPU us/IO | IO errors | rounds with a daemon crash |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for job in jobs:
         for (tr, prof, j), ms in sorted(rows.items()):
             if j != job:
@@ -187,7 +202,7 @@ def cmd_table(argv):
             out.append(f"| {job} | {tr} | {prof} | {len(ms)} | {med([m['iops'] for m in ms]):.0f} | "
                        f"{med([m['p50'] for m in ms]):.0f} | {med([m['p99'] for m in ms]):.0f} | "
                        f"{med([m['p999'] for m in ms]):.0f} | {med([m['cpu_us'] for m in ms]):.0f} | "
-                       f"{sum(m['errors'] for m in ms)} |")
+                       f"{sum(m['errors'] for m in ms)} | {sum(1 for m in ms if m.get('crashed'))} |")
     out.append("")
     out.append("Ratios (medians; IOPS ratio, p99 ratio):")
     for job in jobs:
@@ -204,6 +219,15 @@ def cmd_table(argv):
                 out.append(f"- {job}: {a[0]}/{a[1]} vs {b[0]}/{b[1]}: IOPS x{x[0] / y[0]:.2f}, p99 x{x[1] / y[1]:.2f}")
     if refused:
         out.append(f"Refused (no rdmx traffic in the counters): {sorted(refused)}")
+    seen = set()
+    for line in open(os.path.join(res, "runs.tsv")):
+        p = line.rstrip("\n").split("\t")
+        d = os.path.dirname(p[5])
+        if d in seen:
+            continue
+        seen.add(d)
+        for name, l in crashes(d).items():
+            out.append(f"- crash in {os.path.basename(d)}: {name}: {l}")
     print("\n".join(out))
     return 0
 

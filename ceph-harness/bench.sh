@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034  # KILLED, FIO_SIZE, FIO_NRFILES, RUN_OUT, BG_PIDS are run.sh's
 # ceph-harness/bench.sh: the full runs (bench, failover, rnr), sourced by run.sh after
 # lib.sh. Each run starts a fresh cluster and stops it (trap in run.sh whatever happens).
 
@@ -9,11 +10,22 @@ results_dir() {
   echo "$r"
 }
 
-# up_for LABEL TRANSPORT PROFILE: a fresh cluster for one measurement.
+# up_for LABEL TRANSPORT PROFILE: a fresh cluster for one measurement. A start that fails
+# (a hung `ceph` call, a daemon dead at start) is kept in $RUN_OUT/failed-start-N and tried
+# once more.
 up_for() {
-  set_transport "$2" "$3"
-  new_cluster_dir "$1"
-  cluster_up
+  local try
+  for try in 1 2; do
+    set_transport "$2" "$3"
+    new_cluster_dir "$1"
+    # a background subshell: `die` ends it alone, and errexit stays on inside (it would
+    # not in an `if` condition)
+    cluster_up &
+    if wait "$!"; then return 0; fi
+    say "cluster start $try failed ($2 $3); logs in ${RUN_OUT:-?}/failed-start-$try"
+    stop_cluster "${RUN_OUT:-/tmp}/failed-start-$try"
+  done
+  die "the cluster did not start twice ($2 $3)"
 }
 
 # fill_fast: every fio file written once with 64 KiB blocks (randread needs data; 1 MiB
@@ -36,7 +48,7 @@ job_args() {
 
 # bench_one RESULTS ROUND TRANSPORT PROFILE: one cluster, the three jobs, a TSV row each.
 bench_one() {
-  local res=$1 round=$2 tr=$3 prof=$4 label dir job t0 t1 out hz
+  local res=$1 round=$2 tr=$3 prof=$4 label dir job t0 t1 hz pids
   label="$tr-${prof}"
   dir=$res/raw/r$round-$label
   mkdir -p "$dir"
@@ -48,12 +60,13 @@ bench_one() {
   for job in "${JOBS[@]}"; do
     # shellcheck disable=SC2207
     local extra=($(job_args "$job"))
-    t0=$(cpu_ticks $(daemon_pids))
+    mapfile -t pids < <(daemon_pids)
+    t0=$(cpu_ticks "${pids[@]}")
     run_fio "$dir/$job.json" $((RUNTIME + 60)) --name="$job" "${extra[@]}" --bs=4k --iodepth=32 \
       --runtime="$RUNTIME" --time_based --continue_on_error=all || say "fio $job: rc $? (counted as errors)"
-    t1=$(cpu_ticks $(daemon_pids))
+    t1=$(cpu_ticks "${pids[@]}")
     check_daemons || say "a daemon died during $job ($label)"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$tr" "$prof" "$job" "$(( (t1 - t0) ))/$hz" "$dir/$job.json" >>"$res/runs.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$tr" "$prof" "$job" "$(( t1 - t0 ))/$hz" "$dir/$job.json" >>"$res/runs.tsv"
   done
   if [ "$tr" = rdma ]; then
     counters >"$dir/counters.md" || { cat "$dir/counters.md"; say "NO TRAFFIC over rdmx in $label: its rows are refused"; echo "$round $tr $prof" >>"$res/refused"; }
@@ -94,7 +107,7 @@ failover_one() {
   dir=$res/$kind-$rw/${prof}
   mkdir -p "$dir"
   RUN_OUT=$dir
-  up_for "fo-$kind-$prof" rdma "$prof"
+  if [ "$prof" = posix ]; then up_for "fo-$kind-posix" posix none; else up_for "fo-$kind-$prof" rdma "$prof"; fi
   FIO_SIZE=64m FIO_NRFILES=16
   fio_common
   [ "$rw" = randread ] && fill_fast "$dir/fill.json"
@@ -111,14 +124,17 @@ failover_one() {
   sleep "$FO_AT"
   ev_ms=$(now_ms)
   case $kind in
-    kill) kill -KILL "$pid"; KILLED[osd.$victim]=1 ;;
+    kill) kill -KILL "$pid"; KILLED["osd.$victim"]=1 ;;
     blackhole)
+      # rdma: the OSD's RoCEv2 (UDP) only, its TCP side channel stays; posix: its TCP
+      local match="meta l4proto udp"
+      [ "$prof" = posix ] && match="meta l4proto tcp"
       nft -f - <<EOF
 table inet rdmx_ceph {
   chain out {
     type filter hook output priority 0; policy accept;
-    ip saddr $vip meta l4proto udp drop
-    ip daddr $vip meta l4proto udp drop
+    ip saddr $vip $match drop
+    ip daddr $vip $match drop
   }
 }
 EOF
@@ -133,7 +149,7 @@ EOF
   printf 'victim %s\nvip %s\nevent_ms %s\nfio_rc %s\nkind %s\nrw %s\nprofile %s\nend_ms %s\ncrashed %s\n' \
     "$victim" "$vip" "$ev_ms" "$rc" "$kind" "$rw" "$prof" "$(now_ms)" "${dead:-none}" >"$dir/facts"
   [ -z "$dead" ] || say "died during the run (not killed by the harness): $dead"
-  counters >"$dir/counters.md" || say "no rdmx traffic?"
+  [ "$prof" = posix ] || counters >"$dir/counters.md" || say "no rdmx traffic?"
   stop_cluster "$dir"
 }
 
@@ -147,7 +163,7 @@ cmd_failover() {
   trap on_exit EXIT INT TERM
   for kind in ${FO_KINDS:-kill blackhole}; do
     for rw in ${FO_RWS:-randread randwrite}; do
-      for prof in ${FO_PROFILES:-ceph-before ceph-after}; do
+      for prof in ${FO_PROFILES:-ceph-before ceph-after posix}; do
         say "failover: $kind $rw $prof"
         failover_one "$res" "$kind" "$rw" "$prof"
       done

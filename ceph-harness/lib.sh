@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034  # NET, FIO_IP, PY, RDMA_* are used by run.sh and bench.sh
 # ceph-harness/lib.sh: a single-host Ceph cluster (1 mon, 1 mgr, N memstore OSDs, auth
 # none, no systemd) whose daemons and clients each run on their own loopback address,
 # under `rdmx-ibv exec` (transport rdma: ms_type async+rdma on the rdmx0 device) or
@@ -143,7 +144,12 @@ start_daemon() {
   disown "$!"   # no job notices when the harness kills it
 }
 
-alive() { [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat")" != Z ]; }
+# alive PID: running and not a zombie (a pid gone between the two reads counts as dead).
+alive() {
+  local st
+  st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ -n "$st" ] && [ "$st" != Z ]
+}
 
 daemon_pid() { awk -v n="$1" '$1 == n { p = $2 } END { print p }' "$D/pids"; }
 
@@ -209,7 +215,7 @@ cluster_up() {
     sleep 1
   done
   pgs_state >/dev/null || die "PGs not active+clean after 90 s: $out"
-  say "cluster up ($TRANSPORT${PROFILE:+, profile $PROFILE}) in $(( ($(now_ms) - t0) )) ms: $out (health pgs active+clean osds_up)"
+  say "cluster up ($TRANSPORT${PROFILE:+, profile $PROFILE}) in $(( $(now_ms) - t0 )) ms: $out (health pgs active+clean osds_up)"
 }
 
 # cluster_down: SIGTERM every recorded daemon, SIGKILL after 1 s (memstore data is thrown
@@ -226,7 +232,9 @@ cluster_down() {
     [ $n = 0 ] && break
     sleep 0.1
   done
-  for p in "${pids[@]}"; do alive "$p" && kill -KILL "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do
+    if alive "$p"; then kill -KILL "$p" 2>/dev/null || true; fi
+  done
   # Wait for the kills to land (the addresses' UDP ports must be free for the next cluster).
   for _ in $(seq 1 50); do
     local n=0 p

@@ -58,6 +58,7 @@ set_transport() {
       if [ -n "$PROFILE" ]; then
         # The profile's timeout/rnr_retry/min_rnr_timer (retry_cnt: rdmx's 7, as Ceph's)
         # replace the values Ceph hard-codes in ibv_modify_qp.
+        # shellcheck disable=SC2054  # the commas are the value's
         RDMX_ARGS=(--profile "$PROFILE" --set qp_override=timeout,retry_cnt,rnr_retry,min_rnr_timer)
       fi
       RDMX_ARGS+=(${RDMX_EXTRA:+"${RDMX_EXTRA[@]}"}) ;;
@@ -104,6 +105,7 @@ counters() {
 
 FIO_COMMON=()
 fio_common() {
+  # shellcheck disable=SC2016  # fio expands $filenum
   FIO_COMMON=(--ioengine=rados --conf="$CONF" --clientname=admin --pool="$POOL"
     --size="${FIO_SIZE:-256m}" --nrfiles="${FIO_NRFILES:-64}" --filename_format='fio.$filenum'
     --output-format=json)
@@ -139,7 +141,7 @@ cmd_down() {
   [ -e "$STATE" ] || { echo "no cluster up"; return 0; }
   read -r D TRANSPORT _ <"$STATE"
   CONF=$D/ceph.conf
-  [ -d "$D" ] && counters || true
+  if [ -d "$D" ]; then counters || true; fi
   stop_cluster
   rm -f "$STATE"
   echo "cluster down"
@@ -173,7 +175,7 @@ cmd_smoke() {
   BG_PIDS=$fio
   sleep 4
   alive "$fio" || die "smoke: fio ended before the OSD kill (see $RUN_OUT/randread.json.stderr)"
-  kill -KILL "$pid"; KILLED[osd.$victim]=1
+  kill -KILL "$pid"; KILLED["osd.$victim"]=1
   say "killed osd.$victim (pid $pid, primary of fio.0)"
   local rc=0
   wait "$fio" || rc=$?
@@ -186,16 +188,19 @@ cmd_smoke() {
   say "smoke passed in $(( ($(now_ms) - t0) / 1000 )) s"
 }
 
+# shellcheck source=ceph-harness/bench.sh
+load_bench() { . "$HERE/bench.sh"; }
+
 main() {
   local cmd=${1:-}; [ $# -gt 0 ] && shift
   case $cmd in
     up) cmd_up "$@" ;;
     down) cmd_down ;;
     smoke) cmd_smoke ;;
-    bench) ensure_deps; . "$HERE/bench.sh"; cmd_bench ;;
-    failover) ensure_deps; . "$HERE/bench.sh"; cmd_failover ;;
-    rnr) ensure_deps; . "$HERE/bench.sh"; cmd_rnr ;;
-    all) ensure_deps; . "$HERE/bench.sh"; cmd_bench; cmd_failover; cmd_rnr ;;
+    bench) ensure_deps; load_bench; cmd_bench ;;
+    failover) ensure_deps; load_bench; cmd_failover ;;
+    rnr) ensure_deps; load_bench; cmd_rnr ;;
+    all) ensure_deps; load_bench; cmd_bench; cmd_failover; cmd_rnr ;;
     -h|--help|help|"") usage ;;
     *) echo "unknown subcommand $cmd" >&2; usage ;;
   esac
