@@ -329,14 +329,16 @@ def cmd_failover(argv):
             except (OSError, ValueError):
                 pass
             gap, gap_at = gaps_after(ser + ([(end, 1)] if end else []), t0)
+            # back to 50 % of the baseline after having dropped below 10 % (bins without
+            # a log line had no completions: 0)
+            grid = dict(ser)
             rec = None
             zero_seen = False
-            for t, v in ser:
-                if t < t0:
-                    continue
+            for t in range(t0 // 100 * 100, (end or (ser[-1][0] if ser else t0)) + 100, 100):
+                v = grid.get(t, 0)
                 if v < 0.1 * base:
                     zero_seen = True
-                if zero_seen and v >= 0.5 * base:
+                elif zero_seen and v >= 0.5 * base:
                     rec = t - t0
                     break
             try:

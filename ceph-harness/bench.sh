@@ -175,19 +175,21 @@ cmd_failover() {
 
 # ---- RNR storm ---------------------------------------------------------------------------
 
-# Tiny receive queues on every daemon (RDMA_RECV_QUEUE_LEN receives posted on each SRQ,
-# RDMA_RECV_BUFFERS chunks at most), a randwrite burst at QD 32: receivers run out, the
-# senders see RNR NAKs. rnr_retry 7 / min_rnr_timer 0 (ceph-before) vs 2 / 12 (ceph-after).
+# Small receive queues on the OSDs only (RNR_QUEUE_LEN receives posted on each OSD's SRQ,
+# RNR_BUFFERS receive chunks at most; mon, mgr and clients keep theirs: with 4/8 everywhere
+# the cluster does not even start, `ceph osd new` hangs), then a 4 KiB randwrite burst at
+# QD 32: the OSDs' SRQs run dry, senders get RNR NAKs. ceph-before (rnr_retry 7 = forever,
+# min_rnr_timer 0 = 655 ms) vs ceph-after (2, 12 = 0.64 ms).
 cmd_rnr() {
-  local res prof dir rc
+  local res prof dir rc ql=${RNR_QUEUE_LEN:-8} nb=${RNR_BUFFERS:-32}
   res=$(results_dir rnr)
   trap on_exit EXIT INT TERM
   for prof in ${RNR_PROFILES:-ceph-before ceph-after}; do
     dir=$res/$prof
     mkdir -p "$dir"
     RUN_OUT=$dir
-    say "rnr storm: $prof (receive_queue_len ${RNR_QUEUE_LEN:-4}, receive_buffers ${RNR_BUFFERS:-8})"
-    RDMA_RECV_QUEUE_LEN=${RNR_QUEUE_LEN:-4} RDMA_RECV_BUFFERS=${RNR_BUFFERS:-8} \
+    say "rnr storm: $prof (OSDs: receive_queue_len $ql, receive_buffers $nb)"
+    OSD_EXTRA_CONF="ms_async_rdma_receive_queue_len = $ql"$'\n'"ms_async_rdma_receive_buffers = $nb" \
       up_for "rnr-$prof" rdma "$prof"
     FIO_SIZE=64m FIO_NRFILES=16
     fio_common
@@ -195,7 +197,7 @@ cmd_rnr() {
     run_fio "$dir/fio.json" $((${RNR_RUNTIME:-15} + 90)) --name=rnr --rw=randwrite --bs=4k \
       --iodepth=32 --runtime="${RNR_RUNTIME:-15}" --time_based --continue_on_error=all \
       --write_iops_log="$dir/fo" --log_avg_msec=100 --log_unix_epoch=1 || rc=$?
-    printf 'fio_rc %s\nprofile %s\n' "$rc" "$prof" >"$dir/facts"
+    printf 'fio_rc %s\nprofile %s\nqueue_len %s\nbuffers %s\n' "$rc" "$prof" "$ql" "$nb" >"$dir/facts"
     check_daemons || say "a daemon died in the RNR storm ($prof)"
     counters >"$dir/counters.md" || say "no rdmx traffic?"
     stop_cluster "$dir"
