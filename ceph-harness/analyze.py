@@ -321,14 +321,20 @@ def cmd_failover(argv):
             ser = iops_series(d)
             pre = [v for t, v in ser if t0 - 5000 <= t < t0]
             base = statistics.median(pre) if pre else 0
-            # fio logs no bin without completions: the run's end closes the last gap
+            # fio logs no bin without completions: the end of the timed run (first bin +
+            # runtime) closes the last gap; what fio waited for after it is not counted
             end = int(f.get("end_ms", 0))
             try:
                 j0 = load_fio(os.path.join(d, "fio.json"))
-                end = min(end or 1 << 62, int(j0.get("timestamp_ms", end)))
-            except (OSError, ValueError):
+                opts = dict(j0.get("global options", {}))
+                opts.update(j0["jobs"][0].get("job options", {}))
+                rt = int(str(opts.get("runtime", "0")).rstrip("s") or 0)
+                if ser and rt:
+                    end = min(end or 1 << 62, ser[0][0] + rt * 1000)
+            except (OSError, ValueError, KeyError, IndexError):
                 pass
-            gap, gap_at = gaps_after(ser + ([(end, 1)] if end else []), t0)
+            ser = [(t, v) for t, v in ser if not end or t <= end]
+            gap, gap_at = gaps_after(sorted(ser + ([(end, 1)] if end else [])), t0)
             # back to 50 % of the baseline after having dropped below 10 % (bins without
             # a log line had no completions: 0)
             grid = dict(ser)
