@@ -404,8 +404,8 @@ def plot(case, curves):
 
 def cmd_rnr(argv):
     res = argv[0]
-    out = ["| profile | write IOPS | p50 us | p99 us | p99.9 us | IO errors | RNR NAKs sent | RNR NAKs received | RNR_RETRY_EXC_ERR | retransmits | longest window without completions (s) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| profile | write IOPS | p50 us | p99 us | p99.9 us | IO errors | RNR NAKs sent | RNR NAKs received | RNR_RETRY_EXC_ERR | retransmits | longest window without completions (s) | daemons crashed |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     curves = []
     for d in sorted(glob.glob(os.path.join(res, "*"))):
         f = read_facts(d)
@@ -418,9 +418,19 @@ def cmd_rnr(argv):
         c = load_counters(os.path.join(d, "rdmx-stats"), [os.path.join(d, "pids"), os.path.join(d, "pids.stopped")])
         tot = lambda k: sum(v.get(k, 0) for v in c.values())
         ser = iops_series(d)
-        gap, _ = gaps_after(ser, ser[0][0] if ser else 0)
+        end = 0
+        try:
+            j0 = load_fio(os.path.join(d, "fio.json"))
+            opts = dict(j0.get("global options", {}))
+            opts.update(j0["jobs"][0].get("job options", {}))
+            rt = int(str(opts.get("runtime", "0")).rstrip("s") or 0)
+            end = ser[0][0] + rt * 1000 if ser and rt else 0
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+        ser = [(t, v) for t, v in ser if not end or t <= end]
+        gap, _ = gaps_after(sorted(ser + ([(end, 1)] if end else [])), ser[0][0] if ser else 0)
         out.append(f"| {f['profile']} | {m['iops']:.0f} | {m['p50']:.0f} | {m['p99']:.0f} | {m['p999']:.0f} | {m['errors']} | "
-                   f"{tot('rnr_naks_sent')} | {tot('rnr_naks_received')} | {tot('wc_status_13')} | {tot('retransmits')} | {gap / 1000:.2f} |")
+                   f"{tot('rnr_naks_sent')} | {tot('rnr_naks_received')} | {tot('wc_status_13')} | {tot('retransmits')} | {gap / 1000:.2f} | {','.join(sorted(crashes(d))) or 'none'} |")
         if ser:
             curves.append((f["profile"], ser, ser[0][0], None, None))
     print("\n".join(out))
