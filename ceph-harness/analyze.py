@@ -368,7 +368,7 @@ def cmd_failover(argv):
     return 0
 
 
-def plot(case, curves):
+def plot(case, curves, title=None, event_label="event"):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -385,15 +385,16 @@ def plot(case, curves):
         grid = dict(ser)
         xs = [(t - t0) / 1000 for t in range(start, end + 100, 100)]
         ys = [grid.get(t, 0) for t in range(start, end + 100, 100)]
-        ax.plot(xs, ys, color=c, lw=1, label=f"{prof}")
+        ax.plot(xs, ys, color=c, lw=1, label=f"{prof} ({len(ser)} bins with completions)",
+                marker="o" if len(ser) < 40 else None, ms=3)
         if rx is not None:
             ax.axvline(rx / 1000, color=c, ls=":", lw=1.2, label=f"{prof}: first RETRY_EXC_ERR (+{rx / 1000:.2f}s)")
         if down is not None:
             ax.axvline(down / 1000, color=c, ls="--", lw=1.2, label=f"{prof}: OSD marked down (+{down / 1000:.2f}s)")
-    ax.axvline(0, color="black", lw=1.5, label="event")
-    ax.set_xlabel("seconds since the event")
+    ax.axvline(0, color="black", lw=1.5, label=event_label)
+    ax.set_xlabel(f"seconds since the {event_label}")
     ax.set_ylabel("IOPS (100 ms bins)")
-    ax.set_title(f"Ceph async+rdma over rdmx: {os.path.basename(case)}")
+    ax.set_title(title or f"Ceph async+rdma over rdmx: {os.path.basename(case)}")
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -435,7 +436,9 @@ def cmd_rnr(argv):
             curves.append((f["profile"], ser, ser[0][0], None, None))
     print("\n".join(out))
     if curves:
-        plot(res, curves)
+        qs = {read_facts(d).get("queue_len") for d in glob.glob(os.path.join(res, "*"))} - {None}
+        plot(res, curves, title=f"Ceph async+rdma over rdmx: RNR storm (OSD SRQ {', '.join(sorted(qs))}), 4K randwrite QD32",
+             event_label="first completion")
     return 0
 
 

@@ -108,7 +108,7 @@ fio_common() {
   # shellcheck disable=SC2016  # fio expands $filenum
   FIO_COMMON=(--ioengine=rados --conf="$CONF" --clientname=admin --pool="$POOL"
     --size="${FIO_SIZE:-256m}" --nrfiles="${FIO_NRFILES:-64}" --filename_format='fio.$filenum'
-    --output-format=json)
+    --output-format=json --verify_state_save=0)
 }
 
 # run_fio OUTFILE TIMEOUT_S ARGS...: fio on FIO_IP under launch, killed after TIMEOUT_S.
