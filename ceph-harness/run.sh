@@ -134,14 +134,18 @@ cmd_up() {
   trap - INT TERM
   printf '%s %s %s\n' "$D" "$TRANSPORT" "${PROFILE:-none}" >"$STATE"
   echo "cluster: $D (transport $TRANSPORT, profile ${PROFILE:-none}); CEPH_CONF=$CONF"
-  echo "clients: $RDMX_IBV exec --ip $NET.2xx ${RDMX_ARGS[*]} -- rados -c $CONF ..."
+  if [ "$TRANSPORT" = rdma ]; then
+    echo "clients: $RDMX_IBV exec --ip $NET.2xx ${RDMX_ARGS[*]} -- rados -c $CONF ... (one address per process)"
+  else
+    echo "clients: rados -c $CONF ..."
+  fi
 }
 
 cmd_down() {
   [ -e "$STATE" ] || { echo "no cluster up"; return 0; }
   read -r D TRANSPORT _ <"$STATE"
   CONF=$D/ceph.conf
-  if [ -d "$D" ]; then counters || true; fi
+  if [ -d "$D" ] && [ "$TRANSPORT" = rdma ]; then counters || true; fi
   stop_cluster
   rm -f "$STATE"
   echo "cluster down"
@@ -153,6 +157,7 @@ cmd_down() {
 cmd_smoke() {
   ensure_deps
   local t0 out victim pid
+  [ -e "$STATE" ] && die "a cluster from run.sh up uses the harness's addresses ($(cat "$STATE")): run.sh down first"
   t0=$(now_ms)
   RUN_OUT=${OUT:-$ROOT/target/ceph-harness/smoke}
   rm -rf "$RUN_OUT"; mkdir -p "$RUN_OUT"
@@ -197,10 +202,15 @@ main() {
     up) cmd_up "$@" ;;
     down) cmd_down ;;
     smoke) cmd_smoke ;;
-    bench) ensure_deps; load_bench; cmd_bench ;;
-    failover) ensure_deps; load_bench; cmd_failover ;;
-    rnr) ensure_deps; load_bench; cmd_rnr ;;
-    all) ensure_deps; load_bench; cmd_bench; cmd_failover; cmd_rnr ;;
+    bench|failover|rnr|all)
+      [ -e "$STATE" ] && die "a cluster from run.sh up uses the harness's addresses: run.sh down first"
+      ensure_deps; load_bench
+      case $cmd in
+        bench) cmd_bench ;;
+        failover) cmd_failover ;;
+        rnr) cmd_rnr ;;
+        all) cmd_bench; cmd_failover; cmd_rnr ;;
+      esac ;;
     -h|--help|help|"") usage ;;
     *) echo "unknown subcommand $cmd" >&2; usage ;;
   esac
