@@ -15,6 +15,10 @@ PKGS=(
   ibverbs-utils perftest           # rdmx-ibv: unmodified verbs programs (ibv_devinfo, ibv_rc_pingpong, ib_*_bw/lat)
   cmake ninja-build                # rdmx-ibv: configure the vendored rdma-core headers for the ABI layout test
   util-linux                       # rdmx-ibv: unshare(1)/mount(8) used by the launcher's tests' checks
+  ceph-mon ceph-osd ceph-mgr ceph-common  # ceph-harness/: a real Ceph cluster (async+rdma over rdmx-ibv, async+posix)
+  fio                              # ceph-harness/: fio's rados engine (4K random read/write, verify)
+  python3-matplotlib               # ceph-harness/: IOPS-over-time PNGs (failover, RNR storm)
+  uuid-runtime                     # ceph-harness/: uuidgen for the cluster fsid and OSD uuids
 )
 
 missing=()

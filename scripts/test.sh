@@ -38,5 +38,14 @@ fi
 step "ffi-tests (C and C++ under ASan+UBSan and valgrind)"
 "$root/ffi-tests/run.sh"
 
+# A real Ceph cluster (Debian's ceph 16.2: 1 mon, 1 mgr, 3 memstore OSDs) on async+rdma,
+# every daemon and client under rdmx-ibv exec: 10 s of fio randread with crc32c verify
+# while an OSD is killed; fails on any IO error, hang (every step has a deadline) or
+# daemon crash, or if rdmx's counters show no traffic. Under 3 minutes.
+step "ceph-harness smoke (cargo build --release -p rdmx-ibv; ceph-harness/run.sh smoke)"
+cargo build --release -p rdmx-ibv
+# TERM at 240 s lets the harness stop the cluster from its trap; KILL 15 s later.
+timeout -k 15 240 "$root/ceph-harness/run.sh" smoke
+
 echo
 echo "==== all tests passed"

@@ -192,9 +192,8 @@ fn retry_exc_err_when_the_peer_device_is_gone() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     let w = wait_wc(&a.rcq);
     assert_eq!((w.wr_id, w.status), (7, WcStatus::WrFlushErr as u32));
-    assert_eq!(
-        async_event(&a.dev, WAIT),
-        Some((a.qp.handle(), event_type::QP_FATAL))
-    );
+    // Reported by the completion only, as NICs and rxe do: no QP_FATAL (Ceph's handler
+    // of it crashes on a QP it already destroyed after the error completion).
+    assert_eq!(async_event(&a.dev, Duration::from_millis(200)), None);
     assert_eq!(a.qp.state(), QpState::Err);
 }

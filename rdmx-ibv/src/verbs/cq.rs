@@ -217,7 +217,11 @@ impl Cq {
             let n = self.soft.poll(&mut buf[..want]);
             for (o, w) in out[done..done + n].iter_mut().zip(&buf[..n]) {
                 *o = WorkCompletion::from_soft(w);
+                if o.status != 0 {
+                    super::stats::wc_error(o.status, o.qp_num);
+                }
             }
+            super::stats::wc_polled(n);
             done += n;
             if n < want {
                 break;

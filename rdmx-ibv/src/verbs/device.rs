@@ -162,13 +162,15 @@ impl Device {
         };
         let soft = SoftDevice::open(settings, &[ip])?;
         log::info!(target: "rdmx::ibv", "rdmx0 on {} (progress={:?})", soft.udp_addr(), settings.progress);
-        Ok(Arc::new(Device {
+        let dev = Arc::new(Device {
             soft,
             events: Arc::new(AsyncEvents::new()?),
             ip,
             qps: AtomicU64::new(0),
             overrides: AtomicU64::new(0),
-        }))
+        });
+        super::stats::device_opened(&dev);
+        Ok(dev)
     }
 
     /// The soft device underneath.

@@ -25,6 +25,7 @@ pub mod events;
 pub mod pd;
 pub mod qp;
 pub mod srq;
+pub mod stats;
 mod sys;
 
 pub use cq::{CompChannel, Cq, WorkCompletion};

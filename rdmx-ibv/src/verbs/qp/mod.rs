@@ -186,6 +186,7 @@ impl Qp {
             }
         });
         soft.attach_verbs(init.srq.as_ref().map(|s| Arc::clone(&s.soft)), hook)?;
+        super::stats::qp_created(&soft);
         pd.users.fetch_add(1, Ordering::AcqRel);
         init.send_cq.qps.fetch_add(1, Ordering::AcqRel);
         init.recv_cq.qps.fetch_add(1, Ordering::AcqRel);
@@ -469,6 +470,7 @@ impl Qp {
             return;
         }
         let dev = &self.pd.dev;
+        super::stats::qp_destroyed(&self.soft);
         dev.soft.destroy_qp(self.soft.qpn());
         self.soft.discard_all(dev.soft.mrs());
         if let Some(a) = self.send.lock().arena.take() {

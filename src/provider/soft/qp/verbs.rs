@@ -19,8 +19,9 @@ use crate::rc::{QpAttr, RecvWr};
 /// Why the hook of [`SoftQp::attach_verbs`] runs: the QP entered ERR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpErrorEvent {
-    /// The QP went to ERR by itself (retries exhausted, a NAK, a CQ overrun, the peer's
-    /// error), not by the application's modify: verbs' IBV_EVENT_QP_FATAL.
+    /// The QP went to ERR by itself (a NAK, a CQ overrun, the peer's error), not by the
+    /// application's modify, nor by exhausted retries (the failed WR's completion says
+    /// RETRY_EXC_ERR/RNR_RETRY_EXC_ERR): verbs' IBV_EVENT_QP_FATAL.
     pub fatal: bool,
     /// The QP takes its receives from an SRQ: verbs' IBV_EVENT_QP_LAST_WQE_REACHED (its
     /// WQEs are flushed by the time the hook runs).
@@ -207,7 +208,11 @@ impl SoftQp {
             return;
         }
         (h.on_error)(QpErrorEvent {
-            fatal: !h.by_app.load(Ordering::Acquire),
+            // Retries exhausted (RETRY_EXC_ERR, RNR_RETRY_EXC_ERR) are reported by the
+            // failed WR's completion, as NICs and rxe do, not by an async event as well:
+            // Ceph's QP_FATAL handler dereferences its QP without a check, and by the time
+            // it reads the event it has faulted and destroyed that QP (segfault).
+            fatal: !h.by_app.load(Ordering::Acquire) && g.qp.failure().is_none(),
             last_wqe: h.srq.is_some(),
         });
     }
