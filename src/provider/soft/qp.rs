@@ -421,6 +421,13 @@ impl SoftQp {
                 }
             }
         }
+        if posted == 0 {
+            // Refused outright (a full send queue, a bad WR): nothing changed in the engine,
+            // and a caller retrying a refused post in a loop must not do transmit work
+            // (retransmissions, the backlog) on every try; the device's timers do that.
+            self.publish_deadline(&g);
+            return (posted, err);
+        }
         // Send at once from the caller's thread: lowest latency, no wakeup needed.
         let view = mrs.view();
         self.drive_locked(&mut g, &view, now);
