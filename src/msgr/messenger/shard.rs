@@ -1014,6 +1014,10 @@ impl Core {
         Ok(())
     }
 
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
     pub fn udp_port(&self) -> u16 {
         self.ctx.udp_addr().port()
     }
