@@ -1,0 +1,29 @@
+//! Block IO over the messenger: a target serving volumes (`target`), a client (`client`),
+//! and the protocol they speak (`proto`). Design and measurements: `docs/block.md`.
+//!
+//! One request message per IO (`proto::MSG_REQ`, a 40-byte front, write data as one data
+//! segment) and one reply per request (`proto::MSG_REPLY`, read data as one data segment).
+//! Memory volumes also expose their region for one-sided RDMA READ/WRITE by the client
+//! (`Mode::Read`), through a plain connection to a second listener of the target.
+
+pub mod client;
+pub mod proto;
+pub mod target;
+
+pub use client::{BlkClient, Completion, Mode, Req, VolumeInfo};
+pub use proto::Op;
+pub use target::{Target, VolumeSpec};
+
+use crate::config::{Config, Source};
+
+/// The block path's defaults, on keys nobody set: `soft_port = 0` (a target and its
+/// clients, each with two contexts, share hosts) and `path_mtu = 4096` (clamped per
+/// connection to the link's MTU).
+pub fn apply_defaults(cfg: &mut Config) -> crate::error::Result<()> {
+    for (k, v) in [("soft_port", "0"), ("path_mtu", "4096")] {
+        if cfg.source(k)? == Source::Default {
+            cfg.set(k, v)?;
+        }
+    }
+    Ok(())
+}
