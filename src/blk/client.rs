@@ -258,6 +258,8 @@ pub struct BlkClient {
     caller_driven: bool,
     next_id: u64,
     one: Option<Mutex<OneSided>>,
+    /// Long-lived registrations (`register`), put back on drop.
+    pinned: Vec<(Handle, bool)>,
 }
 
 impl std::fmt::Debug for BlkClient {
@@ -337,6 +339,7 @@ impl BlkClient {
             caller_driven,
             next_id: 1,
             one: None,
+            pinned: Vec::new(),
         };
         let deadline = Instant::now() + timeout;
         let r = c.control(Op::Open, volume.as_bytes(), deadline)?;
@@ -451,6 +454,27 @@ impl BlkClient {
             }
             self.wait(left.min(Duration::from_millis(10)))?;
         }
+    }
+
+    /// Registers `[ptr, ptr + len)` for the client's lifetime in the messenger's cache
+    /// and, in `Mode::Read`, the one-sided context's: requests inside it are cache hits.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until the client is dropped.
+    pub unsafe fn register(&mut self, ptr: *mut u8, len: usize) -> Result<()> {
+        let acc = access::LOCAL_WRITE | access::REMOTE_READ;
+        // SAFETY: this function's contract (mapped until the client is dropped, which puts
+        // the handle back first).
+        let h = unsafe { self.msgr.context().rcache().get(ptr, len, acc) }?;
+        self.pinned.push((h, false));
+        if let Some(one) = &self.one {
+            let o = one.lock();
+            // SAFETY: as above.
+            let h = unsafe { o.ctx.rcache().get(ptr, len, access::LOCAL_WRITE) }?;
+            drop(o);
+            self.pinned.push((h, true));
+        }
+        Ok(())
     }
 
     /// Queries the volume's size and block size again.
@@ -810,6 +834,16 @@ impl BlkClient {
 impl Drop for BlkClient {
     fn drop(&mut self) {
         let _ = self.msgr.close_session(self.session);
+        let pinned = std::mem::take(&mut self.pinned);
+        for (h, one_sided) in pinned {
+            if one_sided {
+                if let Some(one) = &self.one {
+                    let _ = one.lock().ctx.rcache().put(h);
+                }
+            } else {
+                let _ = self.msgr.context().rcache().put(h);
+            }
+        }
         if let Some(one) = self.one.take() {
             let mut o = one.into_inner();
             o.conn.close();
