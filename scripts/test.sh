@@ -38,5 +38,9 @@ fi
 step "ffi-tests (C and C++ under ASan+UBSan and valgrind)"
 "$root/ffi-tests/run.sh"
 
+# --- block IO (fio/, docs/block.md) ------------------------------------------------------
+step "fio over rdmx (fio/test.sh: job files with verify, loopback and two namespaces, killed target)"
+"$root/fio/test.sh"
+
 echo
 echo "==== all tests passed"
