@@ -426,3 +426,52 @@ fn target_gone_fails_io_promptly() {
         );
     }
 }
+
+/// Measurement (ignored): 4K random reads at QD 32 for 2 s, rpc and read mode, one client,
+/// in-process target. `cargo test --release --test blk -- --ignored --nocapture blk_rate`.
+#[test]
+#[ignore]
+fn blk_rate() {
+    // RDMX_<KEY> variables (validated keys) tune both sides.
+    let cfg = Config::from_env().unwrap();
+    let specs: Vec<VolumeSpec> = vec!["m0=mem:64M".parse().unwrap()];
+    let t = Target::start(&cfg, "127.0.0.1:0", &specs).unwrap();
+    for mode in [Mode::Rpc, Mode::Read, Mode::Rpc] {
+        let mut c = BlkClient::open(&cfg, &t.addr().to_string(), "m0", mode, T).unwrap();
+        let b = Buf::new(32 * 4096);
+        let mut x = 88172645463325252u64;
+        let mut done = Vec::new();
+        let mut n = 0u64;
+        let start = Instant::now();
+        let mut free: Vec<u64> = (0..32).collect();
+        while start.elapsed() < Duration::from_secs(2) {
+            let reqs: Vec<Req> = free
+                .drain(..)
+                .map(|slot| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let off = (x % (16384)) * 4096;
+                    io(Op::Read, off, 4096, b.at(slot as usize * 4096), slot)
+                })
+                .collect();
+            // SAFETY: `b` outlives the client.
+            let k = unsafe { c.submit(&reqs) }.unwrap();
+            free.extend(reqs[k..].iter().map(|r| r.cookie));
+            done.clear();
+            c.poll(&mut done, 1, 32, Duration::from_millis(100)).unwrap();
+            for d in &done {
+                assert_eq!(d.status, 0);
+                free.push(d.cookie);
+                n += 1;
+            }
+        }
+        let s = c.messenger().session_info(c.session()).unwrap();
+        eprintln!(
+            "{mode:?}: {:.0} IOPS; credit_stalls {} window {} ",
+            n as f64 / start.elapsed().as_secs_f64(),
+            s.counters.credit_stalls,
+            s.recv_window
+        );
+    }
+}

@@ -256,6 +256,8 @@ pub struct BlkClient {
     info: VolumeInfo,
     mode: Mode,
     caller_driven: bool,
+    /// Polling before sleeping (None: never sleep), from `poll_mode`/`polling_us`.
+    spin: Option<Duration>,
     next_id: u64,
     one: Option<Mutex<OneSided>>,
     /// Long-lived registrations (`register`), put back on drop.
@@ -324,6 +326,7 @@ impl BlkClient {
             }),
         )?;
         let caller_driven = msgr.settings().threads == 0;
+        let spin = super::spin_budget(config)?;
         let session = msgr.connect(&target.to_string(), Policy::Lossy)?;
         let mut c = BlkClient {
             msgr,
@@ -337,6 +340,7 @@ impl BlkClient {
             },
             mode,
             caller_driven,
+            spin,
             next_id: 1,
             one: None,
             pinned: Vec::new(),
@@ -711,8 +715,27 @@ impl BlkClient {
         k
     }
 
-    /// Drives progress for up to `timeout` while nothing is ready.
+    /// Drives progress for up to `timeout` while nothing is ready: polls (caller-driven
+    /// mode) for up to the spin budget, then sleeps.
     fn wait(&self, timeout: Duration) -> Result<()> {
+        if self.caller_driven && !timeout.is_zero() {
+            let start = Instant::now();
+            let budget = self.spin.map_or(timeout, |s| s.min(timeout));
+            loop {
+                let got = self.reap_one_sided();
+                let n = self.msgr.poll(Duration::ZERO)?;
+                if got > 0 || (n > 0 && !self.sh.st.lock().done.is_empty()) {
+                    return Ok(());
+                }
+                if start.elapsed() >= budget {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            if self.spin.is_none() {
+                return Ok(());
+            }
+        }
         let got = self.reap_one_sided();
         if self.caller_driven {
             let t = if got > 0 || self.one.is_some() {

@@ -27,3 +27,15 @@ pub fn apply_defaults(cfg: &mut Config) -> crate::error::Result<()> {
     }
     Ok(())
 }
+
+/// How long a caller-driven loop keeps polling before it sleeps, from `poll_mode` and
+/// `polling_us` (busy: always; event: never; adaptive: `polling_us`).
+pub(crate) fn spin_budget(cfg: &Config) -> crate::error::Result<Option<std::time::Duration>> {
+    use crate::config::settings::PollMode;
+    let s = cfg.settings()?;
+    Ok(match s.poll_mode {
+        PollMode::Busy => None,
+        PollMode::Event => Some(std::time::Duration::ZERO),
+        PollMode::Adaptive => Some(std::time::Duration::from_micros(u64::from(s.polling_us))),
+    })
+}

@@ -206,6 +206,8 @@ pub struct Target {
     rdma_addr: Option<SocketAddr>,
     stop: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
+    /// The thread driving the messenger (caller-driven mode, the default).
+    poller: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Target {
@@ -276,9 +278,15 @@ impl Target {
         }
         let mut cfg = config.clone();
         super::apply_defaults(&mut cfg)?;
-        if cfg.source("msgr_threads")? == Source::Default {
-            cfg.set("msgr_threads", "1")?;
+        // Left at its default, the messenger is driven by the target's own thread, which
+        // polls for `polling_us` (poll_mode adaptive) before it sleeps: a worker thread
+        // sleeps at once when a pass finds nothing, and on two shared cores every
+        // request then pays a wake-up.
+        let own_loop = cfg.source("msgr_threads")? == Source::Default;
+        if own_loop {
+            cfg.set("msgr_threads", "0")?;
         }
+        let spin = super::spin_budget(&cfg)?;
         let listen_ip = std::net::ToSocketAddrs::to_socket_addrs(listen)
             .ok()
             .and_then(|mut a| a.next())
@@ -368,6 +376,18 @@ impl Target {
         *slot.lock() = Some(Arc::clone(&inner));
         let addr = msgr.listen(listen)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let poller = if own_loop {
+            let stop = Arc::clone(&stop);
+            let m = msgr.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("rdmx-target".into())
+                    .spawn(move || serve_loop(&m, &stop, spin))
+                    .map_err(|e| Error::new(ErrorKind::Io, format!("thread: {e}")))?,
+            )
+        } else {
+            None
+        };
         let acceptor = match raw_listener {
             Some(l) => {
                 let stop = Arc::clone(&stop);
@@ -388,6 +408,7 @@ impl Target {
             rdma_addr,
             stop,
             acceptor,
+            poller,
             _raw_ctx: raw_ctx,
         })
     }
@@ -432,11 +453,35 @@ impl Drop for Target {
         if let Some(h) = self.acceptor.take() {
             let _ = h.join();
         }
+        if let Some(h) = self.poller.take() {
+            let _ = h.join();
+        }
         for s in self.msgr.sessions() {
             let _ = self.msgr.close_session(s);
         }
         self.inner.backlog.lock().clear();
         *self.inner.msgr_ctx.lock() = None;
+    }
+}
+
+/// Drives the messenger: polls without sleeping while there is work and for `spin` after
+/// the last of it (None: always), then sleeps in `poll` (woken by the next arrival).
+fn serve_loop(m: &Messenger, stop: &AtomicBool, spin: Option<Duration>) {
+    let mut last = std::time::Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let idle = last.elapsed();
+        let t = match spin {
+            Some(s) if idle >= s => Duration::from_millis(20),
+            _ => Duration::ZERO,
+        };
+        match m.poll(t) {
+            Ok(n) if n > 0 => last = std::time::Instant::now(),
+            Ok(_) => std::hint::spin_loop(),
+            Err(e) => {
+                log::error!("rdmx-target: poll: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
     }
 }
 
