@@ -459,7 +459,8 @@ fn blk_rate() {
             let k = unsafe { c.submit(&reqs) }.unwrap();
             free.extend(reqs[k..].iter().map(|r| r.cookie));
             done.clear();
-            c.poll(&mut done, 1, 32, Duration::from_millis(100)).unwrap();
+            c.poll(&mut done, 1, 32, Duration::from_millis(100))
+                .unwrap();
             for d in &done {
                 assert_eq!(d.status, 0);
                 free.push(d.cookie);

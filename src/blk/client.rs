@@ -515,9 +515,9 @@ impl BlkClient {
         n + self.one.as_ref().map_or(0, |o| o.lock().inflight.len())
     }
 
-    /// The eventfd that becomes readable when completions are ready, with `msgr_threads`
-    /// > 0 (rpc mode). In caller-driven mode nothing happens between calls of
-    /// [`BlkClient::poll`]: wait in `poll` instead.
+    /// The eventfd that becomes readable when completions are ready, with worker threads
+    /// (`msgr_threads` above 0, rpc mode). In caller-driven mode nothing happens between
+    /// calls of [`BlkClient::poll`]: wait in `poll` instead.
     pub fn event_fd(&self) -> RawFd {
         self.sh.efd
     }
