@@ -256,8 +256,13 @@ pub struct BlkClient {
     info: VolumeInfo,
     mode: Mode,
     caller_driven: bool,
-    /// Polling before sleeping (None: never sleep), from `poll_mode`/`polling_us`.
+    /// Polling before sleeping (None: never sleep), from `poll_mode`/`polling_us`: rpc
+    /// mode, one-sided mode.
     spin: Option<Duration>,
+    spin_one: Option<Duration>,
+    /// When the messenger last ran a pass (one-sided mode polls it about every ms, for
+    /// keepalives and flushes).
+    last_msgr: Mutex<Instant>,
     next_id: u64,
     one: Option<Mutex<OneSided>>,
     /// Long-lived registrations (`register`), put back on drop.
@@ -327,6 +332,7 @@ impl BlkClient {
         )?;
         let caller_driven = msgr.settings().threads == 0;
         let spin = super::spin_budget(config)?;
+        let spin_one = super::one_sided_spin(config)?;
         let session = msgr.connect(&target.to_string(), Policy::Lossy)?;
         let mut c = BlkClient {
             msgr,
@@ -341,6 +347,8 @@ impl BlkClient {
             mode,
             caller_driven,
             spin,
+            spin_one,
+            last_msgr: Mutex::new(Instant::now()),
             next_id: 1,
             one: None,
             pinned: Vec::new(),
@@ -718,6 +726,9 @@ impl BlkClient {
     /// Drives progress for up to `timeout` while nothing is ready: polls (caller-driven
     /// mode) for up to the spin budget, then sleeps.
     fn wait(&self, timeout: Duration) -> Result<()> {
+        if self.one.is_some() {
+            return self.wait_one_sided(timeout);
+        }
         if self.caller_driven && !timeout.is_zero() {
             let start = Instant::now();
             let budget = self.spin.map_or(timeout, |s| s.min(timeout));
@@ -785,6 +796,50 @@ impl BlkClient {
             // SAFETY: one valid pollfd.
             unsafe { libc::poll(&mut p, 1, ms) };
         }
+        Ok(())
+    }
+
+    /// `wait` for one-sided mode: polls the connection for the spin budget (the messenger
+    /// too when a flush is in flight, and about every millisecond for its keepalives),
+    /// then sleeps on the connection's completion fd for up to 1 ms.
+    fn wait_one_sided(&self, timeout: Duration) -> Result<()> {
+        let Some(one) = &self.one else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        let budget = self.spin_one.map_or(timeout, |s| s.min(timeout));
+        loop {
+            let got = self.reap_one_sided();
+            let rpc_waiting = !self.sh.st.lock().inflight.is_empty();
+            let due = self.last_msgr.lock().elapsed() >= Duration::from_millis(1);
+            if self.caller_driven && (rpc_waiting || due) {
+                self.msgr.poll(Duration::ZERO)?;
+                *self.last_msgr.lock() = Instant::now();
+            }
+            if got > 0 || !self.sh.st.lock().done.is_empty() {
+                return Ok(());
+            }
+            if start.elapsed() >= budget {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if self.spin_one.is_none() || timeout.is_zero() {
+            return Ok(());
+        }
+        let o = one.lock();
+        o.conn.req_notify();
+        let fd = o.conn.event_fd();
+        drop(o);
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = (timeout.saturating_sub(start.elapsed()).as_millis()).clamp(0, 1) as i32;
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) };
+        one.lock().conn.clear_event();
         Ok(())
     }
 
