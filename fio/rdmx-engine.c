@@ -42,6 +42,9 @@ struct rdmx_fio_data {
 	/* completed, handed out by event() */
 	struct io_u **events;
 	unsigned int nevents;
+	/* failed locally (the target is gone) in commit(): handed out by the next getevents() */
+	struct io_u **failed;
+	unsigned int nfailed;
 	rdmx_blk_req *reqs;
 	rdmx_blk_completion *wc;
 	unsigned int depth;
@@ -228,6 +231,7 @@ static void rdmx_fio_cleanup(struct thread_data *td)
 	rdmx_blk_free(d->blk);
 	free(d->queued);
 	free(d->events);
+	free(d->failed);
 	free(d->reqs);
 	free(d->wc);
 	free(d);
@@ -244,9 +248,10 @@ static int rdmx_fio_init(struct thread_data *td)
 	d->depth = td->o.iodepth ? td->o.iodepth : 1;
 	d->queued = calloc(d->depth, sizeof(*d->queued));
 	d->events = calloc(d->depth, sizeof(*d->events));
+	d->failed = calloc(d->depth, sizeof(*d->failed));
 	d->reqs = calloc(d->depth, sizeof(*d->reqs));
 	d->wc = calloc(d->depth, sizeof(*d->wc));
-	if (!d->queued || !d->events || !d->reqs || !d->wc)
+	if (!d->queued || !d->events || !d->failed || !d->reqs || !d->wc)
 		return 1;
 	d->blk = open_client(td);
 	if (!d->blk)
@@ -280,12 +285,13 @@ static enum fio_q_status rdmx_fio_queue(struct thread_data *td, struct io_u *io_
 	return FIO_Q_QUEUED;
 }
 
-/* Completes an io_u with `err` without the target (refused locally). */
+/* Completes an io_u with `err` without the target (refused locally); the next
+ * getevents() hands it out. */
 static void complete_local(struct rdmx_fio_data *d, struct io_u *io_u, int err)
 {
 	io_u->error = err;
 	io_u->resid = io_u->xfer_buflen;
-	d->events[d->nevents++] = io_u;
+	d->failed[d->nfailed++] = io_u;
 }
 
 /* Submits what is queued; what the client did not take stays queued. */
@@ -336,7 +342,13 @@ static int rdmx_fio_getevents(struct thread_data *td, unsigned int min, unsigned
 		max = d->depth;
 	for (;;) {
 		submit_queued(td);
-		if (d->nevents >= max)
+		/* what failed locally first */
+		unsigned int k = d->nfailed < max - d->nevents ? d->nfailed : max - d->nevents;
+		memcpy(d->events + d->nevents, d->failed, k * sizeof(*d->failed));
+		d->nevents += k;
+		memmove(d->failed, d->failed + k, (d->nfailed - k) * sizeof(*d->failed));
+		d->nfailed -= k;
+		if (d->nevents >= max || (d->nevents >= min && d->nevents > 0))
 			break;
 		size_t n = 0, want = max - d->nevents;
 		size_t need = min > d->nevents ? min - d->nevents : 0;
