@@ -233,6 +233,16 @@ impl Dispatcher for Disp {
     }
 }
 
+/// A one-sided request prepared for a batched post.
+struct Prepared {
+    /// None: failed locally (`errno`).
+    wr: Option<SendReq>,
+    cookie: u64,
+    len: u32,
+    handle: Option<Handle>,
+    errno: i32,
+}
+
 /// One-sided access to a memory volume.
 struct OneSided {
     ctx: Context,
@@ -541,6 +551,7 @@ impl BlkClient {
     /// untouched by the caller, until its completion was returned by `poll`.
     pub unsafe fn submit(&mut self, reqs: &[Req]) -> Result<usize> {
         let mut n = 0;
+        let mut batch: Vec<Prepared> = Vec::new();
         for r in reqs {
             {
                 let st = self.sh.st.lock();
@@ -554,6 +565,15 @@ impl BlkClient {
             let bad = matches!(r.op, Op::Read | Op::Write)
                 && (r.len == 0 || r.len > MAX_IO || r.buf.is_null());
             if bad || matches!(r.op, Op::Open | Op::Query) {
+                if !batch.is_empty() {
+                    // Keep completions in order of acceptance: post what waits first.
+                    let want = batch.len();
+                    let k = self.post_one_sided(&mut batch)?;
+                    n += k;
+                    if k < want {
+                        return Ok(n);
+                    }
+                }
                 let mut st = self.sh.st.lock();
                 st.done.push_back(Completion {
                     cookie: r.cookie,
@@ -563,16 +583,31 @@ impl BlkClient {
                 n += 1;
                 continue;
             }
-            let accepted = if self.one.is_some() && r.op != Op::Flush {
-                self.submit_one_sided(r)?
-            } else {
-                self.submit_rpc(r)?
-            };
-            if !accepted {
-                break;
+            if self.one.is_some() && r.op != Op::Flush {
+                // One-sided: prepared here, posted as one batch (one post, one doorbell).
+                match self.prepare_one_sided(r, &mut batch) {
+                    Ok(()) => {}
+                    Err(e) => {
+                        let k = self.post_one_sided(&mut batch)?;
+                        return if n + k > 0 { Ok(n + k) } else { Err(e) };
+                    }
+                }
+                continue;
+            }
+            if !batch.is_empty() {
+                let want = batch.len();
+                let k = self.post_one_sided(&mut batch)?;
+                n += k;
+                if k < want {
+                    return Ok(n);
+                }
+            }
+            if !self.submit_rpc(r)? {
+                return Ok(n);
             }
             n += 1;
         }
+        n += self.post_one_sided(&mut batch)?;
         Ok(n)
     }
 
@@ -621,20 +656,23 @@ impl BlkClient {
         }
     }
 
-    fn submit_one_sided(&mut self, r: &Req) -> Result<bool> {
+    /// Checks and registers a one-sided request and adds its work request to `batch`; a
+    /// request out of range completes at once (`-ERANGE`, counted in the batch as taken).
+    fn prepare_one_sided(&mut self, r: &Req, batch: &mut Vec<Prepared>) -> Result<()> {
         let Some(one) = &self.one else {
-            return Ok(false);
+            return Err(Error::new(ErrorKind::InvalidArgument, "not one-sided"));
         };
-        let mut o = one.lock();
         if let Some(e) = super::proto::check_range(self.info.size, r.offset, r.len) {
-            drop(o);
-            self.sh.st.lock().done.push_back(Completion {
+            batch.push(Prepared {
+                wr: None,
                 cookie: r.cookie,
-                status: -(e as i32),
-                len: 0,
+                len: r.len,
+                handle: None,
+                errno: e as i32,
             });
-            return Ok(true);
+            return Ok(());
         }
+        let o = one.lock();
         let acc = if r.op == Op::Read {
             access::LOCAL_WRITE
         } else {
@@ -643,43 +681,110 @@ impl BlkClient {
         // SAFETY: `submit`'s contract keeps the buffer mapped until the completion; the
         // handle is put back then.
         let h = unsafe { o.ctx.rcache().get(r.buf, r.len as usize, acc) }?;
-        let wr = o.next;
-        let req = SendReq {
-            cookie: wr,
-            opcode: if r.op == Op::Read {
-                WrOpcode::RdmaRead
-            } else {
-                WrOpcode::RdmaWrite
-            },
-            flags: send_flags::SIGNALED,
-            sges: smallvec::smallvec![Sge {
-                addr: r.buf as u64,
-                length: r.len,
-                lkey: h.lkey(),
-            }],
-            remote_addr: o.region_addr + r.offset,
-            rkey: o.rkey,
-            imm: 0,
+        let (addr, rkey) = (o.region_addr, o.rkey);
+        drop(o);
+        batch.push(Prepared {
+            wr: Some(SendReq {
+                cookie: 0,
+                opcode: if r.op == Op::Read {
+                    WrOpcode::RdmaRead
+                } else {
+                    WrOpcode::RdmaWrite
+                },
+                flags: send_flags::SIGNALED,
+                sges: smallvec::smallvec![Sge {
+                    addr: r.buf as u64,
+                    length: r.len,
+                    lkey: h.lkey(),
+                }],
+                remote_addr: addr + r.offset,
+                rkey,
+                imm: 0,
+            }),
+            cookie: r.cookie,
+            len: r.len,
+            handle: Some(h),
+            errno: 0,
+        });
+        Ok(())
+    }
+
+    /// Posts `batch` (in order) with one `post_send`; returns how many requests were
+    /// taken (the rest are released: the caller submits them again).
+    fn post_one_sided(&mut self, batch: &mut Vec<Prepared>) -> Result<usize> {
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let Some(one) = &self.one else {
+            batch.clear();
+            return Ok(0);
         };
-        match o.conn.post_send(std::slice::from_ref(&req)) {
-            Ok(1) => {
-                o.next += 1;
-                o.inflight.insert(wr, (r.cookie, r.len, h));
-                Ok(true)
-            }
-            Ok(_) => {
-                let _ = o.ctx.rcache().put(h);
-                Ok(false)
-            }
-            Err(e) if e.kind() == ErrorKind::Full => {
-                let _ = o.ctx.rcache().put(h);
-                Ok(false)
-            }
-            Err(e) => {
-                let _ = o.ctx.rcache().put(h);
-                Err(e)
+        let mut o = one.lock();
+        let mut wrs: Vec<SendReq> = Vec::with_capacity(batch.len());
+        let mut next = o.next;
+        for p in batch.iter_mut() {
+            if let Some(w) = &mut p.wr {
+                w.cookie = next;
+                next += 1;
+                wrs.push(w.clone());
             }
         }
+        let posted = if wrs.is_empty() {
+            Ok(0)
+        } else {
+            match o.conn.post_send(&wrs) {
+                Ok(k) => Ok(k),
+                Err(e) if e.kind() == ErrorKind::Full => Ok(0),
+                Err(e) => Err(e),
+            }
+        };
+        let posted = match posted {
+            Ok(k) => k,
+            Err(e) => {
+                for p in batch.drain(..) {
+                    if let Some(h) = p.handle {
+                        let _ = o.ctx.rcache().put(h);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        // Taken: every request up to the last posted WR, and local failures before the
+        // first refused WR.
+        let mut taken = 0;
+        let mut wr_i = 0;
+        let mut refused = false;
+        let mut local = Vec::new();
+        for p in batch.drain(..) {
+            match (p.wr, p.handle) {
+                (Some(w), Some(h)) if !refused && wr_i < posted => {
+                    wr_i += 1;
+                    o.inflight.insert(w.cookie, (p.cookie, p.len, h));
+                    taken += 1;
+                }
+                (None, _) if !refused && (wr_i < posted || posted == wrs.len()) => {
+                    local.push(Completion {
+                        cookie: p.cookie,
+                        status: -p.errno,
+                        len: 0,
+                    });
+                    taken += 1;
+                }
+                (_, h) => {
+                    // Refused (queue full) and everything after it: given back.
+                    refused = true;
+                    if let Some(h) = h {
+                        let _ = o.ctx.rcache().put(h);
+                    }
+                }
+            }
+        }
+        o.next = next;
+        drop(o);
+        if !local.is_empty() {
+            self.sh.st.lock().done.extend(local);
+        }
+        Ok(taken)
     }
 
     /// Reaps the one-sided connection's completions into the done queue.
