@@ -41,7 +41,7 @@ build() { # build NAME SOURCE EXTRA_FLAGS...
            c++ -std=c++17 $cflags "$@" -o "$out/$name" "$here/$src" $ldlibs ;;
   esac
 }
-tests=(test_config.c test_config.cpp test_conn.c test_mem.c test_provider.c)
+tests=(test_config.c test_config.cpp test_conn.c test_mem.c test_provider.c test_blk.c)
 # The messenger echo: a C server, a C client (event records, then callbacks) and a C++ client
 # (callbacks on worker threads), as separate processes.
 echo_progs=(msgr_echo_server.c msgr_echo_client.c msgr_echo_client.cpp)
@@ -63,11 +63,32 @@ echo_run() { # echo_run SUFFIX COUNT RUNNER...: the server and the three clients
   wait "$srv"
 }
 
+# test_blk talks to an rdmx-target (a memory volume v0) given as its argument. Timeout 18
+# (1.07 s) and a 60 s keepalive timeout on both sides: valgrind slows the client ~30x and
+# stops it for seconds while it translates code.
+echo "== ffi-tests: starting rdmx-target for test_blk"
+cargo build --quiet -p rdmx-target
+tlog="$out/rdmx-target.log"
+"$root/target/debug/rdmx-target" --listen 127.0.0.1:0 --volume v0=mem:4M \
+  --set timeout=18 --set msgr_keepalive_timeout_ms=60000 >"$tlog" 2>&1 &
+tpid=$!
+trap 'kill "$tpid" 2>/dev/null || true' EXIT
+taddr=""
+for _ in $(seq 100); do
+  taddr=$(sed -n 's/^rdmx-target listening on \([^ ]*\) .*/\1/p' "$tlog")
+  [ -n "$taddr" ] && break
+  kill -0 "$tpid" 2>/dev/null || { cat "$tlog"; echo "rdmx-target exited"; exit 1; }
+  sleep 0.1
+done
+[ -n "$taddr" ] || { cat "$tlog"; echo "rdmx-target did not start within 10 s"; exit 1; }
+args_of() { [ "$1" = test_blk.c ] && echo "$taddr"; return 0; }
+
 echo "== ffi-tests: ASan+UBSan"
 for t in "${tests[@]}"; do
   name="${t%.*}_${t##*.}"
   build "${name}_san" "$t" $san
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 "$out/${name}_san"
+  # shellcheck disable=SC2046
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 "$out/${name}_san" $(args_of "$t")
 done
 for t in "${echo_progs[@]}"; do build "${t%.*}_${t##*.}_san" "$t" $san; done
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 echo_run _san 2000
@@ -81,7 +102,9 @@ vg=(valgrind -q --error-exitcode=99 --leak-check=full --trace-children=yes
 for t in "${tests[@]}"; do
   name="${t%.*}_${t##*.}"
   build "$name" "$t" -O1
-  if [ "$t" = test_conn.c ] || [ "$t" = test_mem.c ] || [ "$t" = test_provider.c ]; then
+  if [ "$t" = test_blk.c ]; then
+    RDMX_TIMEOUT=18 RDMX_MSGR_KEEPALIVE_TIMEOUT_MS=60000 "${vg[@]}" "$out/$name" "$taddr"
+  elif [ "$t" = test_conn.c ] || [ "$t" = test_mem.c ] || [ "$t" = test_provider.c ]; then
     # valgrind slows everything ~30x: give the RC ACK timer room (timeout 16 = 268 ms
     # instead of the default 4.2 ms), or retransmission timeouts would fail connections.
     RDMX_TIMEOUT=16 "${vg[@]}" "$out/$name"

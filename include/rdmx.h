@@ -21,6 +21,33 @@
 typedef struct rdmx_conn rdmx_conn;
 
 /**
+ * `rdmx_blk_req.op`: read `len` bytes at `offset` into `buf`.
+ */
+#define RDMX_BLK_READ 3
+
+/**
+ * `rdmx_blk_req.op`: write `len` bytes from `buf` at `offset`.
+ */
+#define RDMX_BLK_WRITE 4
+
+/**
+ * `rdmx_blk_req.op`: make completed writes durable (`offset`, `len`, `buf` ignored).
+ */
+#define RDMX_BLK_FLUSH 5
+
+/**
+ * `rdmx_blk_open` mode: every IO through the target (request + reply). A read's data is
+ * copied once, in rdmx, from the pool chunk it arrived in into `buf`.
+ */
+#define RDMX_BLK_MODE_RPC 0
+
+/**
+ * `rdmx_blk_open` mode: reads and writes are one-sided RDMA READ/WRITE between `buf` and
+ * the volume's region (memory volumes only): no copy, no target CPU.
+ */
+#define RDMX_BLK_MODE_READ 1
+
+/**
  * Wait for the previous RDMA READs to complete before this WR (IBV_SEND_FENCE).
  */
 #define RDMX_POST_FENCE 1
@@ -250,6 +277,14 @@ typedef enum {
 } rdmx_log_level;
 
 /**
+ * A block client: one session to a target, one open volume. Opaque; free with
+ * `rdmx_blk_free`. Calls on one handle are serialized (a `rdmx_blk_poll` that waits holds
+ * off a `rdmx_blk_submit` from another thread until it returns): submit and poll from one
+ * thread, as fio does.
+ */
+typedef struct rdmx_blk rdmx_blk;
+
+/**
  * An rdmx configuration: every knob with its effective value and where it came from.
  * Opaque; create with `rdmx_config_new`, free with `rdmx_config_free`. Not thread-safe:
  * do not use one config from two threads at once.
@@ -287,6 +322,55 @@ typedef struct rdmx_msgr rdmx_msgr;
  * once. Opaque; create with `rdmx_pool_new`, free with `rdmx_pool_free`. Thread-safe.
  */
 typedef struct rdmx_pool rdmx_pool;
+
+/**
+ * A volume's geometry.
+ */
+typedef struct {
+  uint64_t size;
+  uint32_t block_size;
+  /**
+   * 1 when the volume is a memory volume open to RDMX_BLK_MODE_READ.
+   */
+  uint32_t one_sided;
+} rdmx_blk_volume;
+
+/**
+ * One IO request. `buf` is caller memory of `len` bytes (4 KiB-aligned offsets and
+ * lengths, up to 1 MiB); it is registered through the client's registration cache on
+ * first use (no copy for writes) and must stay valid and untouched until the request's
+ * completion was returned by `rdmx_blk_poll`. Any alignment works; page-aligned buffers
+ * register fewer pages.
+ */
+typedef struct {
+  /**
+   * RDMX_BLK_READ, RDMX_BLK_WRITE or RDMX_BLK_FLUSH.
+   */
+  uint32_t op;
+  uint32_t len;
+  uint64_t offset;
+  void *buf;
+  /**
+   * Returned as is in the completion.
+   */
+  uint64_t cookie;
+} rdmx_blk_req;
+
+/**
+ * One finished request.
+ */
+typedef struct {
+  uint64_t cookie;
+  /**
+   * 0, or a negative errno: -EINVAL (misaligned, length 0 or above 1 MiB, unknown op),
+   * -ERANGE (beyond the volume), -EIO (the target is gone or failed the IO), ...
+   */
+  int32_t status;
+  /**
+   * Bytes transferred (the request's length on success, 0 on error).
+   */
+  uint32_t len;
+} rdmx_blk_completion;
 
 /**
  * Called for every new connection (accepted or initiated) once its QP can receive and
@@ -733,6 +817,101 @@ typedef struct {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Connects to the `rdmx-target` at `addr` ("HOST:PORT") and opens `volume`, within
+ * `timeout_ms` (0: 10 s). `cfg` (NULL: defaults and `RDMX_*` environment variables)
+ * carries the transport and `msgr_*` keys; `msgr_threads = 0` (the default) means
+ * `rdmx_blk_poll` drives all progress on the caller's thread. `*out` receives a client
+ * the caller owns (NULL on failure). RDMX_INVALID_ARGUMENT for an unknown volume,
+ * RDMX_UNSUPPORTED for RDMX_BLK_MODE_READ on a file volume, RDMX_TIMEOUT / RDMX_CLOSED
+ * when the target does not answer.
+ *
+ * # Safety
+ * `cfg` NULL or live; `addr`, `volume` NULL or NUL-terminated; `out` NULL or writable.
+ */
+rdmx_status rdmx_blk_open(const rdmx_config *cfg,
+                          const char *addr,
+                          const char *volume,
+                          uint32_t mode,
+                          uint32_t timeout_ms,
+                          rdmx_blk **out);
+
+/**
+ * The volume's size and block size.
+ *
+ * # Safety
+ * `blk` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_blk_info(const rdmx_blk *blk, rdmx_blk_volume *out);
+
+/**
+ * Submits `n` requests in order; `*accepted` receives how many were taken (fewer than `n`
+ * when a queue is full: poll, then submit the rest). Requests the client can judge wrong
+ * (length 0 or above 1 MiB, NULL `buf`, unknown op) are accepted and complete with
+ * -EINVAL. RDMX_CLOSED (nothing accepted) once the target is gone.
+ *
+ * # Safety
+ * `blk` NULL or live; `reqs` NULL or `n` readable requests, each `buf` valid for `len`
+ * bytes (writable for reads) until its completion is returned; `accepted` NULL or
+ * writable.
+ */
+rdmx_status rdmx_blk_submit(rdmx_blk *blk, const rdmx_blk_req *reqs, size_t n, size_t *accepted);
+
+/**
+ * Moves up to `max` completions into `out` and stores their number in `*n`, waiting up
+ * to `timeout_ms` (negative: up to 1 hour; 0: no wait) until at least `min` are
+ * there. Drives the client's progress (caller-driven mode).
+ *
+ * # Safety
+ * `blk` NULL or live; `out` NULL or `max` writable entries; `n` NULL or writable.
+ */
+rdmx_status rdmx_blk_poll(rdmx_blk *blk,
+                          rdmx_blk_completion *out,
+                          size_t max,
+                          size_t min,
+                          int32_t timeout_ms,
+                          size_t *n);
+
+/**
+ * An eventfd that becomes readable when completions are ready, when the client runs the
+ * messenger's worker threads (`msgr_threads` > 0, RDMX_BLK_MODE_RPC); in caller-driven
+ * mode nothing progresses between calls: wait in `rdmx_blk_poll` instead. -1 for NULL.
+ * The fd belongs to the client (do not close it).
+ *
+ * # Safety
+ * `blk` NULL or live.
+ */
+int32_t rdmx_blk_event_fd(const rdmx_blk *blk);
+
+/**
+ * Registers `[addr, addr + len)` once for the client's lifetime (both the messenger's and
+ * the one-sided path's registration caches), so that requests with buffers inside it never
+ * register per IO (e.g. fio's whole IO buffer area). Optional: buffers outside any
+ * registered range are registered on first use and cached.
+ *
+ * # Safety
+ * `blk` NULL or live; `[addr, addr + len)` mapped memory that stays mapped until
+ * `rdmx_blk_free`.
+ */
+rdmx_status rdmx_blk_mem_register(rdmx_blk *blk, void *addr, size_t len);
+
+/**
+ * Requests submitted and not yet returned by `rdmx_blk_poll` (0 for NULL).
+ *
+ * # Safety
+ * `blk` NULL or live.
+ */
+size_t rdmx_blk_inflight(const rdmx_blk *blk);
+
+/**
+ * Closes the session and frees the client. Requests still in flight are abandoned: their
+ * buffers may be written until this call returns, never after. NULL is a no-op.
+ *
+ * # Safety
+ * `blk` NULL or a client from `rdmx_blk_open`, not used again (by any thread) afterwards.
+ */
+void rdmx_blk_free(rdmx_blk *blk);
 
 /**
  * Creates a configuration holding the defaults overlaid with any `RDMX_<KEY>` environment

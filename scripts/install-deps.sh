@@ -76,3 +76,20 @@ if command -v rustup >/dev/null 2>&1; then
   rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 fi
+
+# --- block IO (fio/, docs/block.md) -------------------------------------------------------
+# fio runs the rdmx ioengine's tests (fio/test.sh); nbdkit is fio/bench.sh's TCP baseline;
+# dpkg-dev's dpkg-source unpacks fio's Debian source, from which fio/fio-src.sh builds the
+# configured tree the engine compiles against (Debian ships no fio-dev).
+BLK_PKGS=(fio nbdkit dpkg-dev)
+blk_missing=()
+for p in "${BLK_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || blk_missing+=("$p")
+done
+if [ "${#blk_missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${blk_missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  while_locked $SUDO "${APT[@]}" update -qq
+  while_locked $SUDO "${APT[@]}" install -y -q --no-install-recommends "${blk_missing[@]}"
+fi
+"$(cd "$(dirname "$0")/.." && pwd)/fio/fio-src.sh" >/dev/null

@@ -38,6 +38,10 @@ fi
 step "ffi-tests (C and C++ under ASan+UBSan and valgrind)"
 "$root/ffi-tests/run.sh"
 
+# --- block IO (fio/, docs/block.md) ------------------------------------------------------
+step "fio over rdmx (fio/test.sh: job files with verify, loopback and two namespaces, killed target)"
+"$root/fio/test.sh"
+
 # A real Ceph cluster (Debian's ceph 16.2: 1 mon, 1 mgr, 3 memstore OSDs) on async+rdma,
 # every daemon and client under rdmx-ibv exec: 10 s of fio randread with crc32c verify
 # while an OSD is killed; fails on any IO error, hang (every step has a deadline) or

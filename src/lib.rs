@@ -26,6 +26,7 @@
 //! soft provider's UDP layer public as `provider::soft::udp_baseline` for its UDP baseline;
 //! it is not part of the API.
 
+pub mod blk;
 pub mod config;
 pub mod error;
 pub mod ffi;

@@ -4,6 +4,7 @@
 //! arguments reported as `RDMX_INVALID_ARGUMENT`, and a panic boundary around every entry
 //! point. This layer holds no logic of its own: it converts and calls into the crate.
 
+pub mod blk;
 mod boundary;
 pub mod config;
 pub mod conn;

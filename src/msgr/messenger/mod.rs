@@ -161,4 +161,11 @@ impl Messenger {
     pub fn udp_port(&self) -> u16 {
         self.core.udp_port()
     }
+
+    /// The messenger's context (crate-internal): the block target registers its memory
+    /// volumes and IO buffers in its registration cache once, so that sending any slice of
+    /// them as [`Payload::Registered`] is a cache hit, not a registration per message.
+    pub(crate) fn context(&self) -> &super::Context {
+        self.core.context()
+    }
 }

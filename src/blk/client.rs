@@ -1,0 +1,1039 @@
+//! The block client: opens a volume on a target, submits batches of read/write/flush
+//! requests into caller buffers, and reports completions by cookie.
+//!
+//! Two modes:
+//! - [`Mode::Rpc`]: every IO is a request message and a reply. Write data goes from the
+//!   caller's buffer (registered through the messenger's registration cache: no copy).
+//!   Read data arrives in a messenger pool chunk (a SEND lands in whichever receive is at
+//!   the head of the queue, so it cannot be steered into the caller's buffer) and is
+//!   copied once into the caller's buffer, in the reply's callback: **one 4 KiB memcpy
+//!   per read, here, on the client**.
+//! - [`Mode::Read`] (memory volumes): reads and writes are one-sided RDMA READ/WRITE
+//!   between the caller's buffer (registered through the one-sided context's cache) and
+//!   the volume's region: no copy anywhere, no target CPU. Flush and query still go
+//!   through the target.
+//!
+//! Sessions are lossy: a target that dies fails every IO in flight with `EIO` at once (its
+//! side channel closes), and later submissions are refused with `Closed`.
+
+use crate::config::Config;
+use crate::error::{Error, ErrorKind, Result};
+use crate::mem::rcache::Handle;
+use crate::msgr::messenger::{
+    Dispatcher, InMessage, Messenger, OutMessage, Payload, Policy, SendId, SessionId,
+};
+use crate::msgr::{Connection, Context};
+use crate::provider::soft::cq::Wc;
+use crate::provider::soft::qp::SendReq;
+use crate::rc::memory::Sge;
+use crate::rc::verbs::{WcStatus, WrOpcode, access, send_flags};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::proto::{INFO_ONE_SIDED, Info, MAX_IO, MSG_REPLY, MSG_REQ, Op, Reply, ReqHdr};
+
+/// How reads and writes travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Through the target: request + reply messages.
+    Rpc,
+    /// One-sided RDMA READ/WRITE on the volume's region (memory volumes).
+    Read,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Mode, String> {
+        match s {
+            "rpc" => Ok(Mode::Rpc),
+            "read" => Ok(Mode::Read),
+            _ => Err(format!("mode '{s}': expected rpc or read")),
+        }
+    }
+}
+
+/// One IO request. `buf` is the caller's memory: `len` bytes written from it or read into
+/// it; it must stay valid until the request's completion is returned by [`BlkClient::poll`].
+#[derive(Debug, Clone, Copy)]
+pub struct Req {
+    pub op: Op,
+    pub offset: u64,
+    pub len: u32,
+    pub buf: *mut u8,
+    pub cookie: u64,
+}
+
+/// One finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    pub cookie: u64,
+    /// 0, or a negative errno (`-EIO` when the target is gone, `-EINVAL`/`-ERANGE` for a
+    /// misaligned or out-of-range request, ...).
+    pub status: i32,
+    /// Bytes transferred (the request's length on success).
+    pub len: u32,
+}
+
+/// A volume's size and block size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub size: u64,
+    pub block_size: u32,
+    /// Its region is open to one-sided READ/WRITE (`Mode::Read` works).
+    pub one_sided: bool,
+}
+
+struct Pending {
+    cookie: u64,
+    op: Op,
+    buf: usize,
+    len: u32,
+    /// The reply's status, once it arrived.
+    replied: Option<i32>,
+    /// The request's message was acknowledged (or failed): the messenger no longer reads
+    /// the caller's buffer.
+    acked: bool,
+}
+
+#[derive(Default)]
+struct State {
+    inflight: HashMap<u64, Pending>,
+    by_send: HashMap<SendId, u64>,
+    done: VecDeque<Completion>,
+    /// Replies to control requests (open, query) by request id.
+    control: HashMap<u64, Reply>,
+    dead: Option<String>,
+    connected: bool,
+}
+
+struct Shared {
+    st: Mutex<State>,
+    /// Signalled when a completion is queued by a worker thread.
+    efd: RawFd,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: closes the eventfd this value owns, once.
+        unsafe { libc::close(self.efd) };
+    }
+}
+
+impl Shared {
+    fn finish(&self, st: &mut State, req_id: u64) {
+        let Some(p) = st.inflight.get(&req_id) else {
+            return;
+        };
+        if let (Some(status), true) = (p.replied, p.acked) {
+            let len = if status == 0 { p.len } else { 0 };
+            st.done.push_back(Completion {
+                cookie: p.cookie,
+                status,
+                len,
+            });
+            st.inflight.remove(&req_id);
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
+            let _ = unsafe { libc::write(self.efd, (&one as *const u64).cast(), 8) };
+        }
+    }
+
+    fn fail_all(&self, st: &mut State, why: String) {
+        let ids: Vec<u64> = st.inflight.keys().copied().collect();
+        for id in ids {
+            if let Some(p) = st.inflight.get_mut(&id) {
+                p.replied.get_or_insert(-libc::EIO);
+                p.acked = true;
+            }
+            self.finish(st, id);
+        }
+        st.dead.get_or_insert(why);
+    }
+}
+
+struct Disp {
+    sh: Arc<Shared>,
+}
+
+impl Dispatcher for Disp {
+    fn on_connect(&self, _m: &Messenger, _s: SessionId, _peer: SocketAddr, _incoming: bool) {
+        self.sh.st.lock().connected = true;
+    }
+
+    fn on_message(&self, _m: &Messenger, _s: SessionId, msg: InMessage) {
+        if msg.msg_type != MSG_REPLY {
+            return;
+        }
+        let Some(r) = Reply::decode(&msg.front) else {
+            return;
+        };
+        let mut st = self.sh.st.lock();
+        let Some(p) = st.inflight.get_mut(&r.req_id) else {
+            if r.op == Op::Open as u8 || r.op == Op::Query as u8 || r.op == 0 {
+                st.control.insert(r.req_id, r);
+            }
+            return;
+        };
+        let mut status = -(r.status as i32);
+        if status == 0 && p.op == Op::Read {
+            match msg.data.first() {
+                Some(seg) if seg.len() == p.len as usize && r.len == p.len => {
+                    // The one copy of rpc mode: pool chunk -> caller buffer.
+                    let mut at = p.buf;
+                    for c in seg.chunks() {
+                        // SAFETY: the caller's buffer holds `p.len` bytes and stays valid
+                        // until its completion is returned (the `Req` contract).
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(c.as_ptr(), at as *mut u8, c.len())
+                        };
+                        at += c.len();
+                    }
+                }
+                _ => status = -libc::EIO,
+            }
+        }
+        p.replied = Some(status);
+        // A reply means the target received the request: reads have nothing more to wait
+        // for; writes wait for the acknowledgement (their buffer may be replayed until
+        // then), which the reply's header normally carried already.
+        if p.op != Op::Write {
+            p.acked = true;
+        }
+        self.sh.finish(&mut st, r.req_id);
+    }
+
+    fn on_send_complete(
+        &self,
+        _m: &Messenger,
+        _s: SessionId,
+        id: SendId,
+        status: crate::error::Result<()>,
+    ) {
+        let mut st = self.sh.st.lock();
+        let Some(req_id) = st.by_send.remove(&id) else {
+            return;
+        };
+        if let Some(p) = st.inflight.get_mut(&req_id) {
+            p.acked = true;
+            if status.is_err() && p.replied.is_none() {
+                p.replied = Some(-libc::EIO);
+            }
+        }
+        self.sh.finish(&mut st, req_id);
+    }
+
+    fn on_reset(&self, _m: &Messenger, _s: SessionId, why: &Error) {
+        let mut st = self.sh.st.lock();
+        self.sh
+            .fail_all(&mut st, format!("the session to the target ended: {why}"));
+    }
+}
+
+/// A one-sided request prepared for a batched post.
+struct Prepared {
+    /// None: failed locally (`errno`).
+    wr: Option<SendReq>,
+    cookie: u64,
+    len: u32,
+    handle: Option<Handle>,
+    errno: i32,
+}
+
+/// One-sided access to a memory volume.
+struct OneSided {
+    ctx: Context,
+    conn: Connection,
+    region_addr: u64,
+    rkey: u32,
+    /// WR cookie -> (request cookie, len, registration of the caller's buffer).
+    inflight: HashMap<u64, (u64, u32, Handle)>,
+    next: u64,
+    wcs: Vec<Wc>,
+}
+
+/// A block client: one session (and in `Mode::Read` one RC connection) to a target, one
+/// open volume. Not `Sync`-shared by design: one thread submits and polls (fio's model);
+/// with `msgr_threads` > 0 the messenger's thread runs the callbacks.
+pub struct BlkClient {
+    msgr: Messenger,
+    session: SessionId,
+    sh: Arc<Shared>,
+    vol: u32,
+    info: VolumeInfo,
+    mode: Mode,
+    caller_driven: bool,
+    /// Polling before sleeping (None: never sleep), from `poll_mode`/`polling_us`: rpc
+    /// mode, one-sided mode.
+    spin: Option<Duration>,
+    spin_one: Option<Duration>,
+    /// When the messenger last ran a pass (one-sided mode polls it about every ms, for
+    /// keepalives and flushes).
+    last_msgr: Mutex<Instant>,
+    next_id: u64,
+    one: Option<Mutex<OneSided>>,
+    /// Long-lived registrations (`register`), put back on drop.
+    pinned: Vec<(Handle, bool)>,
+}
+
+impl std::fmt::Debug for BlkClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlkClient")
+            .field("session", &self.session)
+            .field("info", &self.info)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("target address '{addr}': expected HOST:PORT"),
+            )
+        })
+}
+
+impl BlkClient {
+    /// Connects to the target at `addr` ("HOST:PORT") and opens `volume`, within
+    /// `timeout`. `config`: transport and `msgr_*` keys (`msgr_threads` 0, the default,
+    /// means [`BlkClient::poll`] drives everything on the caller's thread).
+    pub fn open(
+        config: &Config,
+        addr: &str,
+        volume: &str,
+        mode: Mode,
+        timeout: Duration,
+    ) -> Result<BlkClient> {
+        let target = resolve(addr)?;
+        if volume.is_empty() || volume.len() > super::proto::NAME_MAX {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("volume name '{volume}': must be 1..255 bytes"),
+            ));
+        }
+        // SAFETY: creates an eventfd; the result is checked.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("eventfd: {}", std::io::Error::last_os_error()),
+            ));
+        }
+        let sh = Arc::new(Shared {
+            st: Mutex::new(State::default()),
+            efd,
+        });
+        let mut cfg = config.clone();
+        super::apply_defaults(&mut cfg)?;
+        let config = &cfg;
+        let msgr = Messenger::new(
+            config,
+            Arc::new(Disp {
+                sh: Arc::clone(&sh),
+            }),
+        )?;
+        let caller_driven = msgr.settings().threads == 0;
+        let spin = super::spin_budget(config)?;
+        let spin_one = super::one_sided_spin(config)?;
+        let session = msgr.connect(&target.to_string(), Policy::Lossy)?;
+        let mut c = BlkClient {
+            msgr,
+            session,
+            sh,
+            vol: 0,
+            info: VolumeInfo {
+                size: 0,
+                block_size: 0,
+                one_sided: false,
+            },
+            mode,
+            caller_driven,
+            spin,
+            spin_one,
+            last_msgr: Mutex::new(Instant::now()),
+            next_id: 1,
+            one: None,
+            pinned: Vec::new(),
+        };
+        let deadline = Instant::now() + timeout;
+        let r = c.control(Op::Open, volume.as_bytes(), deadline)?;
+        if r.status != 0 {
+            let e = std::io::Error::from_raw_os_error(r.status as i32);
+            return Err(Error::new(
+                if r.status == libc::ENOENT as u32 {
+                    ErrorKind::InvalidArgument
+                } else {
+                    ErrorKind::Io
+                },
+                format!("open volume '{volume}' on {target}: {e}"),
+            ));
+        }
+        let info = r.info.unwrap_or_default();
+        c.vol = info.vol;
+        c.info = VolumeInfo {
+            size: info.size,
+            block_size: info.block_size,
+            one_sided: info.flags & INFO_ONE_SIDED != 0,
+        };
+        if mode == Mode::Read {
+            c.one = Some(Mutex::new(Self::one_sided(
+                config, target, &info, deadline,
+            )?));
+        }
+        Ok(c)
+    }
+
+    fn one_sided(
+        config: &Config,
+        target: SocketAddr,
+        info: &Info,
+        deadline: Instant,
+    ) -> Result<OneSided> {
+        if info.flags & INFO_ONE_SIDED == 0 || info.rdma_port == 0 {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "mode=read needs a memory volume (this one is a file: use mode=rpc)",
+            ));
+        }
+        let ctx = Context::new(config)?;
+        let addr = SocketAddr::new(target.ip(), info.rdma_port);
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        let conn = ctx.connect(&addr.to_string(), left)?;
+        let region = conn
+            .peer_regions()
+            .iter()
+            .find(|r| r.rkey == info.region_rkey && r.addr == info.region_addr)
+            .copied()
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Io,
+                    "the target's one-sided listener does not expose the volume's region",
+                )
+            })?;
+        let wcs = vec![
+            Wc {
+                cookie: 0,
+                status: WcStatus::Success,
+                opcode: crate::rc::verbs::WcOpcode::Send,
+                byte_len: 0,
+                imm: None,
+                qp_num: 0,
+            };
+            64
+        ];
+        Ok(OneSided {
+            ctx,
+            conn,
+            region_addr: region.addr,
+            rkey: region.rkey,
+            inflight: HashMap::new(),
+            next: 1,
+            wcs,
+        })
+    }
+
+    /// Sends a control request and waits for its reply.
+    fn control(&mut self, op: Op, name: &[u8], deadline: Instant) -> Result<Reply> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let hdr = ReqHdr {
+            op: op as u8,
+            vol: self.vol,
+            req_id: id,
+            offset: 0,
+            len: 0,
+            name: name.to_vec(),
+        };
+        self.msgr
+            .send(self.session, OutMessage::new(MSG_REQ, hdr.encode()))
+            .map_err(|r| r.error)?;
+        loop {
+            {
+                let mut st = self.sh.st.lock();
+                if let Some(r) = st.control.remove(&id) {
+                    return Ok(r);
+                }
+                if let Some(why) = &st.dead {
+                    return Err(Error::new(ErrorKind::Closed, why.clone()));
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("no answer from the target to {op:?} in time"),
+                ));
+            }
+            self.wait(left.min(Duration::from_millis(10)))?;
+        }
+    }
+
+    /// Registers `[ptr, ptr + len)` for the client's lifetime in the messenger's cache
+    /// and, in `Mode::Read`, the one-sided context's: requests inside it are cache hits.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until the client is dropped.
+    pub unsafe fn register(&mut self, ptr: *mut u8, len: usize) -> Result<()> {
+        let acc = access::LOCAL_WRITE | access::REMOTE_READ;
+        // SAFETY: this function's contract (mapped until the client is dropped, which puts
+        // the handle back first).
+        let h = unsafe { self.msgr.context().rcache().get(ptr, len, acc) }?;
+        self.pinned.push((h, false));
+        if let Some(one) = &self.one {
+            let o = one.lock();
+            // SAFETY: as above.
+            let h = unsafe { o.ctx.rcache().get(ptr, len, access::LOCAL_WRITE) }?;
+            drop(o);
+            self.pinned.push((h, true));
+        }
+        Ok(())
+    }
+
+    /// Queries the volume's size and block size again.
+    pub fn query(&mut self, timeout: Duration) -> Result<VolumeInfo> {
+        let r = self.control(Op::Query, &[], Instant::now() + timeout)?;
+        if r.status != 0 {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "query: {}",
+                    std::io::Error::from_raw_os_error(r.status as i32)
+                ),
+            ));
+        }
+        let i = r.info.unwrap_or_default();
+        Ok(VolumeInfo {
+            size: i.size,
+            block_size: i.block_size,
+            one_sided: i.flags & INFO_ONE_SIDED != 0,
+        })
+    }
+
+    pub fn info(&self) -> VolumeInfo {
+        self.info
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Requests in flight.
+    pub fn inflight(&self) -> usize {
+        let n = self.sh.st.lock().inflight.len();
+        n + self.one.as_ref().map_or(0, |o| o.lock().inflight.len())
+    }
+
+    /// The eventfd that becomes readable when completions are ready, with worker threads
+    /// (`msgr_threads` above 0, rpc mode). In caller-driven mode nothing happens between
+    /// calls of [`BlkClient::poll`]: wait in `poll` instead.
+    pub fn event_fd(&self) -> RawFd {
+        self.sh.efd
+    }
+
+    /// Submits `reqs` in order and returns how many were accepted: fewer when a queue is
+    /// full (poll, then submit the rest). A request the client can tell is wrong (length
+    /// 0 or above 1 MiB, NULL buffer) is accepted and completes with `-EINVAL`; range and
+    /// alignment are the target's to judge (it answers `-EINVAL`/`-ERANGE`). `Closed` once
+    /// the target is gone.
+    ///
+    /// # Safety
+    /// Each request's `buf` must be valid for `len` bytes (writable for reads) and stay so,
+    /// untouched by the caller, until its completion was returned by `poll`.
+    pub unsafe fn submit(&mut self, reqs: &[Req]) -> Result<usize> {
+        let mut n = 0;
+        let mut batch: Vec<Prepared> = Vec::new();
+        for r in reqs {
+            {
+                let st = self.sh.st.lock();
+                if let Some(why) = &st.dead {
+                    if n > 0 {
+                        return Ok(n);
+                    }
+                    return Err(Error::new(ErrorKind::Closed, why.clone()));
+                }
+            }
+            let bad = matches!(r.op, Op::Read | Op::Write)
+                && (r.len == 0 || r.len > MAX_IO || r.buf.is_null());
+            if bad || matches!(r.op, Op::Open | Op::Query) {
+                if !batch.is_empty() {
+                    // Keep completions in order of acceptance: post what waits first.
+                    let want = batch.len();
+                    let k = self.post_one_sided(&mut batch)?;
+                    n += k;
+                    if k < want {
+                        return Ok(n);
+                    }
+                }
+                let mut st = self.sh.st.lock();
+                st.done.push_back(Completion {
+                    cookie: r.cookie,
+                    status: -libc::EINVAL,
+                    len: 0,
+                });
+                n += 1;
+                continue;
+            }
+            if self.one.is_some() && r.op != Op::Flush {
+                // One-sided: prepared here, posted as one batch (one post, one doorbell).
+                match self.prepare_one_sided(r, &mut batch) {
+                    Ok(()) => {}
+                    Err(e) => {
+                        let k = self.post_one_sided(&mut batch)?;
+                        return if n + k > 0 { Ok(n + k) } else { Err(e) };
+                    }
+                }
+                continue;
+            }
+            if !batch.is_empty() {
+                let want = batch.len();
+                let k = self.post_one_sided(&mut batch)?;
+                n += k;
+                if k < want {
+                    return Ok(n);
+                }
+            }
+            if !self.submit_rpc(r)? {
+                return Ok(n);
+            }
+            n += 1;
+        }
+        n += self.post_one_sided(&mut batch)?;
+        Ok(n)
+    }
+
+    fn submit_rpc(&mut self, r: &Req) -> Result<bool> {
+        let id = self.next_id;
+        let hdr = ReqHdr {
+            op: r.op as u8,
+            vol: self.vol,
+            req_id: id,
+            offset: r.offset,
+            len: if r.op == Op::Flush { 0 } else { r.len },
+            name: Vec::new(),
+        };
+        let mut msg = OutMessage::new(MSG_REQ, hdr.encode());
+        if r.op == Op::Write {
+            // SAFETY: `submit`'s contract: valid and untouched until the completion, which
+            // waits for the send's acknowledgement.
+            msg = msg.with(unsafe { Payload::registered(r.buf, r.len as usize) });
+        }
+        // Held across `send` so that a worker thread's callbacks for this request find it.
+        let mut st = self.sh.st.lock();
+        st.inflight.insert(
+            id,
+            Pending {
+                cookie: r.cookie,
+                op: r.op,
+                buf: r.buf as usize,
+                len: hdr.len,
+                replied: None,
+                acked: false,
+            },
+        );
+        match self.msgr.send(self.session, msg) {
+            Ok(sid) => {
+                st.by_send.insert(sid, id);
+                self.next_id += 1;
+                Ok(true)
+            }
+            Err(e) => {
+                st.inflight.remove(&id);
+                match e.kind() {
+                    ErrorKind::Full => Ok(false),
+                    _ => Err(e.error),
+                }
+            }
+        }
+    }
+
+    /// Checks and registers a one-sided request and adds its work request to `batch`; a
+    /// request out of range completes at once (`-ERANGE`, counted in the batch as taken).
+    fn prepare_one_sided(&mut self, r: &Req, batch: &mut Vec<Prepared>) -> Result<()> {
+        let Some(one) = &self.one else {
+            return Err(Error::new(ErrorKind::InvalidArgument, "not one-sided"));
+        };
+        if let Some(e) = super::proto::check_range(self.info.size, r.offset, r.len) {
+            batch.push(Prepared {
+                wr: None,
+                cookie: r.cookie,
+                len: r.len,
+                handle: None,
+                errno: e as i32,
+            });
+            return Ok(());
+        }
+        let o = one.lock();
+        let acc = if r.op == Op::Read {
+            access::LOCAL_WRITE
+        } else {
+            0
+        };
+        // SAFETY: `submit`'s contract keeps the buffer mapped until the completion; the
+        // handle is put back then.
+        let h = unsafe { o.ctx.rcache().get(r.buf, r.len as usize, acc) }?;
+        let (addr, rkey) = (o.region_addr, o.rkey);
+        drop(o);
+        batch.push(Prepared {
+            wr: Some(SendReq {
+                cookie: 0,
+                opcode: if r.op == Op::Read {
+                    WrOpcode::RdmaRead
+                } else {
+                    WrOpcode::RdmaWrite
+                },
+                flags: send_flags::SIGNALED,
+                sges: smallvec::smallvec![Sge {
+                    addr: r.buf as u64,
+                    length: r.len,
+                    lkey: h.lkey(),
+                }],
+                remote_addr: addr + r.offset,
+                rkey,
+                imm: 0,
+            }),
+            cookie: r.cookie,
+            len: r.len,
+            handle: Some(h),
+            errno: 0,
+        });
+        Ok(())
+    }
+
+    /// Posts `batch` (in order) with one `post_send`; returns how many requests were
+    /// taken (the rest are released: the caller submits them again).
+    fn post_one_sided(&mut self, batch: &mut Vec<Prepared>) -> Result<usize> {
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let Some(one) = &self.one else {
+            batch.clear();
+            return Ok(0);
+        };
+        let mut o = one.lock();
+        let mut wrs: Vec<SendReq> = Vec::with_capacity(batch.len());
+        let mut next = o.next;
+        for p in batch.iter_mut() {
+            if let Some(w) = &mut p.wr {
+                w.cookie = next;
+                next += 1;
+                wrs.push(w.clone());
+            }
+        }
+        let posted = if wrs.is_empty() {
+            Ok(0)
+        } else {
+            match o.conn.post_send(&wrs) {
+                Ok(k) => Ok(k),
+                Err(e) if e.kind() == ErrorKind::Full => Ok(0),
+                Err(e) => Err(e),
+            }
+        };
+        let posted = match posted {
+            Ok(k) => k,
+            Err(e) => {
+                for p in batch.drain(..) {
+                    if let Some(h) = p.handle {
+                        let _ = o.ctx.rcache().put(h);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        // Taken: every request up to the last posted WR, and local failures before the
+        // first refused WR.
+        let mut taken = 0;
+        let mut wr_i = 0;
+        let mut refused = false;
+        let mut local = Vec::new();
+        for p in batch.drain(..) {
+            match (p.wr, p.handle) {
+                (Some(w), Some(h)) if !refused && wr_i < posted => {
+                    wr_i += 1;
+                    o.inflight.insert(w.cookie, (p.cookie, p.len, h));
+                    taken += 1;
+                }
+                (None, _) if !refused && (wr_i < posted || posted == wrs.len()) => {
+                    local.push(Completion {
+                        cookie: p.cookie,
+                        status: -p.errno,
+                        len: 0,
+                    });
+                    taken += 1;
+                }
+                (_, h) => {
+                    // Refused (queue full) and everything after it: given back.
+                    refused = true;
+                    if let Some(h) = h {
+                        let _ = o.ctx.rcache().put(h);
+                    }
+                }
+            }
+        }
+        o.next = next;
+        drop(o);
+        if !local.is_empty() {
+            self.sh.st.lock().done.extend(local);
+        }
+        Ok(taken)
+    }
+
+    /// Reaps the one-sided connection's completions into the done queue.
+    fn reap_one_sided(&self) -> usize {
+        let Some(one) = &self.one else {
+            return 0;
+        };
+        let mut o = one.lock();
+        let mut wcs = std::mem::take(&mut o.wcs);
+        let n = o.conn.poll(&mut wcs);
+        let mut out = Vec::with_capacity(n);
+        for wc in &wcs[..n] {
+            if let Some((cookie, len, h)) = o.inflight.remove(&wc.cookie) {
+                let _ = o.ctx.rcache().put(h);
+                let ok = wc.status == WcStatus::Success;
+                out.push(Completion {
+                    cookie,
+                    status: if ok { 0 } else { -libc::EIO },
+                    len: if ok { len } else { 0 },
+                });
+            }
+        }
+        o.wcs = wcs;
+        if n == 0 && !o.inflight.is_empty() && o.conn.qp_state() == crate::rc::verbs::QpState::Err {
+            // Gone without flushing what was posted (should not happen): fail the rest.
+            let all: Vec<(u64, u32, Handle)> = o.inflight.drain().map(|(_, v)| v).collect();
+            for (cookie, _, h) in all {
+                let _ = o.ctx.rcache().put(h);
+                out.push(Completion {
+                    cookie,
+                    status: -libc::EIO,
+                    len: 0,
+                });
+            }
+        }
+        drop(o);
+        let k = out.len();
+        if k > 0 {
+            self.sh.st.lock().done.extend(out);
+        }
+        k
+    }
+
+    /// Drives progress for up to `timeout` while nothing is ready: polls (caller-driven
+    /// mode) for up to the spin budget, then sleeps.
+    fn wait(&self, timeout: Duration) -> Result<()> {
+        if self.one.is_some() {
+            return self.wait_one_sided(timeout);
+        }
+        if self.caller_driven && !timeout.is_zero() {
+            let start = Instant::now();
+            let budget = self.spin.map_or(timeout, |s| s.min(timeout));
+            loop {
+                let got = self.reap_one_sided();
+                let n = self.msgr.poll(Duration::ZERO)?;
+                if got > 0 || (n > 0 && !self.sh.st.lock().done.is_empty()) {
+                    return Ok(());
+                }
+                if start.elapsed() >= budget {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            if self.spin.is_none() {
+                return Ok(());
+            }
+        }
+        let got = self.reap_one_sided();
+        if self.caller_driven {
+            let t = if got > 0 || self.one.is_some() {
+                Duration::ZERO
+            } else {
+                timeout
+            };
+            self.msgr.poll(t)?;
+        }
+        if got > 0 || !self.sh.st.lock().done.is_empty() {
+            return Ok(());
+        }
+        if let Some(one) = &self.one {
+            // Sleep on the connection's completion fd briefly (the messenger is polled
+            // again on the next round).
+            let o = one.lock();
+            if o.inflight.is_empty() {
+                drop(o);
+                if self.caller_driven {
+                    self.msgr.poll(timeout.min(Duration::from_millis(1)))?;
+                } else {
+                    std::thread::sleep(timeout.min(Duration::from_micros(200)));
+                }
+                return Ok(());
+            }
+            o.conn.req_notify();
+            let fd = o.conn.event_fd();
+            drop(o);
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = timeout.as_millis().clamp(0, 1) as i32;
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, ms) };
+            if let Some(one) = &self.one {
+                one.lock().conn.clear_event();
+            }
+        } else if !self.caller_driven {
+            let mut p = libc::pollfd {
+                fd: self.sh.efd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, ms) };
+        }
+        Ok(())
+    }
+
+    /// `wait` for one-sided mode: polls the connection for the spin budget (the messenger
+    /// too when a flush is in flight, and about every millisecond for its keepalives),
+    /// then sleeps on the connection's completion fd for up to 1 ms.
+    fn wait_one_sided(&self, timeout: Duration) -> Result<()> {
+        let Some(one) = &self.one else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        let budget = self.spin_one.map_or(timeout, |s| s.min(timeout));
+        loop {
+            let got = self.reap_one_sided();
+            let rpc_waiting = !self.sh.st.lock().inflight.is_empty();
+            let due = self.last_msgr.lock().elapsed() >= Duration::from_millis(1);
+            if self.caller_driven && (rpc_waiting || due) {
+                self.msgr.poll(Duration::ZERO)?;
+                *self.last_msgr.lock() = Instant::now();
+            }
+            if got > 0 || !self.sh.st.lock().done.is_empty() {
+                return Ok(());
+            }
+            if start.elapsed() >= budget {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if self.spin_one.is_none() || timeout.is_zero() {
+            return Ok(());
+        }
+        let o = one.lock();
+        o.conn.req_notify();
+        let fd = o.conn.event_fd();
+        drop(o);
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = (timeout.saturating_sub(start.elapsed()).as_millis()).clamp(0, 1) as i32;
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) };
+        one.lock().conn.clear_event();
+        Ok(())
+    }
+
+    /// Moves up to `max` completions into `out` (appended), waiting up to `timeout` for at
+    /// least `min` of them (`min` 0: never waits). Returns how many were appended.
+    pub fn poll(
+        &self,
+        out: &mut Vec<Completion>,
+        min: usize,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<usize> {
+        let deadline = Instant::now() + timeout;
+        let mut n = 0;
+        loop {
+            {
+                let mut st = self.sh.st.lock();
+                while n < max {
+                    let Some(c) = st.done.pop_front() else {
+                        break;
+                    };
+                    out.push(c);
+                    n += 1;
+                }
+                if st.done.is_empty() {
+                    let mut v: u64 = 0;
+                    // SAFETY: reads 8 bytes into a valid u64 from our non-blocking eventfd.
+                    let _ = unsafe { libc::read(self.sh.efd, (&mut v as *mut u64).cast(), 8) };
+                }
+            }
+            if n >= min.min(max) && (n > 0 || min == 0) {
+                if n == 0 {
+                    // min == 0: one pass of progress, no wait.
+                    self.wait(Duration::ZERO)?;
+                    let mut st = self.sh.st.lock();
+                    while n < max {
+                        let Some(c) = st.done.pop_front() else {
+                            break;
+                        };
+                        out.push(c);
+                        n += 1;
+                    }
+                }
+                return Ok(n);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(n);
+            }
+            self.wait(left)?;
+        }
+    }
+
+    /// Whether the target is gone (every later submission is refused).
+    pub fn is_closed(&self) -> bool {
+        self.sh.st.lock().dead.is_some()
+    }
+
+    /// The messenger (counters).
+    pub fn messenger(&self) -> &Messenger {
+        &self.msgr
+    }
+
+    /// The session (counters through `messenger().session_info`).
+    pub fn session(&self) -> SessionId {
+        self.session
+    }
+}
+
+impl Drop for BlkClient {
+    fn drop(&mut self) {
+        let _ = self.msgr.close_session(self.session);
+        let pinned = std::mem::take(&mut self.pinned);
+        for (h, one_sided) in pinned {
+            if one_sided {
+                if let Some(one) = &self.one {
+                    let _ = one.lock().ctx.rcache().put(h);
+                }
+            } else {
+                let _ = self.msgr.context().rcache().put(h);
+            }
+        }
+        if let Some(one) = self.one.take() {
+            let mut o = one.into_inner();
+            o.conn.close();
+            let hs: Vec<Handle> = o.inflight.drain().map(|(_, (_, _, h))| h).collect();
+            for h in hs {
+                let _ = o.ctx.rcache().put(h);
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! `rdmx_blk_*`: the block client (`crate::blk::BlkClient`, docs/block.md). Open a volume
+//! on an `rdmx-target`, submit batches of read/write/flush requests into caller buffers
+//! with cookies, poll (or wait on the event fd) for completions, free.
+
+use super::boundary::{self, handle, out_ptr, str_arg};
+use super::config::rdmx_config;
+use super::status::rdmx_status;
+use crate::blk::{BlkClient, Completion, Mode, Op, Req};
+use crate::config::Config;
+use crate::error::{Error, ErrorKind};
+use parking_lot::Mutex;
+use std::ffi::{c_char, c_void};
+use std::time::Duration;
+
+/// `rdmx_blk_req.op`: read `len` bytes at `offset` into `buf`.
+pub const RDMX_BLK_READ: u32 = 3;
+/// `rdmx_blk_req.op`: write `len` bytes from `buf` at `offset`.
+pub const RDMX_BLK_WRITE: u32 = 4;
+/// `rdmx_blk_req.op`: make completed writes durable (`offset`, `len`, `buf` ignored).
+pub const RDMX_BLK_FLUSH: u32 = 5;
+/// `rdmx_blk_open` mode: every IO through the target (request + reply). A read's data is
+/// copied once, in rdmx, from the pool chunk it arrived in into `buf`.
+pub const RDMX_BLK_MODE_RPC: u32 = 0;
+/// `rdmx_blk_open` mode: reads and writes are one-sided RDMA READ/WRITE between `buf` and
+/// the volume's region (memory volumes only): no copy, no target CPU.
+pub const RDMX_BLK_MODE_READ: u32 = 1;
+
+/// A block client: one session to a target, one open volume. Opaque; free with
+/// `rdmx_blk_free`. Calls on one handle are serialized (a `rdmx_blk_poll` that waits holds
+/// off a `rdmx_blk_submit` from another thread until it returns): submit and poll from one
+/// thread, as fio does.
+#[allow(non_camel_case_types)]
+pub struct rdmx_blk {
+    inner: Mutex<BlkClient>,
+    efd: i32,
+}
+
+/// One IO request. `buf` is caller memory of `len` bytes (4 KiB-aligned offsets and
+/// lengths, up to 1 MiB); it is registered through the client's registration cache on
+/// first use (no copy for writes) and must stay valid and untouched until the request's
+/// completion was returned by `rdmx_blk_poll`. Any alignment works; page-aligned buffers
+/// register fewer pages.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy)]
+pub struct rdmx_blk_req {
+    /// RDMX_BLK_READ, RDMX_BLK_WRITE or RDMX_BLK_FLUSH.
+    pub op: u32,
+    pub len: u32,
+    pub offset: u64,
+    pub buf: *mut c_void,
+    /// Returned as is in the completion.
+    pub cookie: u64,
+}
+
+/// One finished request.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_blk_completion {
+    pub cookie: u64,
+    /// 0, or a negative errno: -EINVAL (misaligned, length 0 or above 1 MiB, unknown op),
+    /// -ERANGE (beyond the volume), -EIO (the target is gone or failed the IO), ...
+    pub status: i32,
+    /// Bytes transferred (the request's length on success, 0 on error).
+    pub len: u32,
+}
+
+/// A volume's geometry.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_blk_volume {
+    pub size: u64,
+    pub block_size: u32,
+    /// 1 when the volume is a memory volume open to RDMX_BLK_MODE_READ.
+    pub one_sided: u32,
+}
+
+fn mode_of(mode: u32) -> crate::error::Result<Mode> {
+    match mode {
+        RDMX_BLK_MODE_RPC => Ok(Mode::Rpc),
+        RDMX_BLK_MODE_READ => Ok(Mode::Read),
+        _ => Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("mode {mode}: expected RDMX_BLK_MODE_RPC (0) or RDMX_BLK_MODE_READ (1)"),
+        )),
+    }
+}
+
+/// Connects to the `rdmx-target` at `addr` ("HOST:PORT") and opens `volume`, within
+/// `timeout_ms` (0: 10 s). `cfg` (NULL: defaults and `RDMX_*` environment variables)
+/// carries the transport and `msgr_*` keys; `msgr_threads = 0` (the default) means
+/// `rdmx_blk_poll` drives all progress on the caller's thread. `*out` receives a client
+/// the caller owns (NULL on failure). RDMX_INVALID_ARGUMENT for an unknown volume,
+/// RDMX_UNSUPPORTED for RDMX_BLK_MODE_READ on a file volume, RDMX_TIMEOUT / RDMX_CLOSED
+/// when the target does not answer.
+///
+/// # Safety
+/// `cfg` NULL or live; `addr`, `volume` NULL or NUL-terminated; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_open(
+    cfg: *const rdmx_config,
+    addr: *const c_char,
+    volume: *const c_char,
+    mode: u32,
+    timeout_ms: u32,
+    out: *mut *mut rdmx_blk,
+) -> rdmx_status {
+    boundary::call("rdmx_blk_open", || {
+        let out = out_ptr(out)?;
+        // SAFETY: `out` is non-NULL and writable per the contract.
+        unsafe { out.write(std::ptr::null_mut()) };
+        // SAFETY: forwarded contract.
+        let addr = unsafe { str_arg(addr, "addr") }?;
+        // SAFETY: forwarded contract.
+        let volume = unsafe { str_arg(volume, "volume") }?;
+        let mode = mode_of(mode)?;
+        let owned;
+        // SAFETY: forwarded contract; NULL means "no config given".
+        let config = match unsafe { cfg.as_ref() } {
+            Some(c) => c.config(),
+            None => {
+                owned = Config::from_env()?;
+                &owned
+            }
+        };
+        let t = if timeout_ms == 0 {
+            Duration::from_secs(10)
+        } else {
+            Duration::from_millis(u64::from(timeout_ms))
+        };
+        let c = BlkClient::open(config, addr, volume, mode, t)?;
+        let efd = c.event_fd();
+        let b = Box::new(rdmx_blk {
+            inner: Mutex::new(c),
+            efd,
+        });
+        // SAFETY: as above.
+        unsafe { out.write(Box::into_raw(b)) };
+        Ok(())
+    })
+}
+
+/// The volume's size and block size.
+///
+/// # Safety
+/// `blk` NULL or live; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_info(
+    blk: *const rdmx_blk,
+    out: *mut rdmx_blk_volume,
+) -> rdmx_status {
+    boundary::call("rdmx_blk_info", || {
+        let out = out_ptr(out)?;
+        // SAFETY: forwarded contract.
+        let b = unsafe { handle(blk, "blk") }?;
+        let i = b.inner.lock().info();
+        // SAFETY: `out` checked non-NULL and writable.
+        unsafe {
+            out.write(rdmx_blk_volume {
+                size: i.size,
+                block_size: i.block_size,
+                one_sided: u32::from(i.one_sided),
+            })
+        };
+        Ok(())
+    })
+}
+
+/// Submits `n` requests in order; `*accepted` receives how many were taken (fewer than `n`
+/// when a queue is full: poll, then submit the rest). Requests the client can judge wrong
+/// (length 0 or above 1 MiB, NULL `buf`, unknown op) are accepted and complete with
+/// -EINVAL. RDMX_CLOSED (nothing accepted) once the target is gone.
+///
+/// # Safety
+/// `blk` NULL or live; `reqs` NULL or `n` readable requests, each `buf` valid for `len`
+/// bytes (writable for reads) until its completion is returned; `accepted` NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_submit(
+    blk: *mut rdmx_blk,
+    reqs: *const rdmx_blk_req,
+    n: usize,
+    accepted: *mut usize,
+) -> rdmx_status {
+    boundary::call("rdmx_blk_submit", || {
+        let accepted = out_ptr(accepted)?;
+        // SAFETY: `accepted` is non-NULL and writable per the contract.
+        unsafe { accepted.write(0) };
+        // SAFETY: forwarded contract.
+        let b = unsafe { handle(blk, "blk") }?;
+        if n == 0 {
+            return Ok(());
+        }
+        if reqs.is_null() {
+            return Err(Error::new(ErrorKind::InvalidArgument, "reqs is NULL"));
+        }
+        // SAFETY: `reqs` points to `n` requests per the contract.
+        let reqs = unsafe { std::slice::from_raw_parts(reqs, n) };
+        let v: Vec<Req> = reqs
+            .iter()
+            .map(|r| Req {
+                op: match r.op {
+                    RDMX_BLK_READ => Op::Read,
+                    RDMX_BLK_WRITE => Op::Write,
+                    RDMX_BLK_FLUSH => Op::Flush,
+                    // Completes with -EINVAL (the client refuses Open/Query as IO).
+                    _ => Op::Query,
+                },
+                offset: r.offset,
+                len: r.len,
+                buf: r.buf.cast(),
+                cookie: r.cookie,
+            })
+            .collect();
+        let mut c = b.inner.lock();
+        // SAFETY: forwarded contract (buffers valid until their completions).
+        let k = unsafe { c.submit(&v) }?;
+        // SAFETY: as above.
+        unsafe { accepted.write(k) };
+        Ok(())
+    })
+}
+
+/// Moves up to `max` completions into `out` and stores their number in `*n`, waiting up
+/// to `timeout_ms` (negative: up to 1 hour; 0: no wait) until at least `min` are
+/// there. Drives the client's progress (caller-driven mode).
+///
+/// # Safety
+/// `blk` NULL or live; `out` NULL or `max` writable entries; `n` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_poll(
+    blk: *mut rdmx_blk,
+    out: *mut rdmx_blk_completion,
+    max: usize,
+    min: usize,
+    timeout_ms: i32,
+    n: *mut usize,
+) -> rdmx_status {
+    boundary::call("rdmx_blk_poll", || {
+        let n = out_ptr(n)?;
+        // SAFETY: `n` is non-NULL and writable per the contract.
+        unsafe { n.write(0) };
+        // SAFETY: forwarded contract.
+        let b = unsafe { handle(blk, "blk") }?;
+        if max == 0 {
+            return Ok(());
+        }
+        let out = out_ptr(out)?;
+        let t = if timeout_ms < 0 {
+            Duration::from_secs(3600)
+        } else {
+            Duration::from_millis(timeout_ms as u64)
+        };
+        let mut v: Vec<Completion> = Vec::with_capacity(max.min(1024));
+        let k = b.inner.lock().poll(&mut v, min, max, t)?;
+        for (i, c) in v.iter().enumerate().take(k) {
+            // SAFETY: `out` has `max` writable entries and `k <= max`.
+            unsafe {
+                out.add(i).write(rdmx_blk_completion {
+                    cookie: c.cookie,
+                    status: c.status,
+                    len: c.len,
+                })
+            };
+        }
+        // SAFETY: as above.
+        unsafe { n.write(k) };
+        Ok(())
+    })
+}
+
+/// An eventfd that becomes readable when completions are ready, when the client runs the
+/// messenger's worker threads (`msgr_threads` > 0, RDMX_BLK_MODE_RPC); in caller-driven
+/// mode nothing progresses between calls: wait in `rdmx_blk_poll` instead. -1 for NULL.
+/// The fd belongs to the client (do not close it).
+///
+/// # Safety
+/// `blk` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_event_fd(blk: *const rdmx_blk) -> i32 {
+    boundary::call_value("rdmx_blk_event_fd", -1, || {
+        // SAFETY: forwarded contract.
+        unsafe { blk.as_ref() }.map_or(-1, |b| b.efd)
+    })
+}
+
+/// Registers `[addr, addr + len)` once for the client's lifetime (both the messenger's and
+/// the one-sided path's registration caches), so that requests with buffers inside it never
+/// register per IO (e.g. fio's whole IO buffer area). Optional: buffers outside any
+/// registered range are registered on first use and cached.
+///
+/// # Safety
+/// `blk` NULL or live; `[addr, addr + len)` mapped memory that stays mapped until
+/// `rdmx_blk_free`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_mem_register(
+    blk: *mut rdmx_blk,
+    addr: *mut c_void,
+    len: usize,
+) -> rdmx_status {
+    boundary::call("rdmx_blk_mem_register", || {
+        // SAFETY: forwarded contract.
+        let b = unsafe { handle(blk, "blk") }?;
+        if addr.is_null() || len == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "addr is NULL or len is 0",
+            ));
+        }
+        // SAFETY: forwarded contract (mapped until the client is freed).
+        unsafe { b.inner.lock().register(addr.cast(), len) }
+    })
+}
+
+/// Requests submitted and not yet returned by `rdmx_blk_poll` (0 for NULL).
+///
+/// # Safety
+/// `blk` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_inflight(blk: *const rdmx_blk) -> usize {
+    boundary::call_value("rdmx_blk_inflight", 0, || {
+        // SAFETY: forwarded contract.
+        unsafe { blk.as_ref() }.map_or(0, |b| b.inner.lock().inflight())
+    })
+}
+
+/// Closes the session and frees the client. Requests still in flight are abandoned: their
+/// buffers may be written until this call returns, never after. NULL is a no-op.
+///
+/// # Safety
+/// `blk` NULL or a client from `rdmx_blk_open`, not used again (by any thread) afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_free(blk: *mut rdmx_blk) {
+    boundary::call_value("rdmx_blk_free", (), || {
+        if !blk.is_null() {
+            // SAFETY: ownership returns here exactly once, per the contract.
+            drop(unsafe { Box::from_raw(blk) });
+        }
+    })
+}

@@ -1,0 +1,478 @@
+//! The block target and client (src/blk/, docs/block.md): data integrity in both modes and
+//! on both volume kinds, bad requests answered with errors, a client that dies mid-IO, many
+//! clients at once. Every wait is bounded.
+
+use rdmx::blk::proto::{self, MSG_REQ, Op, ReqHdr};
+use rdmx::blk::target::{Target, VolumeSpec};
+use rdmx::blk::{BlkClient, Completion, Mode, Req};
+use rdmx::config::Config;
+use rdmx::msgr::messenger::{Dispatcher, InMessage, Messenger, OutMessage, Policy, SessionId};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(10);
+
+fn cfg() -> Config {
+    Config::new()
+}
+
+fn target(specs: &[&str]) -> Target {
+    let specs: Vec<VolumeSpec> = specs.iter().map(|s| s.parse().unwrap()).collect();
+    Target::start(&cfg(), "127.0.0.1:0", &specs).unwrap()
+}
+
+fn open(t: &Target, vol: &str, mode: Mode) -> BlkClient {
+    BlkClient::open(&cfg(), &t.addr().to_string(), vol, mode, T).unwrap()
+}
+
+/// A page-aligned buffer.
+struct Buf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Buf {
+    fn new(len: usize) -> Buf {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Buf { ptr, len }
+    }
+    fn slice(&mut self) -> &mut [u8] {
+        // SAFETY: owned allocation of `len` bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    fn at(&self, off: usize) -> *mut u8 {
+        assert!(off <= self.len);
+        // SAFETY: within the allocation.
+        unsafe { self.ptr.add(off) }
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len, 4096).unwrap();
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+fn byte(off: u64, i: usize, seed: u8) -> u8 {
+    ((off as usize + i) as u8).wrapping_mul(31) ^ seed ^ ((off >> 12) as u8)
+}
+
+/// Submits every request (retrying what a full queue refused) and waits for all.
+fn run_all(c: &mut BlkClient, reqs: &[Req]) -> Vec<Completion> {
+    let mut done = Vec::new();
+    let mut next = 0;
+    let end = Instant::now() + T;
+    while done.len() < reqs.len() {
+        assert!(Instant::now() < end, "IO did not complete within {T:?}");
+        if next < reqs.len() {
+            // SAFETY: every buffer outlives this call, which waits for all completions.
+            next += unsafe { c.submit(&reqs[next..]) }.unwrap();
+        }
+        c.poll(&mut done, 1, 64, Duration::from_millis(50)).unwrap();
+    }
+    done
+}
+
+fn io(op: Op, off: u64, len: u32, buf: *mut u8, cookie: u64) -> Req {
+    Req {
+        op,
+        offset: off,
+        len,
+        buf,
+        cookie,
+    }
+}
+
+/// Writes a pattern over the first `span` bytes in `size`-byte IOs, reads it back at
+/// shuffled offsets, and checks every byte.
+fn write_read_check(c: &mut BlkClient, span: u64, size: u32, seed: u8) {
+    let n = (span / u64::from(size)) as usize;
+    let mut w = Buf::new(span as usize);
+    for (i, b) in w.slice().iter_mut().enumerate() {
+        let off = (i as u64 / u64::from(size)) * u64::from(size);
+        *b = byte(off, i % size as usize, seed);
+    }
+    let reqs: Vec<Req> = (0..n)
+        .map(|i| {
+            let off = i as u64 * u64::from(size);
+            io(Op::Write, off, size, w.at(off as usize), i as u64)
+        })
+        .collect();
+    for d in run_all(c, &reqs) {
+        assert_eq!(d.status, 0, "write {d:?}");
+        assert_eq!(d.len, size);
+    }
+    let mut r = Buf::new(span as usize);
+    r.slice().fill(0xEE);
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut x = 0x9E37_79B9u64 ^ u64::from(seed);
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let reqs: Vec<Req> = order
+        .iter()
+        .map(|&i| {
+            let off = i as u64 * u64::from(size);
+            io(Op::Read, off, size, r.at(off as usize), i as u64)
+        })
+        .collect();
+    for d in run_all(c, &reqs) {
+        assert_eq!(d.status, 0, "read {d:?}");
+    }
+    let got = r.slice().to_vec();
+    let want = w.slice().to_vec();
+    if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
+        panic!("byte {i} differs: got {:#x} want {:#x}", got[i], want[i]);
+    }
+}
+
+#[test]
+fn mem_volume_rpc_and_one_sided() {
+    let t = target(&["m0=mem:8M"]);
+    let mut c = open(&t, "m0", Mode::Rpc);
+    assert_eq!(c.info().size, 8 << 20);
+    assert_eq!(c.info().block_size, 4096);
+    assert!(c.info().one_sided);
+    write_read_check(&mut c, 2 << 20, 4096, 1);
+    write_read_check(&mut c, 4 << 20, 64 << 10, 2);
+    write_read_check(&mut c, 4 << 20, 1 << 20, 3);
+    assert_eq!(c.query(T).unwrap().size, 8 << 20);
+    let d = run_all(&mut c, &[io(Op::Flush, 0, 0, std::ptr::null_mut(), 7)]);
+    assert_eq!(d[0].status, 0);
+    // One-sided: what rpc wrote is read back by RDMA READ and vice versa.
+    let mut o = open(&t, "m0", Mode::Read);
+    let mut b = Buf::new(1 << 20);
+    let d = run_all(&mut o, &[io(Op::Read, 0, 1 << 20, b.at(0), 1)]);
+    assert_eq!(d[0].status, 0);
+    for (i, v) in b.slice().iter().enumerate() {
+        assert_eq!(*v, byte(0, i, 3), "one-sided read byte {i}");
+    }
+    write_read_check(&mut o, 2 << 20, 4096, 4);
+    let mut r = Buf::new(4096);
+    let d = run_all(&mut c, &[io(Op::Read, 8192, 4096, r.at(0), 1)]);
+    assert_eq!(d[0].status, 0);
+    assert!(
+        r.slice()
+            .iter()
+            .enumerate()
+            .all(|(i, v)| *v == byte(8192, i, 4))
+    );
+    // Out of range one-sided: refused locally with -ERANGE.
+    let d = run_all(&mut o, &[io(Op::Read, 8 << 20, 4096, r.at(0), 9)]);
+    assert_eq!(d[0].status, -libc::ERANGE);
+    assert_eq!(t.stats().one_sided_conns.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn file_volume_o_direct() {
+    let dir = std::env::temp_dir().join(format!("rdmx-blk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("vol.img");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(8 << 20).unwrap();
+    drop(f);
+    let t = target(&[&format!("f0=file:{}", path.display()), "m1=mem:1M"]);
+    let mut c = open(&t, "f0", Mode::Rpc);
+    assert_eq!(c.info().size, 8 << 20);
+    assert!(!c.info().one_sided);
+    write_read_check(&mut c, 2 << 20, 4096, 5);
+    write_read_check(&mut c, 4 << 20, 1 << 20, 6);
+    let d = run_all(&mut c, &[io(Op::Flush, 0, 0, std::ptr::null_mut(), 7)]);
+    assert_eq!(d[0].status, 0);
+    // The file holds what was written.
+    let data = std::fs::read(&path).unwrap();
+    assert!((0..4096).all(|i| data[i] == byte(0, i, 6)));
+    // mode=read needs a memory volume.
+    let e = BlkClient::open(&cfg(), &t.addr().to_string(), "f0", Mode::Read, T).unwrap_err();
+    assert!(e.to_string().contains("memory volume"), "{e}");
+    drop(c);
+    drop(t);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_requests_get_error_replies() {
+    let t = target(&["m0=mem:1M"]);
+    let e = BlkClient::open(&cfg(), &t.addr().to_string(), "nope", Mode::Rpc, T).unwrap_err();
+    assert!(e.to_string().contains("No such file"), "{e}");
+    let mut c = open(&t, "m0", Mode::Rpc);
+    let b = Buf::new(2 << 20);
+    let cases = [
+        (io(Op::Read, 1, 4096, b.at(0), 1), -libc::EINVAL),
+        (io(Op::Read, 0, 100, b.at(0), 2), -libc::EINVAL),
+        (
+            io(Op::Write, 4096 * 3 + 512, 4096, b.at(0), 3),
+            -libc::EINVAL,
+        ),
+        (io(Op::Read, 1 << 20, 4096, b.at(0), 4), -libc::ERANGE),
+        (
+            io(Op::Write, (1 << 20) - 4096, 8192, b.at(0), 5),
+            -libc::ERANGE,
+        ),
+        (
+            io(Op::Read, u64::MAX - 4095, 4096, b.at(0), 6),
+            -libc::ERANGE,
+        ),
+        (io(Op::Read, 0, 2 << 20, b.at(0), 7), -libc::EINVAL),
+        (io(Op::Read, 0, 0, b.at(0), 8), -libc::EINVAL),
+        (io(Op::Read, 0, 4096, b.at(0), 9), 0),
+    ];
+    let reqs: Vec<Req> = cases.iter().map(|(r, _)| *r).collect();
+    let mut d = run_all(&mut c, &reqs);
+    d.sort_by_key(|c| c.cookie);
+    for (got, (r, want)) in d.iter().zip(&cases) {
+        assert_eq!(got.cookie, r.cookie);
+        assert_eq!(got.status, *want, "{r:?}");
+    }
+    // Raw malformed messages on a session of our own: short front, unknown op, unknown
+    // volume handle, wrong message type, write without data. Each gets an error reply.
+    struct Sink(parking_lot::Mutex<Vec<InMessage>>);
+    impl Dispatcher for Sink {
+        fn on_message(&self, _m: &Messenger, _s: SessionId, msg: InMessage) {
+            self.0.lock().push(msg);
+        }
+    }
+    let sink = Arc::new(Sink(parking_lot::Mutex::new(Vec::new())));
+    let mut mc = cfg();
+    rdmx::blk::apply_defaults(&mut mc).unwrap();
+    let m = Messenger::new(&mc, sink.clone()).unwrap();
+    let s = m.connect(&t.addr().to_string(), Policy::Lossy).unwrap();
+    let hdr = |op: u8, vol: u32, id: u64, len: u32| {
+        ReqHdr {
+            op,
+            vol,
+            req_id: id,
+            offset: 0,
+            len,
+            name: Vec::new(),
+        }
+        .encode()
+    };
+    let msgs = [
+        OutMessage::new(MSG_REQ, vec![1, 3, 0]),
+        OutMessage::new(MSG_REQ, hdr(99, 0, 11, 0)),
+        OutMessage::new(MSG_REQ, hdr(Op::Read as u8, 42, 12, 4096)),
+        OutMessage::new(0x1234, hdr(Op::Read as u8, 0, 13, 4096)),
+        OutMessage::new(MSG_REQ, hdr(Op::Write as u8, 0, 14, 4096)),
+    ];
+    for msg in msgs {
+        m.send(s, msg).unwrap();
+    }
+    let end = Instant::now() + T;
+    while sink.0.lock().len() < 5 {
+        assert!(Instant::now() < end, "replies: {}", sink.0.lock().len());
+        m.poll(Duration::from_millis(20)).unwrap();
+    }
+    let mut statuses: Vec<(u64, u32)> = sink
+        .0
+        .lock()
+        .iter()
+        .map(|msg| {
+            let r = proto::Reply::decode(&msg.front).unwrap();
+            (r.req_id, r.status)
+        })
+        .collect();
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        vec![
+            (0, libc::EPROTO as u32),
+            (11, libc::EOPNOTSUPP as u32),
+            (12, libc::ENODEV as u32),
+            (13, libc::EPROTO as u32),
+            (14, libc::EINVAL as u32)
+        ]
+    );
+    // Still serving.
+    write_read_check(&mut c, 256 << 10, 4096, 9);
+    assert!(t.stats().errors.load(Ordering::Relaxed) >= 12);
+}
+
+#[test]
+fn client_dying_mid_io_leaves_the_target_serving() {
+    let t = target(&["m0=mem:16M"]);
+    let base = t.messenger().stats().data_pool.chunks_in_use;
+    for round in 0..5u64 {
+        let mut c = open(&t, "m0", Mode::Rpc);
+        let b = Buf::new(16 << 20);
+        let reqs: Vec<Req> = (0..16u64)
+            .map(|i| {
+                let op = if i % 2 == 0 { Op::Write } else { Op::Read };
+                io(op, i << 20, 1 << 20, b.at((i << 20) as usize), i)
+            })
+            .collect();
+        // SAFETY: `b` outlives the client, which is dropped (its IO abandoned) below.
+        let n = unsafe { c.submit(&reqs) }.unwrap();
+        assert!(n > 0);
+        let mut out = Vec::new();
+        let _ = c.poll(&mut out, 0, 64, Duration::ZERO);
+        if round % 2 == 0 {
+            // A fault on the wire rather than a goodbye.
+            let _ = c
+                .messenger()
+                .inject_fault(c.session(), rdmx::msgr::messenger::Fault::SideChannelClose);
+        }
+        drop(c);
+        drop(b);
+    }
+    let mut c = open(&t, "m0", Mode::Rpc);
+    write_read_check(&mut c, 1 << 20, 4096, 10);
+    drop(c);
+    // The target's sessions end and their chunks go back.
+    let end = Instant::now() + T;
+    loop {
+        let st = t.messenger().stats();
+        if st.sessions == 0 && st.data_pool.chunks_in_use <= base + 64 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "target still holds {} sessions, {} chunks (base {base})",
+            st.sessions,
+            st.data_pool.chunks_in_use
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn many_clients() {
+    let t = target(&["m0=mem:32M"]);
+    let addr = t.addr().to_string();
+    std::thread::scope(|s| {
+        for k in 0..16u8 {
+            let addr = addr.clone();
+            s.spawn(move || {
+                let mut c = BlkClient::open(&cfg(), &addr, "m0", Mode::Rpc, T).unwrap();
+                // Each client its own 2 MiB stripe (written, then read back shuffled).
+                let base = u64::from(k) * (2 << 20);
+                let mut w = Buf::new(2 << 20);
+                for (i, v) in w.slice().iter_mut().enumerate() {
+                    *v = byte(base, i, k);
+                }
+                let reqs: Vec<Req> = (0..512u64)
+                    .map(|i| io(Op::Write, base + i * 4096, 4096, w.at(i as usize * 4096), i))
+                    .collect();
+                assert!(run_all(&mut c, &reqs).iter().all(|d| d.status == 0));
+                let mut r = Buf::new(2 << 20);
+                let reqs: Vec<Req> = (0..512u64)
+                    .rev()
+                    .map(|i| io(Op::Read, base + i * 4096, 4096, r.at(i as usize * 4096), i))
+                    .collect();
+                assert!(run_all(&mut c, &reqs).iter().all(|d| d.status == 0));
+                assert!(r.slice() == w.slice(), "client {k}: data differs");
+            });
+        }
+    });
+    assert!(t.stats().requests.load(Ordering::Relaxed) >= 16 * 1024);
+}
+
+#[test]
+fn target_gone_fails_io_promptly() {
+    let t = target(&["m0=mem:4M"]);
+    for mode in [Mode::Rpc, Mode::Read] {
+        let mut c = open(&t, "m0", mode);
+        write_read_check(&mut c, 64 << 10, 4096, 11);
+        drop(c);
+    }
+    let mut c = open(&t, "m0", Mode::Rpc);
+    let mut o = open(&t, "m0", Mode::Read);
+    drop(t);
+    let b = Buf::new(4096);
+    for c in [&mut c, &mut o] {
+        let start = Instant::now();
+        let end = start + T;
+        let mut out = Vec::new();
+        let mut submitted = false;
+        loop {
+            assert!(Instant::now() < end, "no error within {T:?}");
+            // SAFETY: `b` outlives the wait below.
+            match unsafe { c.submit(&[io(Op::Read, 0, 4096, b.at(0), 1)]) } {
+                Ok(n) => submitted |= n > 0,
+                Err(e) => {
+                    assert_eq!(e.kind(), rdmx::ErrorKind::Closed, "{e}");
+                    break;
+                }
+            }
+            c.poll(&mut out, 0, 8, Duration::from_millis(20)).unwrap();
+            if out.iter().any(|d| d.status != 0) {
+                break;
+            }
+        }
+        let _ = submitted;
+        // Nothing left hanging.
+        let end = Instant::now() + T;
+        while c.inflight() > 0 {
+            assert!(
+                Instant::now() < end,
+                "{} requests still in flight",
+                c.inflight()
+            );
+            c.poll(&mut out, 0, 8, Duration::from_millis(20)).unwrap();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+}
+
+/// Measurement (ignored): 4K random reads at QD 32 for 2 s, rpc and read mode, one client,
+/// in-process target. `cargo test --release --test blk -- --ignored --nocapture blk_rate`.
+#[test]
+#[ignore]
+fn blk_rate() {
+    // RDMX_<KEY> variables (validated keys) tune both sides.
+    let cfg = Config::from_env().unwrap();
+    let specs: Vec<VolumeSpec> = vec!["m0=mem:64M".parse().unwrap()];
+    let t = Target::start(&cfg, "127.0.0.1:0", &specs).unwrap();
+    for mode in [Mode::Rpc, Mode::Read, Mode::Rpc] {
+        let mut c = BlkClient::open(&cfg, &t.addr().to_string(), "m0", mode, T).unwrap();
+        let b = Buf::new(32 * 4096);
+        let mut x = 88172645463325252u64;
+        let mut done = Vec::new();
+        let mut n = 0u64;
+        let start = Instant::now();
+        let mut free: Vec<u64> = (0..32).collect();
+        while start.elapsed() < Duration::from_secs(2) {
+            let reqs: Vec<Req> = free
+                .drain(..)
+                .map(|slot| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let off = (x % (16384)) * 4096;
+                    io(Op::Read, off, 4096, b.at(slot as usize * 4096), slot)
+                })
+                .collect();
+            // SAFETY: `b` outlives the client.
+            let k = unsafe { c.submit(&reqs) }.unwrap();
+            free.extend(reqs[k..].iter().map(|r| r.cookie));
+            done.clear();
+            c.poll(&mut done, 1, 32, Duration::from_millis(100))
+                .unwrap();
+            for d in &done {
+                assert_eq!(d.status, 0);
+                free.push(d.cookie);
+                n += 1;
+            }
+        }
+        let s = c.messenger().session_info(c.session()).unwrap();
+        eprintln!(
+            "{mode:?}: {:.0} IOPS; credit_stalls {} window {} ",
+            n as f64 / start.elapsed().as_secs_f64(),
+            s.counters.credit_stalls,
+            s.recv_window
+        );
+    }
+}
