@@ -45,12 +45,19 @@ if ! cargo build --release --quiet -p rdmx-perf -p rdmx-ibv; then
 fi
 source "$ROOT/bench/lib.sh"
 
-# A fresh TCP port per run (a stale server on a fixed port would measure an old binary).
-PORT=$((20000 + RANDOM % 20000))
-next_port() { PORT=$((PORT + 1)); }
-# A fresh pair of loopback addresses per run: 127.0.X.1 (server), 127.0.X.2 (client).
-NET=$((10 + RANDOM % 200))
-next_net() { NET=$(((NET + 1) % 250 + 1)); SRV_IP=127.0.$NET.1; CLI_IP=127.0.$NET.2; }
+# A fresh TCP port and a fresh pair of loopback addresses (127.0.X.1 server, 127.0.X.2
+# client) per run: a stale server on a fixed port would measure an old binary. The runs are
+# called in command substitutions (subshells), so the counter lives in a file.
+SEQ_FILE=$LOGDIR/seq
+echo 0 >"$SEQ_FILE"
+BASE_PORT=$((20000 + RANDOM % 20000))
+next_port() {
+    local n
+    n=$(($(cat "$SEQ_FILE") + 1))
+    echo "$n" >"$SEQ_FILE"
+    PORT=$((BASE_PORT + n))
+}
+next_net() { NET=$((PORT % 250 + 1)); SRV_IP=127.0.$NET.1; CLI_IP=127.0.$NET.2; }
 
 # native read_bw|read_lat: rdmx-perf server and client on the soft provider; prints the
 # client's JSON line.
@@ -115,7 +122,7 @@ for r in $(seq 1 "$ROUNDS"); do
     [ -n "$v" ] || { echo "ib_read_bw: no result" >&2; FAILED=1; }
     IB+=("$v")
     j=$(native read_lat)
-    v=$(field "$j" p50_us)
+    v=$(field "$j" lat_p50_us)
     [ -n "$v" ] || { echo "read_lat: no result: $j" >&2; FAILED=1; }
     NL+=("$v")
     o=$(perftest ib_read_lat -n 20000)
