@@ -108,7 +108,6 @@ bw_msg_rate() { awk '$1 == 4096 && NF >= 5 { print $5 * 1000000 }' <<<"$1" | tai
 # The result line of a perftest lat run: "#bytes #iterations t_min t_max t_typical ...".
 lat_typical() { awk '$1 == 4096 && NF >= 5 { print $5 }' <<<"$1" | tail -1; }
 
-median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print ""; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 echo "# $ROUNDS alternating rounds, $DURATION s each; logs in $LOGDIR"
 NB=() IB=() NL=() IL=()
@@ -136,7 +135,6 @@ nb=$(printf '%s\n' "${NB[@]}" | median)
 ib=$(printf '%s\n' "${IB[@]}" | median)
 nl=$(printf '%s\n' "${NL[@]}" | median)
 il=$(printf '%s\n' "${IL[@]}" | median)
-verdict() { awk -v r="$1" -v t="$2" -v dir="$3" 'BEGIN { ok = (dir == ">=") ? r >= t : r <= t; print ok ? "ok" : "BELOW" }'; }
 if [ -n "$nb" ] && [ -n "$ib" ] && [ -n "$nl" ] && [ -n "$il" ]; then
     rb=$(awk -v a="$ib" -v b="$nb" 'BEGIN { printf "%.3f", a / b }')
     rl=$(awk -v a="$il" -v b="$nl" 'BEGIN { printf "%.3f", a / b }')

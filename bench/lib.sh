@@ -30,3 +30,10 @@ stop() {
 field() {
     sed -n "s/.*\"$2\":\([-0-9.e]*\).*/\1/p" <<<"$1"
 }
+
+# median: the median of the numbers on stdin, one per line (mean of the middle two for an
+# even count; empty for none).
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print ""; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+# verdict RATIO TARGET ">="|"<=": "ok" when RATIO meets TARGET that way, else "BELOW".
+verdict() { awk -v r="$1" -v t="$2" -v dir="$3" 'BEGIN { ok = (dir == ">=") ? r >= t : r <= t; print ok ? "ok" : "BELOW" }'; }

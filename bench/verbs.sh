@@ -81,7 +81,6 @@ run() {
     echo "$out"
 }
 
-median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print ""; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 echo "# $ROUNDS alternating rounds, $DURATION s each; logs in $LOGDIR"
 SB=() VB=() SL=() VL=()
@@ -96,7 +95,6 @@ sb=$(printf '%s\n' "${SB[@]}" | median)
 vb=$(printf '%s\n' "${VB[@]}" | median)
 sl=$(printf '%s\n' "${SL[@]}" | median)
 vl=$(printf '%s\n' "${VL[@]}" | median)
-verdict() { awk -v r="$1" -v t="$2" -v dir="$3" 'BEGIN { ok = (dir == ">=") ? r >= t : r <= t; print ok ? "ok" : "BELOW" }'; }
 if [ -n "$sb" ] && [ -n "$vb" ] && [ -n "$sl" ] && [ -n "$vl" ]; then
     rb=$(awk -v a="$vb" -v b="$sb" 'BEGIN { printf "%.3f", a / b }')
     rl=$(awk -v a="$vl" -v b="$sl" 'BEGIN { printf "%.3f", a / b }')
