@@ -27,6 +27,9 @@ pub(crate) struct Context {
 
 pub(crate) struct ContextState {
     pub(crate) dev: Arc<Device>,
+    /// Destroyed objects kept for their unacknowledged event records (freed with the
+    /// context at the latest).
+    pub(crate) retired: super::retire::RetiredList,
 }
 
 /// The device of this process: every context of the process shares it (one UDP port 4791
@@ -184,7 +187,10 @@ pub(crate) unsafe extern "C" fn alloc_context(
             }
             (*vctx).context.async_fd = afd;
             (*vctx).context.num_comp_vectors = 1;
-            (*raw).state = Box::into_raw(Box::new(ContextState { dev }));
+            (*raw).state = Box::into_raw(Box::new(ContextState {
+                dev,
+                retired: Default::default(),
+            }));
             vctx
         }
     })

@@ -12,6 +12,7 @@
 pub mod channel;
 pub mod context;
 pub mod objects;
+mod retire;
 
 use crate::abi::{self, verbs_device_ops, verbs_match_ent};
 use rdmx::error::{Error, ErrorKind};

@@ -12,7 +12,8 @@
 //! set `*bad_wr`; poll returns the count or a negative value.
 
 use super::channel;
-use super::context::device_of;
+use super::context::{device_of, state};
+use super::retire::{Retired, read_locked};
 use super::{fail, guard, set_errno};
 use crate::abi::{IBV_MR_TYPE_MR, verbs_cq, verbs_mr, verbs_qp, verbs_srq};
 use crate::verbs::{
@@ -179,6 +180,84 @@ unsafe fn free_obj<T>(p: *mut T, clear: impl FnOnce(&mut T)) {
     drop(b);
 }
 
+/// Frees a boxed object.
+///
+/// # Safety
+/// `p` came from `Box::into_raw` of a `T` and is not used afterwards.
+unsafe fn free_box<T>(p: usize) {
+    // SAFETY: per the contract.
+    drop(unsafe { Box::from_raw(p as *mut T) });
+}
+
+/// Ends the life of an object whose destroy succeeded: `clear` (which clears its magic
+/// word and drops its rdmx part) runs now; its memory is freed now, or once the
+/// application has acknowledged the `written` event records that name it (`acked` reads
+/// its count; see [`super::retire`]).
+///
+/// # Safety
+/// `p` came from `Box::into_raw` of a `T` of the context `ctx`, its destroy succeeded (no
+/// record is written about it any more), and the caller does not use it afterwards.
+unsafe fn retire<T>(
+    p: *mut T,
+    ctx: *mut ibv_context,
+    written: u64,
+    acked: unsafe fn(usize) -> u32,
+    clear: impl FnOnce(&mut T),
+) {
+    // SAFETY: per the contract, the box is live and ours alone.
+    clear(unsafe { &mut *p });
+    let r = Retired {
+        ptr: p as usize,
+        written,
+        acked,
+        free: free_box::<T>,
+    };
+    // SAFETY: ctx is the object's context (alive while its objects are); the object is
+    // handed to its list, which alone frees it.
+    unsafe {
+        match state(ctx) {
+            Some(s) => s.retired.retire(r),
+            None => free_box::<T>(r.ptr),
+        }
+    }
+}
+
+/// `ibv_qp.events_completed`.
+unsafe fn qp_acked(p: usize) -> u32 {
+    let q = p as *mut ibv_qp;
+    // SAFETY: a live QpObj, whose first member is the ibv_qp (mutex initialised at create).
+    unsafe {
+        read_locked(
+            (&raw mut (*q).mutex).cast(),
+            &raw const (*q).events_completed,
+        )
+    }
+}
+
+/// `ibv_srq.events_completed`.
+unsafe fn srq_acked(p: usize) -> u32 {
+    let q = p as *mut ibv_srq;
+    // SAFETY: a live SrqObj, whose first member is the ibv_srq.
+    unsafe {
+        read_locked(
+            (&raw mut (*q).mutex).cast(),
+            &raw const (*q).events_completed,
+        )
+    }
+}
+
+/// `ibv_cq.comp_events_completed` (the provider raises no CQ async event).
+unsafe fn cq_acked(p: usize) -> u32 {
+    let c = p as *mut ibv_cq;
+    // SAFETY: a live CqObj, whose first member is the ibv_cq.
+    unsafe {
+        read_locked(
+            (&raw mut (*c).mutex).cast(),
+            &raw const (*c).comp_events_completed,
+        )
+    }
+}
+
 pub(crate) unsafe extern "C" fn reg_mr(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -304,14 +383,21 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         let Some(o) = (unsafe { cq_obj(cq) }) else {
             return libc::EINVAL;
         };
+        let mut written = 0;
         if let Some(inner) = &o.inner {
             if let Err(e) = inner.destroy() {
                 return fail("destroy_cq", &e);
             }
+            written = inner.events_written();
         }
-        // SAFETY: ours, destroyed. The mutex and cond libibverbs initialised hold no
-        // resources on Linux.
-        unsafe { free_obj(cq.cast::<CqObj>(), |o| o.magic = 0) };
+        // SAFETY: ours, destroyed (by this call alone: a second destroy fails above). The
+        // mutex and cond libibverbs initialised hold no resources on Linux.
+        unsafe {
+            retire(cq.cast::<CqObj>(), (*cq).context, written, cq_acked, |o| {
+                o.magic = 0;
+                o.inner = None;
+            })
+        };
         0
     })
 }
@@ -468,13 +554,26 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         let Some(o) = (unsafe { srq_obj(srq) }) else {
             return libc::EINVAL;
         };
+        let mut written = 0;
         if let Some(inner) = &o.inner {
             if let Err(e) = inner.destroy() {
                 return fail("destroy_srq", &e);
             }
+            written = inner.events_written();
         }
-        // SAFETY: ours, destroyed.
-        unsafe { free_obj(srq.cast::<SrqObj>(), |o| o.magic = 0) };
+        // SAFETY: ours, destroyed (by this call alone).
+        unsafe {
+            retire(
+                srq.cast::<SrqObj>(),
+                (*srq).context,
+                written,
+                srq_acked,
+                |o| {
+                    o.magic = 0;
+                    o.inner = None;
+                },
+            )
+        };
         0
     })
 }
@@ -741,13 +840,20 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         let Some(o) = (unsafe { qp_obj(qp) }) else {
             return libc::EINVAL;
         };
+        let mut written = 0;
         if let Some(inner) = &o.inner {
             if let Err(e) = inner.destroy() {
                 return fail("destroy_qp", &e);
             }
+            written = inner.events_written();
         }
-        // SAFETY: ours, destroyed.
-        unsafe { free_obj(qp.cast::<QpObj>(), |o| o.magic = 0) };
+        // SAFETY: ours, destroyed (by this call alone).
+        unsafe {
+            retire(qp.cast::<QpObj>(), (*qp).context, written, qp_acked, |o| {
+                o.magic = 0;
+                o.inner = None;
+            })
+        };
         0
     })
 }

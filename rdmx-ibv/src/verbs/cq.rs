@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use super::device::{Device, limits};
+use super::events::EventTally;
 use super::sys::RecordPipe;
 
 /// A completion channel (`ibv_create_comp_channel`).
@@ -61,9 +62,10 @@ impl CompChannel {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// Writes one `ib_uverbs_comp_event_desc` for the CQ `handle`.
-    fn notify(&self, handle: u64) {
-        if !self.pipe.write_record(&handle.to_ne_bytes()) {
+    /// Writes one `ib_uverbs_comp_event_desc` for the CQ `handle`; false if it was dropped.
+    fn notify(&self, handle: u64) -> bool {
+        let written = self.pipe.write_record(&handle.to_ne_bytes());
+        if !written {
             let n = self.dropped.fetch_add(1, Ordering::Relaxed);
             if n % 1024 == 0 {
                 log::warn!(
@@ -73,6 +75,7 @@ impl CompChannel {
                 );
             }
         }
+        written
     }
 }
 
@@ -130,6 +133,8 @@ pub struct Cq {
     pub(crate) soft: Arc<SoftCq>,
     handle: u64,
     channel: Option<Arc<CompChannel>>,
+    /// Channel records written about this CQ.
+    events: Arc<EventTally>,
     /// QPs using this CQ (as send or receive CQ, counted once per use).
     pub(crate) qps: AtomicUsize,
     inline: bool,
@@ -159,10 +164,12 @@ impl Cq {
                 "create_cq: the completion channel was destroyed",
             ));
         }
+        let events = Arc::new(EventTally::default());
         let hook: Box<dyn Fn() + Send + Sync> = match &channel {
             Some(c) => {
                 let c = Arc::clone(c);
-                Box::new(move || c.notify(handle))
+                let events = Arc::clone(&events);
+                Box::new(move || events.emit(|| c.notify(handle)))
             }
             None => Box::new(|| {}),
         };
@@ -175,6 +182,7 @@ impl Cq {
             soft,
             handle,
             channel,
+            events,
             qps: AtomicUsize::new(0),
             inline: dev.settings().progress == Progress::Inline,
             dead: AtomicBool::new(false),
@@ -183,6 +191,12 @@ impl Cq {
 
     pub fn handle(&self) -> u64 {
         self.handle
+    }
+
+    /// Completion channel records written about this CQ (each one the application must
+    /// acknowledge with `ibv_ack_cq_events` before the CQ's memory may go).
+    pub fn events_written(&self) -> u64 {
+        self.events.written()
     }
 
     /// The number of entries (`ibv_cq.cqe`).
@@ -248,22 +262,23 @@ impl Cq {
         Ok(())
     }
 
-    /// `ibv_destroy_cq`: Busy while QPs use it.
+    /// `ibv_destroy_cq`: Busy while QPs use it. No channel record is written after it
+    /// returns; [`Cq::events_written`] is then final.
     pub fn destroy(&self) -> Result<()> {
-        if self.dead.load(Ordering::Acquire) {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "destroy_cq: already destroyed",
-            ));
-        }
         let n = self.qps.load(Ordering::Acquire);
-        if n > 0 {
+        if n > 0 && !self.dead.load(Ordering::Acquire) {
             return Err(Error::new(
                 ErrorKind::Busy,
                 format!("destroy_cq: {n} QP(s) still use it"),
             ));
         }
-        self.dead.store(true, Ordering::Release);
+        if self.dead.swap(true, Ordering::AcqRel) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "destroy_cq: already destroyed",
+            ));
+        }
+        self.events.close();
         if let Some(c) = &self.channel {
             c.cqs.fetch_sub(1, Ordering::AcqRel);
         }

@@ -60,12 +60,12 @@ impl AsyncEvents {
         self.pipe.read_fd()
     }
 
-    /// Queues event `event_type` about the object with `handle`.
-    pub fn raise(&self, handle: u64, event_type: u32) {
+    /// Queues event `event_type` about the object with `handle`; false if it was dropped.
+    pub fn raise(&self, handle: u64, event_type: u32) -> bool {
         if self.pipe.write_record(&encode(handle, event_type)) {
             self.raised.fetch_add(1, Ordering::Relaxed);
             log::debug!(target: "rdmx::ibv", "async event {event_type} on {handle:#x}");
-            return;
+            return true;
         }
         let n = self.dropped.fetch_add(1, Ordering::Relaxed);
         if n % 1024 == 0 {
@@ -75,6 +75,7 @@ impl AsyncEvents {
                 n + 1
             );
         }
+        false
     }
 
     /// Events queued so far.
@@ -85,5 +86,64 @@ impl AsyncEvents {
     /// Events lost because the pipe was full.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// The event records written about one object (a QP, an SRQ, or a CQ's completion
+/// channel records), stopped at its destroy.
+///
+/// libibverbs turns each record back into the object's pointer for the application, which
+/// acknowledges it later (`ibv_ack_async_event`, `ibv_ack_cq_events` count into the
+/// object's own `events_completed`). A kernel makes destroy wait for those acks and purges
+/// unread records; a pipe cannot be purged, so the glue keeps the object's memory until the
+/// acks reach [`EventTally::written`] (see `glue::objects`). `close` and `emit` share a lock,
+/// so no record is written after `close` returns.
+#[derive(Debug, Default)]
+pub struct EventTally {
+    /// (closed, records written).
+    state: parking_lot::Mutex<(bool, u64)>,
+}
+
+impl EventTally {
+    /// Runs `write` (which returns whether a record went out) unless closed; counts it.
+    pub fn emit(&self, write: impl FnOnce() -> bool) {
+        let mut s = self.state.lock();
+        if !s.0 && write() {
+            s.1 += 1;
+        }
+    }
+
+    /// Stops further records; returns how many were written.
+    pub fn close(&self) -> u64 {
+        let mut s = self.state.lock();
+        s.0 = true;
+        s.1
+    }
+
+    /// Records written so far.
+    pub fn written(&self) -> u64 {
+        self.state.lock().1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tally_counts_written_records_and_stops_at_close() {
+        let t = EventTally::default();
+        t.emit(|| true);
+        t.emit(|| false); // pipe full: not counted
+        t.emit(|| true);
+        assert_eq!(t.written(), 2);
+        assert_eq!(t.close(), 2);
+        let mut ran = false;
+        t.emit(|| {
+            ran = true;
+            true
+        });
+        assert!(!ran, "no record after close");
+        assert_eq!(t.written(), 2);
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::device::limits;
-use super::events::event_type;
+use super::events::{EventTally, event_type};
 use super::pd::Pd;
 use super::qp::RecvWr;
 
@@ -36,6 +36,8 @@ pub struct Srq {
     pd: Arc<Pd>,
     handle: u64,
     pub(crate) soft: Arc<SoftSrq>,
+    /// Async event records written about this SRQ.
+    events: Arc<EventTally>,
     /// QPs attached and not destroyed.
     pub(crate) qps: AtomicUsize,
     dead: AtomicBool,
@@ -60,14 +62,17 @@ impl Srq {
         }
         let soft = Arc::new(SoftSrq::new(attr.max_wr, attr.max_sge, attr.srq_limit)?);
         let events = Arc::clone(&pd.dev.events);
+        let tally = Arc::new(EventTally::default());
+        let t = Arc::clone(&tally);
         soft.set_limit_hook(Box::new(move || {
-            events.raise(handle, event_type::SRQ_LIMIT_REACHED)
+            t.emit(|| events.raise(handle, event_type::SRQ_LIMIT_REACHED))
         }));
         pd.users.fetch_add(1, Ordering::AcqRel);
         Ok(Arc::new(Srq {
             pd: Arc::clone(pd),
             handle,
             soft,
+            events: tally,
             qps: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
         }))
@@ -85,6 +90,12 @@ impl Srq {
 
     pub fn handle(&self) -> u64 {
         self.handle
+    }
+
+    /// Async event records written about this SRQ (each one the application must
+    /// acknowledge before the SRQ's memory may go).
+    pub fn events_written(&self) -> u64 {
+        self.events.written()
     }
 
     pub fn pd(&self) -> &Arc<Pd> {
@@ -142,6 +153,7 @@ impl Srq {
     }
 
     /// `ibv_destroy_srq`: Busy while QPs use it; queued WQEs are dropped (no completions).
+    /// No event is written after it returns.
     pub fn destroy(&self) -> Result<()> {
         self.check_alive()?;
         let n = self.qps.load(Ordering::Acquire);
@@ -151,7 +163,10 @@ impl Srq {
                 format!("destroy_srq: {n} QP(s) still use it"),
             ));
         }
-        self.dead.store(true, Ordering::Release);
+        if self.dead.swap(true, Ordering::AcqRel) {
+            return self.check_alive();
+        }
+        self.events.close();
         self.soft.drain(self.pd.dev.soft.mrs());
         self.pd.users.fetch_sub(1, Ordering::AcqRel);
         Ok(())

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::cq::Cq;
 use super::device::limits;
-use super::events::event_type;
+use super::events::{EventTally, event_type};
 use super::pd::Pd;
 use super::srq::Srq;
 use inline::InlineArena;
@@ -89,6 +89,8 @@ pub struct Qp {
     /// The AV given at RTR (for `query`).
     ah: Mutex<AhAttr>,
     overrides: Overrides,
+    /// Async event records written about this QP.
+    events: Arc<EventTally>,
     dead: AtomicBool,
 }
 
@@ -177,12 +179,14 @@ impl Qp {
             }
         };
         let events = Arc::clone(&dev.events);
+        let tally = Arc::new(EventTally::default());
+        let t = Arc::clone(&tally);
         let hook = Box::new(move |e: QpErrorEvent| {
             if e.fatal {
-                events.raise(handle, event_type::QP_FATAL);
+                t.emit(|| events.raise(handle, event_type::QP_FATAL));
             }
             if e.last_wqe {
-                events.raise(handle, event_type::QP_LAST_WQE_REACHED);
+                t.emit(|| events.raise(handle, event_type::QP_LAST_WQE_REACHED));
             }
         });
         soft.attach_verbs(init.srq.as_ref().map(|s| Arc::clone(&s.soft)), hook)?;
@@ -203,6 +207,7 @@ impl Qp {
             send: Mutex::new(SendSide { arena, seq: 0 }),
             ah: Mutex::new(AhAttr::default()),
             overrides: Overrides::default(),
+            events: tally,
             dead: AtomicBool::new(false),
         }))
     }
@@ -219,6 +224,12 @@ impl Qp {
 
     pub fn handle(&self) -> u64 {
         self.handle
+    }
+
+    /// Async event records written about this QP (each one the application must
+    /// acknowledge before the QP's memory may go); final once destroyed.
+    pub fn events_written(&self) -> u64 {
+        self.events.written()
     }
 
     pub fn pd(&self) -> &Arc<Pd> {
@@ -458,17 +469,20 @@ impl Qp {
     /// `ibv_destroy_qp`: the QP leaves the device (its packets are dropped from now on);
     /// outstanding WRs are discarded without completions, as verbs.
     pub fn destroy(&self) -> Result<()> {
-        self.check_alive()?;
-        self.teardown();
+        if !self.teardown() {
+            return self.check_alive();
+        }
         Ok(())
     }
 
     /// Leaves the device, then resets the engine (waiting for a progress pass that may
-    /// still drive it), then frees the inline arena; releases the counts it held.
-    fn teardown(&self) {
+    /// still drive it), then frees the inline arena; releases the counts it held; stops
+    /// its async events. False if it was already torn down.
+    fn teardown(&self) -> bool {
         if self.dead.swap(true, Ordering::AcqRel) {
-            return;
+            return false;
         }
+        self.events.close();
         let dev = &self.pd.dev;
         super::stats::qp_destroyed(&self.soft);
         dev.soft.destroy_qp(self.soft.qpn());
@@ -483,6 +497,7 @@ impl Qp {
         }
         self.pd.users.fetch_sub(1, Ordering::AcqRel);
         dev.qps.fetch_sub(1, Ordering::Relaxed);
+        true
     }
 }
 
@@ -490,7 +505,7 @@ impl Drop for Qp {
     /// A QP the application never destroyed leaves the device here (its arena must not
     /// be freed while the engine may read it).
     fn drop(&mut self) {
-        self.teardown();
+        let _ = self.teardown();
     }
 }
 
