@@ -822,10 +822,13 @@ impl Shared {
         }
         let mut touched: Touched = SmallVec::new();
         if self.doorbells_rung.swap(false, Ordering::AcqRel) {
-            for qp in self.doorbells.lock().drain(..) {
-                // Cleared before the drive below: a post after this rings again.
+            // Posted since the last pass: sent first (before receiving), as the post would
+            // have, so batching adds no latency to a lone request.
+            let rung: Touched = self.doorbells.lock().drain(..).collect();
+            for qp in rung {
+                // Cleared before the drive: a post after this rings again.
                 qp.doorbell.store(false, Ordering::Release);
-                touched.push(qp);
+                qp.drive(&self.mrs, start, false);
             }
         }
         let timer_at_start = self.timers.min();
