@@ -16,6 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::provider::soft::cq::Wc;
 use crate::provider::soft::qp::SendReq;
 use crate::provider::soft::sys::EventFd;
+use crate::provider::wr_stats::WrStats;
 use crate::rc::memory::SgeList;
 use crate::rc::verbs::{QpState, WcOpcode, WcStatus, WrOpcode, access, send_flags};
 use parking_lot::Mutex;
@@ -140,7 +141,7 @@ impl Drop for Raw {
 pub struct VerbsQp {
     raw: Raw,
     mrs: Arc<VerbsMrs>,
-    _pd: Arc<Pd>,
+    pd: Arc<Pd>,
     qpn: u32,
     port: u8,
     gid_index: u8,
@@ -159,6 +160,9 @@ pub struct VerbsQp {
     epoll: OwnedFd,
     peer_gone: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// WR-level counters (`provider::dev` counts posts and polls; the device's async
+    /// event reader counts events).
+    stats: WrStats,
 }
 
 // SAFETY: the raw pointers are libibverbs objects, usable from any thread (the provider
@@ -345,7 +349,7 @@ impl VerbsQp {
         Ok(VerbsQp {
             raw,
             mrs: Arc::clone(mrs),
-            _pd: Arc::clone(pd),
+            pd: Arc::clone(pd),
             qpn,
             port,
             gid_index,
@@ -368,11 +372,55 @@ impl VerbsQp {
             epoll,
             peer_gone: AtomicBool::new(false),
             failure: Mutex::new(None),
+            stats: WrStats::default(),
         })
     }
 
     pub fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    pub(crate) fn stats(&self) -> &WrStats {
+        &self.stats
+    }
+
+    /// The device context the QP belongs to (identity only).
+    pub(crate) fn ctx(&self) -> usize {
+        self.pd.ctx as usize
+    }
+
+    /// The `struct ibv_qp *` async events name (identity only, never dereferenced here).
+    pub(crate) fn raw_qp(&self) -> usize {
+        self.raw.qp as usize
+    }
+
+    /// The `struct ibv_cq *`s async events name (send, receive; equal when shared).
+    pub(crate) fn raw_cqs(&self) -> (usize, usize) {
+        (self.raw.send_cq as usize, self.raw.recv_cq as usize)
+    }
+
+    /// The device reported an async event about this QP or one of its CQs (read and
+    /// acknowledged by the device's event reader): counted; an error event moves the QP
+    /// to ERR (a NIC already did; outstanding WRs complete flushed) and becomes the
+    /// connection's failure note unless a completion already explained the failure.
+    pub(crate) fn async_event(&self, what: &str, error: Option<&str>) {
+        self.stats.async_event();
+        let Some(why) = error else {
+            log::debug!(target: "rdmx::verbs", "QP {:#x}: async event {what}", self.qpn);
+            return;
+        };
+        log::warn!(target: "rdmx::verbs", "QP {:#x}: async event {what}: {why}", self.qpn);
+        {
+            let mut f = self.failure.lock();
+            if f.is_none() {
+                *f = Some(format!(
+                    "{what} on QP {:#x} (async event from the device): {why}; the QP is in \
+                     the error state, outstanding work requests complete flushed",
+                    self.qpn
+                ));
+            }
+        }
+        self.fail();
     }
 
     /// RTR then RTS with the handshake's values and the config's timers, QoS and MTU.
