@@ -401,7 +401,7 @@ impl VerbsQp {
 
     /// The device reported an async event about this QP or one of its CQs (read and
     /// acknowledged by the device's event reader): counted; an error event moves the QP
-    /// to ERR (a NIC already did; outstanding WRs complete flushed) and becomes the
+    /// to ERR unless the device did (outstanding WRs complete flushed) and becomes the
     /// connection's failure note unless a completion already explained the failure.
     pub(crate) fn async_event(&self, what: &str, error: Option<&str>) {
         self.stats.async_event();
@@ -420,7 +420,11 @@ impl VerbsQp {
                 ));
             }
         }
-        self.fail();
+        // A NIC moved the QP to ERR before raising the event (QP_FATAL, QP_*_ERR): no
+        // modify then, which could drop what the device still sends (a NAK to the peer).
+        if self.state() != QpState::Err {
+            self.fail();
+        }
     }
 
     /// RTR then RTS with the handshake's values and the config's timers, QoS and MTU.
@@ -541,9 +545,31 @@ impl VerbsQp {
     }
 
     /// The side channel reported EOF: posts are refused from now on, and the QP fails.
+    /// What the device already received completes first, with its own status: a peer
+    /// that NAKed a request (remote access error) and then closed leaves REM_ACCESS_ERR,
+    /// not a flush, as a NIC would have handled the NAK before the host saw the FIN.
     pub fn set_peer_gone(&self) {
+        self.stash_queued();
+        log::debug!(target: "rdmx::verbs", "QP {:#x}: peer gone; {} completion(s) taken before the flush", self.qpn, self.stash.lock().len());
         self.peer_gone.store(true, Ordering::Release);
         self.fail();
+    }
+
+    /// Moves completions already queued (polling also drives a device that progresses
+    /// in its poll) into the stash, which the next `poll` returns first; the event fd
+    /// becomes readable if the stash holds any. The stash lock is held while polling, as
+    /// `poll` holds it, so completions keep their order.
+    fn stash_queued(&self) {
+        let mut st = self.stash.lock();
+        let room = STASH - st.len();
+        if room > 0 {
+            let mut tmp = [EMPTY_WC; STASH];
+            let k = self.poll_cqs(&mut tmp[..room]);
+            st.extend_from_slice(&tmp[..k]);
+        }
+        if !st.is_empty() {
+            self.wake.signal();
+        }
     }
 
     pub fn peer_gone(&self) -> bool {
@@ -816,16 +842,16 @@ impl VerbsQp {
     /// each).
     pub fn poll(&self, out: &mut [Wc]) -> usize {
         let mut n = 0;
-        {
-            let mut st = self.stash.lock();
-            if !st.is_empty() {
-                let k = st.len().min(out.len());
-                out[..k].copy_from_slice(&st[..k]);
-                st.drain(..k);
-                n = k;
-                if st.is_empty() {
-                    self.wake.clear();
-                }
+        // Held across the CQ poll: the side-channel watcher may stash completions
+        // (`set_peer_gone`), and none may overtake those.
+        let mut st = self.stash.lock();
+        if !st.is_empty() {
+            let k = st.len().min(out.len());
+            out[..k].copy_from_slice(&st[..k]);
+            st.drain(..k);
+            n = k;
+            if st.is_empty() {
+                self.wake.clear();
             }
         }
         n + self.poll_cqs(&mut out[n..])
@@ -984,16 +1010,7 @@ impl VerbsQp {
             }
         }
         // Completions that arrived before the arm raise no event: look for them now.
-        let mut st = self.stash.lock();
-        let room = STASH - st.len();
-        if room > 0 {
-            let mut tmp = [EMPTY_WC; STASH];
-            let k = self.poll_cqs(&mut tmp[..room]);
-            st.extend_from_slice(&tmp[..k]);
-        }
-        if !st.is_empty() {
-            self.wake.signal();
-        }
+        self.stash_queued();
     }
 
     /// The caller's event fd (epoll over the completion channel and the stash wakeup).
