@@ -10,7 +10,7 @@ use super::soft::cq::Wc;
 use super::soft::qp::SendReq;
 use crate::rc::counters::WC_STATUS_COUNT;
 use crate::rc::{Counters, WcOpcode, WcStatus, WrOpcode};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 
 #[derive(Debug, Default)]
 pub(crate) struct WrStats {
@@ -77,9 +77,11 @@ impl WrStats {
         add(&self.recv_bytes, recv_bytes);
     }
 
-    /// One async event about the connection's QP or CQs.
+    /// One async event about the connection's QP or CQs. Release (and Acquire in
+    /// `fill`): what the event's handler wrote before counting it (the failure note) is
+    /// seen by whoever sees the count.
     pub fn async_event(&self) {
-        self.async_events.fetch_add(1, Relaxed);
+        self.async_events.fetch_add(1, Ordering::Release);
     }
 
     /// Writes the WR-level fields of `c`.
@@ -94,7 +96,7 @@ impl WrStats {
         for (o, a) in c.wc_status.iter_mut().zip(&self.status) {
             *o = a.load(Relaxed);
         }
-        c.async_events = self.async_events.load(Relaxed);
+        c.async_events = self.async_events.load(Ordering::Acquire);
     }
 }
 

@@ -404,12 +404,12 @@ impl VerbsQp {
     /// to ERR unless the device did (outstanding WRs complete flushed) and becomes the
     /// connection's failure note unless a completion already explained the failure.
     pub(crate) fn async_event(&self, what: &str, error: Option<&str>) {
-        self.stats.async_event();
         let Some(why) = error else {
+            self.stats.async_event();
             log::debug!(target: "rdmx::verbs", "QP {:#x}: async event {what}", self.qpn);
             return;
         };
-        log::warn!(target: "rdmx::verbs", "QP {:#x}: async event {what}: {why}", self.qpn);
+        // The note first, then the count: whoever sees the count sees the note.
         {
             let mut f = self.failure.lock();
             if f.is_none() {
@@ -420,6 +420,8 @@ impl VerbsQp {
                 ));
             }
         }
+        self.stats.async_event();
+        log::warn!(target: "rdmx::verbs", "QP {:#x}: async event {what}: {why}", self.qpn);
         // A NIC moved the QP to ERR before raising the event (QP_FATAL, QP_*_ERR): no
         // modify then, which could drop what the device still sends (a NAK to the peer).
         if self.state() != QpState::Err {
