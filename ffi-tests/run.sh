@@ -116,21 +116,48 @@ for t in "${echo_progs[@]}"; do build "${t%.*}_${t##*.}" "$t" -O1; done
 RDMX_TIMEOUT=16 echo_run "" 200 "${vg[@]}"
 # The verbs provider: the same library, its contexts opening rdmx's libibverbs device
 # (rdmx-ibv exec: libibverbs -> rdmx0 -> the soft transport). test_provider.c runs in one
-# process; test_conn.c and test_mem.c fork a server, and a device address serves one
-# process (RoCEv2 has one UDP port), so they stay on soft. ASan must come first in the
-# library list, which the launcher's LD_PRELOAD of the provider changes: the check is
-# turned off (the preloaded provider is not instrumented; the test and librdmx.a are).
+# process. test_conn.c and test_mem.c fork a server on soft, but a device address serves
+# one process (RoCEv2 has one UDP port): here their server and client run as two
+# processes, each under its own `rdmx-ibv exec` (127.0.0.2 and 127.0.0.3), the server's
+# TCP address handed over in a file; test_mem's RLIMIT_MEMLOCK case runs alone. ASan
+# must come first in the library list, which the launcher's LD_PRELOAD of the provider
+# changes: the check is turned off (the preloaded provider is not instrumented; the test
+# and librdmx.a are).
 echo "== ffi-tests: provider=verbs under rdmx-ibv exec (ASan+UBSan, valgrind)"
 launcher="$root/target/debug/rdmx-ibv"
 if [ ! -x "$launcher" ] || [ ! -f "$root/target/debug/librdmx_ibv.so" ]; then
   echo "missing $launcher or librdmx_ibv.so: run cargo build --workspace first"
   exit 1
 fi
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:verify_asan_link_order=0 \
-  UBSAN_OPTIONS=print_stacktrace=1 \
-  "$launcher" exec --ip 127.0.0.2 --set provider=verbs -- "$out/test_provider_c_san"
+verbs_pair() { # verbs_pair PROG [--set K=V]... -- [RUNNER...]: server and client processes
+  local prog=$1; shift
+  local sets=()
+  while [ "$1" != -- ]; do sets+=("$1"); shift; done
+  shift
+  local addrf="$out/$(basename "$prog").addr"
+  rm -f "$addrf"
+  timeout 300 "$launcher" exec --ip 127.0.0.2 --set provider=verbs "${sets[@]}" -- \
+    "$@" "$prog" server "$addrf" &
+  local srv=$! rc=0
+  timeout 300 "$launcher" exec --ip 127.0.0.3 --set provider=verbs "${sets[@]}" -- \
+    "$@" "$prog" client "$addrf" || rc=$?
+  [ "$rc" = 0 ] || kill "$srv" 2>/dev/null || true
+  wait "$srv" || rc=$?
+  [ "$rc" = 0 ] || { echo "$(basename "$prog") on verbs failed ($rc)"; return 1; }
+}
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:verify_asan_link_order=0
+export UBSAN_OPTIONS=print_stacktrace=1
+"$launcher" exec --ip 127.0.0.2 --set provider=verbs -- "$out/test_provider_c_san"
+verbs_pair "$out/test_conn_c_san" --
+verbs_pair "$out/test_mem_c_san" --
 "$launcher" exec --ip 127.0.0.2 --set provider=verbs --set timeout=16 -- \
   "${vg[@]}" "$out/test_provider_c"
+verbs_pair "$out/test_conn_c" --set timeout=16 -- "${vg[@]}"
+verbs_pair "$out/test_mem_c" --set timeout=16 -- "${vg[@]}"
+# The RLIMIT_MEMLOCK case (ASan intercepts mlock: valgrind only). It drops to nobody:
+# no vgdb pipes in /tmp that it could not remove.
+timeout 300 "$launcher" exec --ip 127.0.0.2 --set provider=verbs -- \
+  "${vg[@]}" --vgdb=no "$out/test_mem_c" memlock
 # A plain libibverbs program: event records about objects destroyed before the records
 # are read (the provider keeps their memory until acknowledged; valgrind sees libibverbs'
 # own accesses, ASan the program's).
@@ -138,8 +165,6 @@ cc -std=c11 -g -Wall -Wextra -Werror -pedantic $san -o "$out/ibv_async_destroy_s
   "$here/ibv_async_destroy.c" -libverbs
 cc -std=c11 -g -O1 -Wall -Wextra -Werror -pedantic -o "$out/ibv_async_destroy" \
   "$here/ibv_async_destroy.c" -libverbs
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:verify_asan_link_order=0 \
-  UBSAN_OPTIONS=print_stacktrace=1 \
-  "$launcher" exec --ip 127.0.0.2 -- "$out/ibv_async_destroy_san"
+"$launcher" exec --ip 127.0.0.2 -- "$out/ibv_async_destroy_san"
 "$launcher" exec --ip 127.0.0.2 -- "${vg[@]}" "$out/ibv_async_destroy"
 echo "== ffi-tests: all passed"

@@ -1,9 +1,18 @@
-/* C server/client pair over the soft provider on 127.0.0.1: the server is a forked child.
- * Moves data both ways (SEND/RECV, RDMA READ and WRITE) and checks every byte, then the
- * failure cases: post on a closed connection, READ outside the peer's region
+/* C server/client pair over the TCP side channel on 127.0.0.1. Moves data both ways
+ * (SEND/RECV, RDMA READ and WRITE) and checks every byte and the work request counters,
+ * then the failure cases: post on a closed connection, READ outside the peer's region
  * (REM_ACCESS_ERR), a bad lkey (LOC_PROT_ERR), WRITE into a region exposed read-only, and
- * a path that loses every packet (RETRY_EXC_ERR, explained by rdmx_conn_error), and the
- * port counters (junk datagrams to a context's UDP port are counted). */
+ * (soft only) a path that loses every packet (RETRY_EXC_ERR, explained by rdmx_conn_error)
+ * and the port counters (junk datagrams to a context's UDP port are counted).
+ *
+ *   test_conn                  the server is a forked child (soft provider)
+ *   test_conn server FILE      the server alone; writes "127.0.0.1:PORT" to FILE
+ *   test_conn client FILE      the client alone, dialing the address FILE holds
+ *
+ * The two roles run as separate processes where a forked child cannot share the device:
+ * provider=verbs under `rdmx-ibv exec`, one device address (RoCEv2's UDP port 4791) per
+ * process. The provider expected is RDMX_PROVIDER's (default soft). With verbs the server
+ * also checks the async event its QP raises when the client's READ breaks the rules. */
 #define _POSIX_C_SOURCE 200809L
 #include <rdmx.h>
 
@@ -11,6 +20,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -51,6 +61,13 @@ static size_t wait_for(rdmx_conn *c, rdmx_completion *out, size_t want) {
   return got;
 }
 
+static const char *expected_provider(void) {
+  const char *p = getenv("RDMX_PROVIDER");
+  return p ? p : "soft";
+}
+
+static int on_verbs(void) { return strcmp(expected_provider(), "verbs") == 0; }
+
 static rdmx_context *new_context(void) {
   rdmx_config *cfg = NULL;
   rdmx_context *ctx = NULL;
@@ -64,8 +81,66 @@ static rdmx_context *new_context(void) {
 
 /* ---- server (child process) ---- */
 
-static int server(int port_fd) {
+/* Hands the listener's port to the client: through the pipe of the forked case, or as
+ * "127.0.0.1:PORT" in `file` (written to FILE.tmp, then renamed: the client never sees a
+ * partial line). */
+static void publish_port(int port_fd, const char *file, uint16_t port) {
+  if (file == NULL) {
+    CHECK(write(port_fd, &port, sizeof port) == (ssize_t)sizeof port);
+    close(port_fd);
+    return;
+  }
+  char tmp[4096];
+  CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", file) < (int)sizeof tmp);
+  FILE *f = fopen(tmp, "w");
+  CHECK(f != NULL);
+  if (f == NULL) return;
+  fprintf(f, "127.0.0.1:%u\n", (unsigned)port);
+  CHECK(fclose(f) == 0);
+  CHECK(rename(tmp, file) == 0);
+}
+
+/* With verbs: the READ outside this side's region (the client's case 4) broke this
+ * side's QP, which only the device's async event tells (no completion of ours failed):
+ * rdmx_conn_error names it and the connection's counters count it. */
+static void check_async_error(rdmx_conn *c) {
+  rdmx_counters k;
+  double end = now_s() + 5.0;
+  do {
+    CHECK_STATUS(rdmx_conn_counters(c, &k), RDMX_OK);
+    if (k.async_events > 0) break;
+    struct timespec pause = {0, 5000000};
+    nanosleep(&pause, NULL);
+  } while (now_s() < end);
+  CHECK(k.async_events == 1);
+  const char *why = rdmx_conn_error(c);
+  CHECK(why != NULL && strstr(why, "QP_FATAL on QP") == why);
+  if (why) printf("server: case 4's QP: %s\n", why);
+}
+
+/* Waits up to 10 s for the client to close the connection: posts are refused with
+ * RDMX_CLOSED once its side channel is closed. Freeing the connection earlier could
+ * overtake what the QP still sends (the NAK of a failure case, which must reach the
+ * client before the side channel's EOF). Each probe is a receive on a QP already in the
+ * error state, flushed at once; returns how many were posted. */
+static int wait_peer_gone(rdmx_conn *c, rdmx_sge *r) {
+  int probes = 0;
+  double end = now_s() + 10.0;
+  rdmx_status st;
+  while ((st = rdmx_post_recv(c, r, 1, 900)) == RDMX_OK && now_s() < end) {
+    probes++;
+    rdmx_completion wc[1];
+    CHECK(wait_for(c, wc, 1) == 1 && wc[0].status == 5 && wc[0].cookie == 900);
+    struct timespec pause = {0, 1000000};
+    nanosleep(&pause, NULL);
+  }
+  CHECK(st == RDMX_CLOSED);
+  return probes;
+}
+
+static int server(int port_fd, const char *file) {
   rdmx_context *ctx = new_context();
+  CHECK_STREQ(rdmx_context_provider(ctx), expected_provider());
   uint8_t *srv = malloc(SRV_LEN), *ro = malloc(RO_LEN), *rx = malloc(SRV_LEN);
   for (size_t i = 0; i < SRV_LEN; i++) srv[i] = srv_pattern(i);
   for (size_t i = 0; i < RO_LEN; i++) ro[i] = 0xAB;
@@ -75,13 +150,17 @@ static int server(int port_fd) {
   CHECK_STATUS(rdmx_mr_reg(ctx, rx, SRV_LEN, RDMX_ACCESS_LOCAL_WRITE, &m_rx), RDMX_OK);
   rdmx_listener *l = NULL;
   CHECK_STATUS(rdmx_listener_new(ctx, "127.0.0.1:0", &l), RDMX_OK);
-  uint16_t port = rdmx_listener_port(l);
-  CHECK(write(port_fd, &port, sizeof port) == (ssize_t)sizeof port);
-  close(port_fd);
+  publish_port(port_fd, file, rdmx_listener_port(l));
 
-  for (int k = 0; k < CONNS; k++) {
+  /* Case 7 (the fifth connection) is soft only. */
+  int conns = on_verbs() ? CONNS - 1 : CONNS;
+  for (int k = 0; k < conns; k++) {
     rdmx_conn *c = NULL;
-    CHECK_STATUS(rdmx_listener_accept(l, 20000, &c), RDMX_OK);
+    rdmx_status ast = rdmx_listener_accept(l, 20000, &c);
+    /* A failure-case client may be done (and gone) before its connection is accepted:
+     * the listener then says so (RDMX_CLOSED) and the next client is accepted. */
+    if (k > 0 && ast == RDMX_CLOSED) continue;
+    CHECK_STATUS(ast, RDMX_OK);
     if (!c) break;
     rdmx_completion wc[4];
     rdmx_sge r = {(uint64_t)(uintptr_t)rx, 8000, m_rx.lkey};
@@ -107,6 +186,11 @@ static int server(int port_fd) {
     /* Wait for the client to go away: the pending receive is flushed (status 5). */
     size_t got = wait_for(c, wc, 1);
     CHECK(got == 1 && wc[0].status == 5);
+    if (k == 1 && on_verbs()) check_async_error(c);
+    uint64_t probes = (uint64_t)wait_peer_gone(c, &r);
+    rdmx_counters kc;
+    CHECK_STATUS(rdmx_conn_counters(c, &kc), RDMX_OK);
+    CHECK(kc.wr_recv_posted == (k == 0 ? 2u : 1u) + probes && kc.wc_status[5] == 1 + probes);
     rdmx_conn_free(c);
   }
   rdmx_listener_free(l);
@@ -174,9 +258,7 @@ static int32_t post_first_recv(void *user, rdmx_conn *conn) {
   return rdmx_post_recv(conn, &a->sge, 1, 11) == RDMX_OK ? 0 : 1;
 }
 
-static rdmx_conn *dial(rdmx_context *ctx, uint16_t port, rdmx_remote_region *rw, rdmx_remote_region *rdonly) {
-  char addr[64];
-  snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)port);
+static rdmx_conn *dial(rdmx_context *ctx, const char *addr, rdmx_remote_region *rw, rdmx_remote_region *rdonly) {
   rdmx_conn *c = NULL;
   CHECK_STATUS(rdmx_connect(ctx, addr, 10000, &c), RDMX_OK);
   CHECK(rdmx_conn_remote_region_count(c) == 2);
@@ -191,14 +273,14 @@ static rdmx_conn *dial(rdmx_context *ctx, uint16_t port, rdmx_remote_region *rw,
   return c;
 }
 
-static int client(uint16_t port) {
+static int client(const char *port) {
   rdmx_context *ctx = new_context();
-  CHECK_STREQ(rdmx_context_provider(ctx), "soft");
+  CHECK_STREQ(rdmx_context_provider(ctx), expected_provider());
   rdmx_port_counters pc;
   memset(&pc, 0xFF, sizeof pc);
   CHECK_STATUS(rdmx_context_port_counters(ctx, &pc), RDMX_OK);
   CHECK(pc.unknown_qpn == 0 && pc.wrong_source == 0 && pc.bad_icrc == 0 && pc.malformed == 0 &&
-        pc.truncated == 0 && pc.kernel_drops == 0);
+        pc.truncated == 0 && pc.kernel_drops == 0 && pc.async_events == 0);
   uint8_t *buf = malloc(SRV_LEN);
   for (size_t i = 0; i < SRV_LEN; i++) buf[i] = cli_pattern(i);
   rdmx_mr m;
@@ -255,7 +337,15 @@ static int client(uint16_t port) {
     if (buf[50000 + i] != cli_pattern(i + 3)) { CHECK(!"client: WRITE read-back differs"); break; }
   rdmx_counters k;
   CHECK_STATUS(rdmx_conn_counters(c, &k), RDMX_OK);
-  CHECK(k.tx_packets > 0 && k.rx_packets > 0 && k.icrc_errors == 0);
+  if (on_verbs()) /* a NIC counts packets per port, not per QP */
+    CHECK(k.tx_packets == 0 && k.rx_packets == 0 && k.tx_bytes == 0);
+  else
+    CHECK(k.tx_packets > 0 && k.rx_packets > 0 && k.icrc_errors == 0);
+  /* Work requests, on both providers: a SEND of 8000, READs of 20000 and 5000, a WRITE
+   * of 5000, one receive (6000 bytes arrived); five completions, all successful. */
+  CHECK(k.wr_send_posted == 4 && k.wr_recv_posted == 1);
+  CHECK(k.send_bytes_posted == 8000 && k.read_bytes_posted == 25000 && k.write_bytes_posted == 5000);
+  CHECK(k.completions == 5 && k.wc_status[0] == 5 && k.recv_bytes == 6000 && k.async_events == 0);
 
   /* Post on a closed connection. */
   CHECK_STATUS(rdmx_conn_close(c), RDMX_OK);
@@ -269,6 +359,8 @@ static int client(uint16_t port) {
   CHECK(wait_for(c, wc, 1) == 1);
   CHECK(wc[0].cookie == 40 && wc[0].status == 10);
   CHECK_STREQ(rdmx_wc_status_str(wc[0].status), "remote access error");
+  CHECK_STATUS(rdmx_conn_counters(c, &k), RDMX_OK);
+  CHECK(k.completions == 1 && k.wc_status[10] == 1 && k.wc_status[0] == 0);
   rdmx_conn_free(c);
 
   /* 5. A bad lkey: LOC_PROT_ERR (4). */
@@ -288,8 +380,12 @@ static int client(uint16_t port) {
   rdmx_conn_free(c);
 
   /* 7. Every packet lost (this side drops all it sends): RETRY_EXC_ERR (12) after
-   * (retry_cnt + 1) x timeout, and rdmx_conn_error says what happened. */
-  {
+   * (retry_cnt + 1) x timeout, and rdmx_conn_error says what happened. Soft only: it
+   * drops with soft_drop_ratio and sends junk to the context's UDP port (the verbs
+   * black hole runs in tests/soft_failover.rs, under rdmx-ibv). */
+  if (on_verbs()) {
+    printf("client: case 7 (soft_drop_ratio, UDP port junk) is soft only: skipped\n");
+  } else {
     rdmx_config *cfg = NULL;
     CHECK_STATUS(rdmx_config_new(&cfg), RDMX_OK);
     CHECK_STATUS(rdmx_config_set(cfg, "soft_port", "0"), RDMX_OK);
@@ -376,20 +472,56 @@ static int client(uint16_t port) {
   return check_failures == 0 ? 0 : 1;
 }
 
-int main(void) {
+/* The address the server wrote to `file`, waiting up to 60 s for it. */
+static int read_address(const char *file, char *addr, size_t len) {
+  double end = now_s() + 60.0;
+  while (now_s() < end) {
+    FILE *f = fopen(file, "r");
+    if (f != NULL) {
+      int ok = fgets(addr, (int)len, f) != NULL;
+      fclose(f);
+      if (ok) {
+        addr[strcspn(addr, "\n")] = 0;
+        return 1;
+      }
+    }
+    struct timespec pause = {0, 50000000};
+    nanosleep(&pause, NULL);
+  }
+  fprintf(stderr, "no server address in %s after 60 s\n", file);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "server") == 0) {
+    int rc = server(-1, argv[2]);
+    return rc == 0 && check_failures == 0 ? 0 : 1;
+  }
+  if (argc == 3 && strcmp(argv[1], "client") == 0) {
+    char addr[64];
+    int rc = read_address(argv[2], addr, sizeof addr) ? client(addr) : 1;
+    printf("test_conn (C) client: %d checks, %d failed\n", check_count, check_failures);
+    return rc == 0 && check_failures == 0 ? 0 : 1;
+  }
+  if (argc != 1) {
+    fprintf(stderr, "usage: %s [server FILE | client FILE]\n", argv[0]);
+    return 2;
+  }
   int fds[2];
   if (pipe(fds) != 0) return 2;
   pid_t pid = fork();
   if (pid < 0) return 2;
   if (pid == 0) {
     close(fds[0]);
-    _exit(server(fds[1]));
+    _exit(server(fds[1], NULL));
   }
   close(fds[1]);
   uint16_t port = 0;
   CHECK(read(fds[0], &port, sizeof port) == (ssize_t)sizeof port);
   close(fds[0]);
-  int rc = port ? client(port) : 1;
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)port);
+  int rc = port ? client(addr) : 1;
   int st = 0;
   waitpid(pid, &st, 0);
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);

@@ -1,11 +1,23 @@
 /* C consumer of the memory API: pools and chunks (exhaustion, double put, foreign
  * pointers, stats, teardown with chunks still out), the registration cache (hits,
  * invalidation), RLIMIT_MEMLOCK refusal, and least privilege through a real connection:
- * a pool exposed read-only is readable by the peer but its WRITE fails REM_ACCESS_ERR. */
+ * a pool exposed read-only is readable by the peer but its WRITE fails REM_ACCESS_ERR.
+ *
+ *   test_mem                   everything; the server and the RLIMIT_MEMLOCK case are
+ *                              forked children (soft provider)
+ *   test_mem server FILE       the read-only pool's server alone; writes
+ *                              "127.0.0.1:PORT ADDR RKEY" to FILE
+ *   test_mem client FILE       pools, cache, and the connection to that server
+ *   test_mem memlock           the RLIMIT_MEMLOCK case alone (lowers this process's limit)
+ *
+ * Separate processes serve provider=verbs under `rdmx-ibv exec`, where a forked child
+ * cannot share its parent's device (one address, RoCEv2's UDP port 4791, per process). */
 #define _DEFAULT_SOURCE
 #include <rdmx.h>
 
+#include <inttypes.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -153,7 +165,7 @@ static size_t wait_for(rdmx_conn *c, rdmx_completion *out, size_t want) {
   return got;
 }
 
-static int server(int port_fd) {
+static int server(int port_fd, const char *file) {
   rdmx_context *ctx = new_context();
   rdmx_pool *p = NULL;
   CHECK_STATUS(rdmx_pool_new(ctx, 4096, 16, RDMX_ACCESS_REMOTE_READ, &p), RDMX_OK);
@@ -164,9 +176,22 @@ static int server(int port_fd) {
   rdmx_listener *l = NULL;
   CHECK_STATUS(rdmx_listener_new(ctx, "127.0.0.1:0", &l), RDMX_OK);
   uint16_t port = rdmx_listener_port(l);
-  CHECK(write(port_fd, &port, sizeof port) == (ssize_t)sizeof port);
-  CHECK(write(port_fd, &ch, sizeof ch) == (ssize_t)sizeof ch);
-  close(port_fd);
+  if (file == NULL) {
+    CHECK(write(port_fd, &port, sizeof port) == (ssize_t)sizeof port);
+    CHECK(write(port_fd, &ch, sizeof ch) == (ssize_t)sizeof ch);
+    close(port_fd);
+  } else {
+    /* FILE.tmp, then renamed: the client never reads a partial line. */
+    char tmp[4096];
+    CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", file) < (int)sizeof tmp);
+    FILE *f = fopen(tmp, "w");
+    CHECK(f != NULL);
+    if (f != NULL) {
+      fprintf(f, "127.0.0.1:%u %" PRIxPTR " %" PRIx32 "\n", (unsigned)port, (uintptr_t)ch.addr, ch.rkey);
+      CHECK(fclose(f) == 0);
+      CHECK(rename(tmp, file) == 0);
+    }
+  }
   rdmx_conn *c = NULL;
   CHECK_STATUS(rdmx_listener_accept(l, 20000, &c), RDMX_OK);
   /* Wait for the client to go (its side channel closes: our receive is flushed). */
@@ -190,6 +215,10 @@ static int server(int port_fd) {
   return check_failures == 0 ? 0 : 1;
 }
 
+/* The client side of the least-privilege case: `addr` serves a read-only chunk of 4096
+ * bytes at `theirs_addr` with `theirs_rkey`. */
+static void least_privilege_client(const char *addr, uint64_t theirs_addr, uint32_t theirs_rkey);
+
 static void test_least_privilege(void) {
   int fds[2];
   CHECK(pipe(fds) == 0);
@@ -197,7 +226,7 @@ static void test_least_privilege(void) {
   pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
-    _exit(server(fds[1]));
+    _exit(server(fds[1], NULL));
   }
   close(fds[1]);
   uint16_t port = 0;
@@ -205,41 +234,96 @@ static void test_least_privilege(void) {
   CHECK(read(fds[0], &port, sizeof port) == (ssize_t)sizeof port);
   CHECK(read(fds[0], &theirs, sizeof theirs) == (ssize_t)sizeof theirs);
   close(fds[0]);
-  rdmx_context *ctx = new_context();
-  rdmx_pool *p = NULL;
-  CHECK_STATUS(rdmx_pool_new(ctx, 4096, 4, RDMX_ACCESS_LOCAL_WRITE, &p), RDMX_OK);
-  rdmx_chunk mine;
-  CHECK_STATUS(rdmx_chunk_get(p, &mine), RDMX_OK);
   char addr[64];
   snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)port);
-  rdmx_conn *c = NULL;
-  CHECK_STATUS(rdmx_connect(ctx, addr, 10000, &c), RDMX_OK);
-  rdmx_remote_region rr;
-  CHECK(rdmx_conn_remote_region_count(c) == 1);
-  CHECK_STATUS(rdmx_conn_remote_region(c, 0, &rr), RDMX_OK);
-  CHECK(rr.access == RDMX_ACCESS_REMOTE_READ && rr.rkey == theirs.rkey);
-  rdmx_sge s = {(uint64_t)(uintptr_t)mine.addr, 4096, mine.lkey};
-  rdmx_completion wc[1];
-  CHECK_STATUS(rdmx_post_read(c, &s, 1, (uint64_t)(uintptr_t)theirs.addr, theirs.rkey, 1, 0), RDMX_OK);
-  CHECK(wait_for(c, wc, 1) == 1 && wc[0].status == 0);
-  for (int i = 0; i < 4096; i++)
-    if (((uint8_t *)mine.addr)[i] != (uint8_t)(i * 7)) { CHECK(!"READ bytes differ"); break; }
-  CHECK_STATUS(rdmx_post_write(c, &s, 1, (uint64_t)(uintptr_t)theirs.addr, theirs.rkey, 2, 0), RDMX_OK);
-  CHECK(wait_for(c, wc, 1) == 1 && wc[0].cookie == 2 && wc[0].status == 10); /* REM_ACCESS_ERR */
-  rdmx_conn_free(c);
-  rdmx_pool_free(p);
-  rdmx_context_free(ctx);
+  least_privilege_client(addr, (uint64_t)(uintptr_t)theirs.addr, theirs.rkey);
   int st = 0;
   waitpid(pid, &st, 0);
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
-int main(void) {
+static void least_privilege_client(const char *addr, uint64_t theirs_addr, uint32_t theirs_rkey) {
   rdmx_context *ctx = new_context();
+  rdmx_pool *p = NULL;
+  CHECK_STATUS(rdmx_pool_new(ctx, 4096, 4, RDMX_ACCESS_LOCAL_WRITE, &p), RDMX_OK);
+  rdmx_chunk mine;
+  CHECK_STATUS(rdmx_chunk_get(p, &mine), RDMX_OK);
+  rdmx_conn *c = NULL;
+  CHECK_STATUS(rdmx_connect(ctx, addr, 10000, &c), RDMX_OK);
+  rdmx_remote_region rr;
+  CHECK(rdmx_conn_remote_region_count(c) == 1);
+  CHECK_STATUS(rdmx_conn_remote_region(c, 0, &rr), RDMX_OK);
+  CHECK(rr.access == RDMX_ACCESS_REMOTE_READ && rr.rkey == theirs_rkey);
+  rdmx_sge s = {(uint64_t)(uintptr_t)mine.addr, 4096, mine.lkey};
+  rdmx_completion wc[1];
+  CHECK_STATUS(rdmx_post_read(c, &s, 1, theirs_addr, theirs_rkey, 1, 0), RDMX_OK);
+  CHECK(wait_for(c, wc, 1) == 1 && wc[0].status == 0);
+  for (int i = 0; i < 4096; i++)
+    if (((uint8_t *)mine.addr)[i] != (uint8_t)(i * 7)) { CHECK(!"READ bytes differ"); break; }
+  CHECK_STATUS(rdmx_post_write(c, &s, 1, theirs_addr, theirs_rkey, 2, 0), RDMX_OK);
+  CHECK(wait_for(c, wc, 1) == 1 && wc[0].cookie == 2 && wc[0].status == 10); /* REM_ACCESS_ERR */
+  rdmx_conn_free(c);
+  rdmx_pool_free(p);
+  rdmx_context_free(ctx);
+}
+
+/* Reads "ADDR HEXADDR HEXRKEY" from `file`, waiting up to 60 s for the server to write it. */
+static int read_server_file(const char *file, char *addr, size_t len, uint64_t *raddr, uint32_t *rkey) {
+  for (int i = 0; i < 1200; i++) {
+    FILE *f = fopen(file, "r");
+    if (f != NULL) {
+      char a[64];
+      uintptr_t x = 0;
+      uint32_t k = 0;
+      int n = fscanf(f, "%63s %" SCNxPTR " %" SCNx32, a, &x, &k);
+      fclose(f);
+      if (n == 3 && strlen(a) < len) {
+        strcpy(addr, a);
+        *raddr = (uint64_t)x;
+        *rkey = k;
+        return 1;
+      }
+    }
+    struct timespec pause = {0, 50000000};
+    nanosleep(&pause, NULL);
+  }
+  fprintf(stderr, "no server line in %s after 60 s\n", file);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *want = getenv("RDMX_PROVIDER");
+  if (argc == 3 && strcmp(argv[1], "server") == 0) {
+    int rc = server(-1, argv[2]);
+    return rc == 0 && check_failures == 0 ? 0 : 1;
+  }
+  if (argc == 2 && strcmp(argv[1], "memlock") == 0) {
+#if defined(__SANITIZE_ADDRESS__)
+    printf("test_mem: RLIMIT_MEMLOCK case skipped under ASan (mlock is intercepted)\n");
+    return 0;
+#else
+    return memlock_child();
+#endif
+  }
+  int client_only = argc == 3 && strcmp(argv[1], "client") == 0;
+  if (argc != 1 && !client_only) {
+    fprintf(stderr, "usage: %s [server FILE | client FILE | memlock]\n", argv[0]);
+    return 2;
+  }
+  rdmx_context *ctx = new_context();
+  CHECK_STREQ(rdmx_context_provider(ctx), want ? want : "soft");
   test_pool(ctx);
   test_rcache(ctx);
   rdmx_context_free(ctx);
-  test_memlock();
-  test_least_privilege();
+  if (client_only) {
+    char addr[64];
+    uint64_t raddr = 0;
+    uint32_t rkey = 0;
+    CHECK(read_server_file(argv[2], addr, sizeof addr, &raddr, &rkey));
+    if (check_failures == 0) least_privilege_client(addr, raddr, rkey);
+  } else {
+    test_memlock();
+    test_least_privilege();
+  }
   CHECK_DONE("test_mem (C)");
 }

@@ -423,6 +423,10 @@ typedef struct {
 
 /**
  * Per-connection counters (the seed's retrans_cnt, out_of_seq, packet_errors and more).
+ *
+ * From `tx_packets` to `tx_errors`: the soft transport's packets (zero with
+ * provider=verbs, where a NIC counts packets per port, not per QP). From
+ * `wr_send_posted` on: work requests and completions, on both providers.
  */
 typedef struct {
   uint64_t tx_packets;
@@ -476,6 +480,46 @@ typedef struct {
    * Datagrams the kernel refused outright (e.g. no route): lost, then retransmitted.
    */
   uint64_t tx_errors;
+  /**
+   * Send-queue work requests accepted (SEND, WRITE, READ; with or without immediate).
+   */
+  uint64_t wr_send_posted;
+  /**
+   * Receive work requests accepted.
+   */
+  uint64_t wr_recv_posted;
+  /**
+   * Payload bytes of the accepted SENDs.
+   */
+  uint64_t send_bytes_posted;
+  /**
+   * Payload bytes of the accepted RDMA WRITEs.
+   */
+  uint64_t write_bytes_posted;
+  /**
+   * Bytes the accepted RDMA READs asked for.
+   */
+  uint64_t read_bytes_posted;
+  /**
+   * Completions returned by `rdmx_poll` (every status).
+   */
+  uint64_t completions;
+  /**
+   * Bytes delivered by successful receive completions (`byte_len`).
+   */
+  uint64_t recv_bytes;
+  /**
+   * Async events the device reported about this connection's QP or CQs (provider=verbs:
+   * QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, CQ_ERR, COMM_EST, ...; an error event also
+   * moves the QP to ERR and sets `rdmx_conn_error`). 0 on soft.
+   */
+  uint64_t async_events;
+  /**
+   * Completions returned by `rdmx_poll`, by status: `wc_status[s]` counts status `s`
+   * (0 success, 4 LOC_PROT_ERR, 5 WR_FLUSH_ERR, 10 REM_ACCESS_ERR, 12 RETRY_EXC_ERR, ...;
+   * indices 0..=21 are the `ibv_wc_status` values).
+   */
+  uint64_t wc_status[22];
 } rdmx_counters;
 
 /**
@@ -509,6 +553,11 @@ typedef struct {
    * Datagrams the kernel dropped on a full receive queue (SO_RXQ_OVFL).
    */
   uint64_t kernel_drops;
+  /**
+   * Async events the device reported (provider=verbs: QP, CQ, port and device events;
+   * each connection's own are in `rdmx_counters.async_events`). 0 on soft.
+   */
+  uint64_t async_events;
 } rdmx_port_counters;
 
 /**
@@ -1229,7 +1278,9 @@ rdmx_status rdmx_conn_counters(const rdmx_conn *c, rdmx_counters *out);
  * Why the connection's QP failed, in words, once a completion reported
  * RETRY_EXC_ERR (12) or RNR_RETRY_EXC_ERR (13): how many retries over how many ms, the
  * timeout / retry_cnt / rnr_retry in force and the likely causes (peer gone or path down;
- * a host starved of CPU, with the load average). NULL if the connection has not failed
+ * a host starved of CPU, with the load average); with provider=verbs also once the device
+ * reported an error async event about the connection's QP (QP_FATAL, QP_ACCESS_ERR,
+ * CQ_ERR, ...: the event and its likely cause). NULL if the connection has not failed
  * that way (or `c` is NULL). Owned by the connection: valid until `rdmx_conn_free`.
  *
  * # Safety

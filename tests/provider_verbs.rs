@@ -353,6 +353,209 @@ fn unsignaled_runs_are_retired_by_forced_signals() {
     b.deregister(mb.lkey).unwrap();
 }
 
+/// Connection::counters() on verbs: posts, bytes, completions by status, bytes received
+/// (the packet counters stay zero: a NIC counts packets per port, not per QP).
+#[test]
+fn counters_report_posts_bytes_and_completions_by_status() {
+    if outside() {
+        return;
+    }
+    let a = Context::new(&cfg(&[("provider", "verbs")])).unwrap();
+    let b = Context::new(&cfg(&[("provider", "verbs")])).unwrap();
+    let mut a_buf = vec![0u8; 16384];
+    let mut b_buf = vec![7u8; 16384];
+    // SAFETY: the buffers outlive the registrations (deregistered below).
+    let (ma, mb) = unsafe { support::register_pair(&a, &mut a_buf, &b, &mut b_buf) };
+    let (ca, cb) = support::connect_pair(&a, &b, "127.0.0.1", "127.0.0.1");
+    assert_eq!(ca.counters(), rdmx::rc::Counters::default());
+    let sge = |addr, length| Sge {
+        addr,
+        length,
+        lkey: ma.lkey,
+    };
+    let wr = |cookie, opcode, s, remote_addr, flags| SendReq {
+        cookie,
+        opcode,
+        flags,
+        sges: smallvec![s],
+        remote_addr,
+        rkey: mb.rkey,
+        imm: 5,
+    };
+    cb.post_recv(&[
+        (
+            1,
+            smallvec![Sge {
+                addr: mb.addr,
+                length: 4096,
+                lkey: mb.lkey,
+            }],
+        ),
+        (
+            2,
+            smallvec![Sge {
+                addr: mb.addr + 4096,
+                length: 4096,
+                lkey: mb.lkey,
+            }],
+        ),
+    ])
+    .unwrap();
+    // An unsignaled WRITE (no completion for the caller), a READ, a SEND with immediate.
+    ca.post_send(&[
+        wr(
+            10,
+            WrOpcode::RdmaWrite,
+            sge(ma.addr, 1000),
+            mb.addr + 8192,
+            0,
+        ),
+        wr(
+            11,
+            WrOpcode::RdmaRead,
+            sge(ma.addr + 4096, 3000),
+            mb.addr,
+            send_flags::SIGNALED,
+        ),
+        wr(
+            12,
+            WrOpcode::SendWithImm,
+            sge(ma.addr, 300),
+            0,
+            send_flags::SIGNALED,
+        ),
+    ])
+    .unwrap();
+    assert_eq!(wait(&ca, 2).len(), 2);
+    let r = wait(&cb, 1);
+    assert_eq!((r[0].cookie, r[0].byte_len), (1, 300), "{r:?}");
+    // A READ outside b's region: REM_ACCESS_ERR (10).
+    ca.post_send(&[wr(
+        13,
+        WrOpcode::RdmaRead,
+        sge(ma.addr, 64),
+        mb.addr + 16384,
+        send_flags::SIGNALED,
+    )])
+    .unwrap();
+    let e = wait(&ca, 1);
+    assert_eq!((e[0].cookie, e[0].status), (13, WcStatus::RemAccessErr));
+    let k = ca.counters();
+    assert_eq!(
+        (k.wr_send_posted, k.wr_recv_posted, k.completions),
+        (4, 0, 3),
+        "{k:?}"
+    );
+    assert_eq!(
+        (
+            k.write_bytes_posted,
+            k.read_bytes_posted,
+            k.send_bytes_posted
+        ),
+        (1000, 3064, 300)
+    );
+    assert_eq!((k.wc_status[0], k.wc_status[10]), (2, 1), "{k:?}");
+    assert_eq!(k.wc_status.iter().sum::<u64>(), k.completions);
+    assert_eq!(
+        (k.tx_packets, k.rx_packets),
+        (0, 0),
+        "no packet counters on verbs"
+    );
+    let k = cb.counters();
+    assert_eq!(
+        (
+            k.wr_recv_posted,
+            k.completions,
+            k.recv_bytes,
+            k.wc_status[0]
+        ),
+        (2, 1, 300, 1),
+        "{k:?}"
+    );
+    drop((ca, cb));
+    a.deregister(ma.lkey).unwrap();
+    b.deregister(mb.lkey).unwrap();
+}
+
+/// A peer's WRITE into memory exposed read-only: the requester's completion says
+/// REM_ACCESS_ERR; the responder has no completion for it, only the device's async event
+/// (its QP went to ERR by itself), which the provider reads from the async fd: counted,
+/// the QP in ERR, its receives flushed, the connection's failure note naming the event.
+#[test]
+fn async_qp_error_event_fails_the_responder_connection() {
+    if outside() {
+        return;
+    }
+    let a = Context::new(&cfg(&[("provider", "verbs")])).unwrap();
+    let b = Context::new(&cfg(&[("provider", "verbs")])).unwrap();
+    let mut a_buf = vec![1u8; 4096];
+    let mut b_buf = vec![2u8; 8192];
+    // SAFETY: the buffers outlive the registrations (deregistered below).
+    let ma = unsafe { a.register(a_buf.as_mut_ptr(), a_buf.len(), access::LOCAL_WRITE) }.unwrap();
+    // SAFETY: as above.
+    let mb_rx = unsafe { b.register(b_buf.as_mut_ptr(), 4096, access::LOCAL_WRITE) }.unwrap();
+    // SAFETY: as above.
+    let mb_ro =
+        unsafe { b.register(b_buf.as_mut_ptr().add(4096), 4096, access::REMOTE_READ) }.unwrap();
+    let (ca, cb) = support::connect_pair(&a, &b, "127.0.0.1", "127.0.0.1");
+    // Per context; under rdmx-ibv a process's contexts share one event queue, so either
+    // context may have read the event: the two together count it.
+    let device_events = || a.port_counters().async_events + b.port_counters().async_events;
+    let before = device_events();
+    cb.post_recv(&[(
+        7,
+        smallvec![Sge {
+            addr: mb_rx.addr,
+            length: 4096,
+            lkey: mb_rx.lkey,
+        }],
+    )])
+    .unwrap();
+    assert!(cb.failure_note().is_none());
+    ca.post_send(&[SendReq {
+        cookie: 1,
+        opcode: WrOpcode::RdmaWrite,
+        flags: send_flags::SIGNALED,
+        sges: smallvec![Sge {
+            addr: ma.addr,
+            length: 64,
+            lkey: ma.lkey,
+        }],
+        remote_addr: mb_ro.addr,
+        rkey: mb_ro.rkey,
+        imm: 0,
+    }])
+    .unwrap();
+    let e = wait(&ca, 1);
+    assert_eq!((e[0].cookie, e[0].status), (1, WcStatus::RemAccessErr));
+    // The responder: its receive flushed, the event read within a few seconds.
+    let r = wait(&cb, 1);
+    assert_eq!(
+        (r[0].cookie, r[0].status),
+        (7, WcStatus::WrFlushErr),
+        "{r:?}"
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    while cb.counters().async_events == 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let k = cb.counters();
+    assert_eq!(k.async_events, 1, "{k:?}");
+    assert_eq!(k.wc_status[5], 1);
+    assert_eq!(cb.qp_state(), rdmx::rc::QpState::Err);
+    let note = cb.failure_note().expect("a failure note");
+    assert!(
+        note.starts_with("QP_FATAL on QP ") && note.contains("async event from the device"),
+        "{note}"
+    );
+    assert!(device_events() > before);
+    assert_eq!(b_buf[4096..4160], [2u8; 64], "read-only memory untouched");
+    drop((ca, cb));
+    a.deregister(ma.lkey).unwrap();
+    b.deregister(mb_rx.lkey).unwrap();
+    b.deregister(mb_ro.lkey).unwrap();
+}
+
 #[test]
 fn verbs_cases_under_rdmx_ibv() {
     support::rerun_under_rdmx_ibv(
@@ -364,6 +567,8 @@ fn verbs_cases_under_rdmx_ibv() {
             "soft_on_another_port_and_verbs_refuse_each_other",
             "event_fd_fires_on_a_completion_and_at_once_when_one_is_queued",
             "unsignaled_runs_are_retired_by_forced_signals",
+            "counters_report_posts_bytes_and_completions_by_status",
+            "async_qp_error_event_fails_the_responder_connection",
         ],
         Duration::from_secs(120),
     );

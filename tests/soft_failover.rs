@@ -481,8 +481,8 @@ fn ms(d: Duration) -> f64 {
 
 /// The loopback cases again on the verbs provider: this binary under `rdmx-ibv exec`
 /// (device address 127.0.0.2), the peer under its own (`support::VERBS_PEER_IP`). The
-/// black hole drops UDP 4791 on `lo` (both devices' port). The namespace cases stay soft:
-/// the launcher's mount namespace hides `ip netns`' mounts.
+/// black hole drops UDP 4791 on `lo` (both devices' port). The namespace cases: see
+/// `verbs_provider_passes_the_netns_cases_under_rdmx_ibv`.
 #[test]
 fn verbs_provider_passes_the_loopback_cases_under_rdmx_ibv() {
     support::rerun_under_rdmx_ibv(
@@ -566,10 +566,49 @@ fn loopback_rnr_infinite_ceph_before_waits_655_ms() {
     );
 }
 
+/// The namespace cases on the verbs provider. The namespaces are made here; this binary
+/// runs again inside `b` under `rdmx-ibv exec --ip IP_B`, each case's peer inside `a`
+/// under `rdmx-ibv exec --ip IP_A`, both devices on the veth (MTU 1500: active MTU 1024):
+/// a process's device has one address and opens its socket in the process's namespace.
+/// One pair serves the cases in turn.
+#[test]
+fn verbs_provider_passes_the_netns_cases_under_rdmx_ibv() {
+    if support::on_verbs() {
+        return;
+    }
+    let _g = serial();
+    let pair = match NetnsPair::create() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("skipping netns cases on verbs: {why}");
+            eprintln!("skipping netns cases on verbs: {why}");
+            return;
+        }
+    };
+    support::rerun_in_netns_under_rdmx_ibv(
+        &pair,
+        &[
+            "netns_killed_peer_flushes_every_outstanding_wr",
+            "netns_black_hole_ceph_after_retry_exc_err",
+            "netns_black_hole_ceph_before_retry_exc_err",
+            "netns_link_down_ceph_after_retry_exc_err",
+            "netns_rnr_ceph_after_gives_up_after_three_naks",
+            "netns_rnr_infinite_short_timer_waits_then_delivers",
+        ],
+        Duration::from_secs(240),
+    );
+}
+
 /// Runs `case` with the peer in one new namespace and this side in another; prints a
-/// skip line and returns if namespaces cannot be created here.
+/// skip line and returns if namespaces cannot be created here. In a verbs rerun the
+/// pair is the one the parent made (this process already runs in its `b`).
 fn across_namespaces(case: impl FnOnce(&Net)) {
     let _g = serial();
+    if support::on_verbs() {
+        let pair = NetnsPair::from_env().expect("a verbs rerun of the netns cases gets its pair");
+        case(&netns(&pair));
+        return;
+    }
     let pair = match NetnsPair::create() {
         Ok(p) => p,
         Err(why) => {

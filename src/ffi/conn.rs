@@ -186,6 +186,10 @@ pub struct rdmx_completion {
 }
 
 /// Per-connection counters (the seed's retrans_cnt, out_of_seq, packet_errors and more).
+///
+/// From `tx_packets` to `tx_errors`: the soft transport's packets (zero with
+/// provider=verbs, where a NIC counts packets per port, not per QP). From
+/// `wr_send_posted` on: work requests and completions, on both providers.
 #[repr(C)]
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -225,6 +229,28 @@ pub struct rdmx_counters {
     pub tx_deferred: u64,
     /// Datagrams the kernel refused outright (e.g. no route): lost, then retransmitted.
     pub tx_errors: u64,
+    /// Send-queue work requests accepted (SEND, WRITE, READ; with or without immediate).
+    pub wr_send_posted: u64,
+    /// Receive work requests accepted.
+    pub wr_recv_posted: u64,
+    /// Payload bytes of the accepted SENDs.
+    pub send_bytes_posted: u64,
+    /// Payload bytes of the accepted RDMA WRITEs.
+    pub write_bytes_posted: u64,
+    /// Bytes the accepted RDMA READs asked for.
+    pub read_bytes_posted: u64,
+    /// Completions returned by `rdmx_poll` (every status).
+    pub completions: u64,
+    /// Bytes delivered by successful receive completions (`byte_len`).
+    pub recv_bytes: u64,
+    /// Async events the device reported about this connection's QP or CQs (provider=verbs:
+    /// QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, CQ_ERR, COMM_EST, ...; an error event also
+    /// moves the QP to ERR and sets `rdmx_conn_error`). 0 on soft.
+    pub async_events: u64,
+    /// Completions returned by `rdmx_poll`, by status: `wc_status[s]` counts status `s`
+    /// (0 success, 4 LOC_PROT_ERR, 5 WR_FLUSH_ERR, 10 REM_ACCESS_ERR, 12 RETRY_EXC_ERR, ...;
+    /// indices 0..=21 are the `ibv_wc_status` values).
+    pub wc_status: [u64; 22],
 }
 
 fn timeout_of(ms: i32) -> Option<Duration> {
@@ -827,6 +853,15 @@ pub unsafe extern "C" fn rdmx_conn_counters(
             rd_atomic_exceeded: k.rd_atomic_exceeded,
             tx_deferred: c.inner.tx_deferred(),
             tx_errors: c.inner.tx_errors(),
+            wr_send_posted: k.wr_send_posted,
+            wr_recv_posted: k.wr_recv_posted,
+            send_bytes_posted: k.send_bytes_posted,
+            write_bytes_posted: k.write_bytes_posted,
+            read_bytes_posted: k.read_bytes_posted,
+            completions: k.completions,
+            recv_bytes: k.recv_bytes,
+            async_events: k.async_events,
+            wc_status: k.wc_status,
         };
         // SAFETY: `out` checked non-NULL and writable.
         unsafe { out.write(v) };
@@ -837,7 +872,9 @@ pub unsafe extern "C" fn rdmx_conn_counters(
 /// Why the connection's QP failed, in words, once a completion reported
 /// RETRY_EXC_ERR (12) or RNR_RETRY_EXC_ERR (13): how many retries over how many ms, the
 /// timeout / retry_cnt / rnr_retry in force and the likely causes (peer gone or path down;
-/// a host starved of CPU, with the load average). NULL if the connection has not failed
+/// a host starved of CPU, with the load average); with provider=verbs also once the device
+/// reported an error async event about the connection's QP (QP_FATAL, QP_ACCESS_ERR,
+/// CQ_ERR, ...: the event and its likely cause). NULL if the connection has not failed
 /// that way (or `c` is NULL). Owned by the connection: valid until `rdmx_conn_free`.
 ///
 /// # Safety

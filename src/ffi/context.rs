@@ -173,6 +173,9 @@ pub struct rdmx_port_counters {
     pub truncated: u64,
     /// Datagrams the kernel dropped on a full receive queue (SO_RXQ_OVFL).
     pub kernel_drops: u64,
+    /// Async events the device reported (provider=verbs: QP, CQ, port and device events;
+    /// each connection's own are in `rdmx_counters.async_events`). 0 on soft.
+    pub async_events: u64,
 }
 
 /// Fills `*out` with the context's port counters. The caller owns `*out` (plain data,
@@ -197,6 +200,7 @@ pub unsafe extern "C" fn rdmx_context_port_counters(
             malformed: p.malformed,
             truncated: p.truncated,
             kernel_drops: p.kernel_drops,
+            async_events: p.async_events,
         };
         // SAFETY: `out` checked non-NULL and writable per the contract.
         unsafe { out.write(v) };

@@ -10,6 +10,7 @@ use super::soft::qp::{Remote, SendReq, SoftQp, Timers};
 use super::soft::sys::EventFd;
 #[cfg(feature = "verbs")]
 use super::verbs::{VerbsDevice, qp::VerbsQp};
+use super::wr_stats::WrStats;
 use crate::config::{CqLayout, PollMode, Progress, Settings};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mem::Registrar;
@@ -155,7 +156,10 @@ impl Device {
         match self {
             Device::Soft(d) => d.port_counters(),
             #[cfg(feature = "verbs")]
-            Device::Verbs(_) => PortCounters::default(),
+            Device::Verbs(d) => PortCounters {
+                async_events: d.async_events(),
+                ..PortCounters::default()
+            },
         }
     }
 
@@ -249,6 +253,7 @@ impl Device {
                     send_cq,
                     recv_cq,
                     channel,
+                    stats: Box::default(),
                 }))
             }
             #[cfg(feature = "verbs")]
@@ -264,6 +269,8 @@ pub(crate) struct SoftLink {
     send_cq: Arc<Cq>,
     recv_cq: Arc<Cq>,
     channel: Arc<EventFd>,
+    // Boxed: keeps the enum's variants of similar size.
+    stats: Box<WrStats>,
 }
 
 /// A connection's QP, CQs and completion channel.
@@ -335,6 +342,12 @@ impl Qp {
     }
 
     pub fn post_send(&self, dev: &Device, wrs: &[SendReq]) -> (usize, Option<Error>) {
+        let r = self.post_send_on(dev, wrs);
+        self.stats().posted_sends(&wrs[..r.0.min(wrs.len())]);
+        r
+    }
+
+    fn post_send_on(&self, dev: &Device, wrs: &[SendReq]) -> (usize, Option<Error>) {
         match (self, dev) {
             (Qp::Soft(q), Device::Soft(d)) => {
                 let r = q.qp.post_send(d.mrs(), d.now(), wrs);
@@ -349,6 +362,12 @@ impl Qp {
     }
 
     pub fn post_recv(&self, dev: &Device, wrs: &[(u64, SgeList)]) -> (usize, Option<Error>) {
+        let r = self.post_recv_on(dev, wrs);
+        self.stats().posted_recvs(r.0);
+        r
+    }
+
+    fn post_recv_on(&self, dev: &Device, wrs: &[(u64, SgeList)]) -> (usize, Option<Error>) {
         match (self, dev) {
             (Qp::Soft(q), Device::Soft(d)) => q.qp.post_recv(d.mrs(), wrs),
             #[cfg(feature = "verbs")]
@@ -359,6 +378,12 @@ impl Qp {
     }
 
     pub fn poll(&self, dev: &Device, s: &Settings, out: &mut [Wc]) -> usize {
+        let n = self.poll_on(dev, s, out);
+        self.stats().completed(&out[..n]);
+        n
+    }
+
+    fn poll_on(&self, dev: &Device, s: &Settings, out: &mut [Wc]) -> usize {
         match (self, dev) {
             (Qp::Soft(q), Device::Soft(d)) => {
                 if s.progress == Progress::Inline || s.poll_mode == PollMode::Busy {
@@ -401,9 +426,17 @@ impl Qp {
         both!(self, q => q.channel.clear(), v => v.clear_event())
     }
 
-    /// The soft engine's counters (zeros on verbs: the NIC keeps its own, per port).
+    /// The connection's WR-level counters (posts, bytes, completions by status, async
+    /// events; both providers), and on soft the engine's packet counters (on verbs those
+    /// stay zero: a NIC counts packets per port, in its `hw_counters`, not per QP).
     pub fn counters(&self) -> Counters {
-        both!(self, q => q.qp.counters(), _v => Counters::default())
+        let mut c = both!(self, q => q.qp.counters(), _v => Counters::default());
+        self.stats().fill(&mut c);
+        c
+    }
+
+    fn stats(&self) -> &WrStats {
+        both!(self, q => &q.stats, v => v.stats())
     }
 
     pub fn failure_note(&self) -> Option<String> {

@@ -5,6 +5,7 @@ pub(crate) mod dev;
 pub mod soft;
 #[cfg(feature = "verbs")]
 pub(crate) mod verbs;
+pub(crate) mod wr_stats;
 
 use crate::config::{Provider, Settings};
 use crate::error::{Error, Result};

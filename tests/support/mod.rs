@@ -31,6 +31,9 @@ use std::time::{Duration, Instant};
 /// Environment variable carrying the peer's spec (not `RDMX_`: those are configuration
 /// keys, and `rdmx-ibv exec` refuses unknown ones).
 pub const PEER_ENV: &str = "RDMXTEST_PEER";
+/// Environment variable naming the [`NetnsPair`] a verbs rerun of the namespace cases
+/// runs in (see [`rerun_in_netns_under_rdmx_ibv`]).
+pub const NETNS_ENV: &str = "RDMXTEST_NETNS";
 /// Tag of the lines the peer prints (libtest's own lines lack it).
 const TAG: &str = "RDMXPEER ";
 /// Upper bound on a peer's life.
@@ -152,8 +155,33 @@ pub fn rerun_under_rdmx_ibv(ip: &str, tests: &[&str], deadline: Duration) {
         return;
     }
     let mut cmd = Command::new(rdmx_ibv_launcher());
-    cmd.args(["exec", "--ip", ip, "--set", "provider=verbs", "--"])
-        .arg(std::env::current_exe().unwrap())
+    cmd.args(["exec", "--ip", ip, "--set", "provider=verbs", "--"]);
+    rerun(cmd, tests, deadline);
+}
+
+/// [`rerun_under_rdmx_ibv`] for the namespace cases: the launcher runs inside `pair.b`
+/// (`ip netns exec B rdmx-ibv exec --ip IP_B ...`): a process's device has the one
+/// address its launcher was given, and its UDP socket is opened in the namespace the
+/// process runs in, so this side must start there rather than join it from a thread as
+/// the soft cases do ([`in_netns`]). The cases find the pair in [`NETNS_ENV`]; their peer
+/// runs likewise in `pair.a` ([`Peer::spawn`]).
+pub fn rerun_in_netns_under_rdmx_ibv(pair: &NetnsPair, tests: &[&str], deadline: Duration) {
+    if std::env::var_os("RDMX_PROVIDER").is_some() {
+        return;
+    }
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &pair.b])
+        .arg(rdmx_ibv_launcher())
+        .args(["exec", "--ip", &pair.ip_b.to_string()])
+        .args(["--set", "provider=verbs", "--"])
+        .env(NETNS_ENV, pair.encode());
+    rerun(cmd, tests, deadline);
+}
+
+/// Runs this test binary's `tests` through `cmd` (a launcher prefix), bounded by
+/// `deadline`; every test must pass.
+fn rerun(mut cmd: Command, tests: &[&str], deadline: Duration) {
+    cmd.arg(std::env::current_exe().unwrap())
         .args(["--exact", "--test-threads=1", "--nocapture"])
         .args(tests)
         .stdin(Stdio::null())
@@ -405,6 +433,15 @@ impl Peer {
     pub fn spawn(spec: &PeerSpec, netns: Option<&str>) -> Peer {
         let exe = std::env::current_exe().expect("current_exe");
         let mut cmd = match netns {
+            // On verbs the launcher runs inside the namespace, with the peer's address.
+            Some(ns) if on_verbs() => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns])
+                    .arg(rdmx_ibv_launcher())
+                    .args(["exec", "--ip", &spec.bind, "--"])
+                    .arg(&exe);
+                c
+            }
             Some(ns) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(&exe);
@@ -919,6 +956,33 @@ impl NetnsPair {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(p)
+    }
+
+    /// The pair as one line, for [`NETNS_ENV`].
+    pub fn encode(&self) -> String {
+        format!(
+            "{} {} {} {} {} {}",
+            self.a, self.b, self.ip_a, self.ip_b, self.veth_a, self.veth_b
+        )
+    }
+
+    /// The pair a rerun was given in [`NETNS_ENV`] (owned by the process that made it:
+    /// not deleted on drop).
+    pub fn from_env() -> Option<NetnsPair> {
+        let v = std::env::var(NETNS_ENV).ok()?;
+        let f: Vec<&str> = v.split_whitespace().collect();
+        let [a, b, ip_a, ip_b, veth_a, veth_b] = f[..] else {
+            panic!("{NETNS_ENV}={v}: want 'a b ip_a ip_b veth_a veth_b'");
+        };
+        Some(NetnsPair {
+            a: a.into(),
+            b: b.into(),
+            ip_a: ip_a.parse().expect("ip_a"),
+            ip_b: ip_b.parse().expect("ip_b"),
+            veth_a: veth_a.into(),
+            veth_b: veth_b.into(),
+            created: Vec::new(),
+        })
     }
 
     /// Sets `ns`'s veth end up or down.

@@ -358,6 +358,9 @@ pub struct PortCounters {
     pub truncated: u64,
     /// Datagrams the kernel dropped on a full receive queue (`SO_RXQ_OVFL`).
     pub kernel_drops: u64,
+    /// Async events the device reported (verbs provider: QP, CQ, port and device events,
+    /// read from the device's async fd; the soft provider raises none).
+    pub async_events: u64,
 }
 
 /// How well a soft device kept listening on a busy host: the engine's clock (and so every
@@ -529,6 +532,7 @@ impl SoftDevice {
             malformed: c.malformed.load(Ordering::Relaxed),
             truncated,
             kernel_drops,
+            async_events: 0,
         }
     }
 

@@ -1,8 +1,9 @@
 //! The structures rdma-sys defines by hand (not bindgen: `ibv_wc`, `ibv_send_wr`,
-//! `ibv_gid`, `ibv_global_route`, `ibv_ah_attr`) and the `context->ops` slots its
-//! re-implementations of verbs.h's `static inline` data-path verbs call through, checked
-//! against a C probe compiled on the installed headers: a mismatch would make every post
-//! or poll read or write the wrong bytes.
+//! `ibv_gid`, `ibv_global_route`, `ibv_ah_attr`), `struct ibv_async_event` as `events`
+//! reads it, and the `context->ops` slots its re-implementations of verbs.h's
+//! `static inline` data-path verbs call through, checked against a C probe compiled on the
+//! installed headers: a mismatch would make every post or poll read or write the wrong
+//! bytes.
 
 use rdma_sys as ib;
 use std::mem::{offset_of, size_of};
@@ -61,6 +62,17 @@ fn hand_written_structures_and_ops_match_the_installed_headers() {
         "IBV_WR_SEND_WITH_IMM" => crate::rc::WrOpcode::SendWithImm as u8, "IBV_WR_SEND_WITH_IMM";
         "IBV_WR_RDMA_WRITE_WITH_IMM" => crate::rc::WrOpcode::RdmaWriteWithImm as u8, "IBV_WR_RDMA_WRITE_WITH_IMM";
         "IBV_SEND_INLINE" => crate::rc::verbs::send_flags::INLINE, "IBV_SEND_INLINE";
+        "sizeof ibv_async_event" => size_of::<super::events::RawEvent>(), "sizeof(struct ibv_async_event)";
+        "ibv_async_event.event_type" => offset_of!(super::events::RawEvent, event_type), "offsetof(struct ibv_async_event, event_type)";
+        "IBV_EVENT_CQ_ERR" => super::events::kind::CQ_ERR, "IBV_EVENT_CQ_ERR";
+        "IBV_EVENT_QP_FATAL" => super::events::kind::QP_FATAL, "IBV_EVENT_QP_FATAL";
+        "IBV_EVENT_QP_ACCESS_ERR" => super::events::kind::QP_ACCESS_ERR, "IBV_EVENT_QP_ACCESS_ERR";
+        "IBV_EVENT_PATH_MIG_ERR" => super::events::kind::PATH_MIG_ERR, "IBV_EVENT_PATH_MIG_ERR";
+        "IBV_EVENT_DEVICE_FATAL" => super::events::kind::DEVICE_FATAL, "IBV_EVENT_DEVICE_FATAL";
+        "IBV_EVENT_PORT_ERR" => super::events::kind::PORT_ERR, "IBV_EVENT_PORT_ERR";
+        "IBV_EVENT_QP_LAST_WQE_REACHED" => super::events::kind::QP_LAST_WQE_REACHED, "IBV_EVENT_QP_LAST_WQE_REACHED";
+        "IBV_EVENT_GID_CHANGE" => super::events::kind::GID_CHANGE, "IBV_EVENT_GID_CHANGE";
+        "IBV_EVENT_WQ_FATAL" => super::events::kind::WQ_FATAL, "IBV_EVENT_WQ_FATAL";
     };
     let dir = std::env::temp_dir().join(format!("rdmx-verbs-layout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -5,8 +5,9 @@
 //! - [`device`]: device/port/GID selection, limits, PD;
 //! - [`mr`]: `ibv_reg_mr` registrations (pools register each arena once);
 //! - [`qp`]: a connection's channel, CQs and RC QP, post chains, batched polling;
-//! - here: [`VerbsDevice`] and the side-channel watcher (TCP EOF -> QP to ERR, as the
-//!   soft provider's progress thread does).
+//! - [`events`]: the device's async events;
+//! - here: [`VerbsDevice`] and its watcher thread: side channels (TCP EOF -> QP to ERR, as
+//!   the soft provider's progress thread does) and the async event fd.
 //!
 //! The data-path verbs `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq` and
 //! `ibv_req_notify_cq` are `static inline` in verbs.h (calls through `context->ops`):
@@ -16,6 +17,7 @@
 //! built on the installed headers.
 
 pub mod device;
+pub(crate) mod events;
 #[cfg(test)]
 mod layout;
 pub mod mr;
@@ -24,14 +26,15 @@ pub mod qp;
 use crate::config::Settings;
 use crate::error::{Error, ErrorKind, Result};
 use crate::provider::soft::sys::EventFd;
-use device::Opened;
+use device::{Opened, Pd};
+use events::{Event, Subject, kind};
 use mr::VerbsMrs;
 use parking_lot::Mutex;
 use qp::VerbsQp;
 use rustc_hash::FxHashMap as HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 pub use device::ROCEV2_PORT;
@@ -49,10 +52,11 @@ impl VerbsDevice {
     pub fn open(s: &Settings) -> Result<VerbsDevice> {
         let opened = device::open(s)?;
         let mrs = Arc::new(VerbsMrs::new(Arc::clone(&opened.pd)));
+        let watch = Watcher::start(Arc::clone(&opened.pd), opened.port, opened.name.clone())?;
         Ok(VerbsDevice {
             opened,
             mrs,
-            watch: Watcher::start()?,
+            watch,
             settings: s.clone(),
         })
     }
@@ -92,7 +96,7 @@ impl VerbsDevice {
     }
 
     pub fn create_qp(&self) -> Result<Arc<VerbsQp>> {
-        VerbsQp::create(
+        let qp = VerbsQp::create(
             &self.opened.pd,
             &self.mrs,
             &self.settings,
@@ -101,7 +105,14 @@ impl VerbsDevice {
             self.opened.active_mtu,
             &self.opened.limits,
         )
-        .map(Arc::new)
+        .map(Arc::new)?;
+        self.watch.register(&qp);
+        Ok(qp)
+    }
+
+    /// Async events the device reported (every kind, about any object or port).
+    pub fn async_events(&self) -> u64 {
+        self.watch.shared.async_events.load(Ordering::Relaxed)
     }
 
     /// Watches a connection's TCP side channel: on EOF the QP goes to ERR (flushing every
@@ -115,7 +126,19 @@ impl VerbsDevice {
     }
 }
 
-/// A thread waiting on the side channels (epoll, EPOLLRDHUP): the peer's FIN or RST.
+/// Every verbs QP of the process, for async events (which name a `struct ibv_qp *` or
+/// `ibv_cq *`). Process-wide rather than per context: a kernel device queues an event on
+/// the async fd of the context owning the object, but rdmx-ibv (one soft device per
+/// process) gives all of a process's contexts one event queue, so a context's reader may
+/// take another context's event; looked up here, it still reaches its QP.
+static ALL_QPS: Mutex<Vec<Weak<VerbsQp>>> = Mutex::new(Vec::new());
+
+/// The epoll token of the stop eventfd and of the device's async event fd.
+const STOP: u64 = u64::MAX;
+const ASYNC: u64 = u64::MAX - 1;
+
+/// A thread waiting on the side channels (epoll, EPOLLRDHUP: the peer's FIN or RST) and
+/// on the device's async event fd.
 #[derive(Debug)]
 struct Watcher {
     shared: Arc<WatchShared>,
@@ -128,10 +151,15 @@ struct WatchShared {
     stop_fd: EventFd,
     stop: AtomicBool,
     qps: Mutex<HashMap<RawFd, Weak<VerbsQp>>>,
+    /// The context whose async fd is read (kept open while the thread runs).
+    pd: Arc<Pd>,
+    port: u8,
+    name: String,
+    async_events: AtomicU64,
 }
 
 impl Watcher {
-    fn start() -> Result<Watcher> {
+    fn start(pd: Arc<Pd>, port: u8, name: String) -> Result<Watcher> {
         // SAFETY: plain syscall.
         let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if ep < 0 {
@@ -143,17 +171,44 @@ impl Watcher {
         // SAFETY: a fresh fd we own.
         let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
         let stop_fd = EventFd::new()?;
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: u64::MAX,
-        };
-        // SAFETY: valid fds and a live event struct.
-        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, stop_fd.raw_fd(), &mut ev) };
+        // The async event fd, non-blocking: ibv_get_async_event then fails with EAGAIN
+        // instead of sleeping once the queued events are read.
+        // SAFETY: the context is open (held by `pd`); async_fd is its field.
+        let async_fd = unsafe { (*pd.ctx).async_fd };
+        // SAFETY: fcntl on a valid fd with integer arguments.
+        let fl = unsafe { libc::fcntl(async_fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if fl < 0 || unsafe { libc::fcntl(async_fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "verbs: async event fd: fcntl O_NONBLOCK: {}",
+                    std::io::Error::last_os_error()
+                ),
+            ));
+        }
+        for (fd, token) in [(stop_fd.raw_fd(), STOP), (async_fd, ASYNC)] {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: token,
+            };
+            // SAFETY: valid fds and a live event struct.
+            if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!("verbs: epoll_ctl: {}", std::io::Error::last_os_error()),
+                ));
+            }
+        }
         let shared = Arc::new(WatchShared {
             epoll,
             stop_fd,
             stop: AtomicBool::new(false),
             qps: Mutex::new(HashMap::default()),
+            pd,
+            port,
+            name,
+            async_events: AtomicU64::new(0),
         });
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -164,6 +219,13 @@ impl Watcher {
             shared,
             thread: Some(thread),
         })
+    }
+
+    /// A new QP: async events about it (or its CQs) reach it.
+    fn register(&self, qp: &Arc<VerbsQp>) {
+        let mut all = ALL_QPS.lock();
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(qp));
     }
 
     fn add(&self, fd: RawFd, qp: Weak<VerbsQp>) {
@@ -204,7 +266,11 @@ fn watch_loop(s: &WatchShared) {
         // SAFETY: valid epoll fd; `events` has room for 16 entries.
         let n = unsafe { libc::epoll_wait(s.epoll.as_raw_fd(), events.as_mut_ptr(), 16, 1000) };
         for ev in events.iter().take(n.max(0) as usize) {
-            if ev.u64 == u64::MAX {
+            if ev.u64 == STOP {
+                continue;
+            }
+            if ev.u64 == ASYNC {
+                read_async_events(s);
                 continue;
             }
             let fd = ev.u64 as RawFd;
@@ -235,6 +301,72 @@ impl Drop for Watcher {
         self.shared.stop_fd.signal();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+/// Reads every queued async event (each acknowledged as it is read) and acts on it.
+fn read_async_events(s: &WatchShared) {
+    // Bounded per wakeup: a device raising events without end cannot starve the side
+    // channels (the fd stays readable, so the next epoll_wait returns at once).
+    for _ in 0..256 {
+        let Some(e) = events::next(s.pd.ctx) else {
+            return;
+        };
+        s.async_events.fetch_add(1, Ordering::Relaxed);
+        on_async_event(s, e);
+    }
+}
+
+fn live_qps() -> Vec<Arc<VerbsQp>> {
+    ALL_QPS.lock().iter().filter_map(Weak::upgrade).collect()
+}
+
+fn on_async_event(s: &WatchShared, e: Event) {
+    let what = events::name(e.kind);
+    let error = events::qp_error(e.kind);
+    match e.subject {
+        Subject::Qp { qp, qpn } => {
+            match live_qps()
+                .into_iter()
+                .find(|q| q.raw_qp() == qp && q.qpn() == qpn)
+            {
+                Some(q) => q.async_event(what, error),
+                None => {
+                    log::info!(target: "rdmx::verbs", "{}: async event {what} on QP {qpn:#x}, which no live connection has", s.name)
+                }
+            }
+        }
+        Subject::Cq(cq) => match live_qps().into_iter().find(|q| {
+            let (a, b) = q.raw_cqs();
+            a == cq || b == cq
+        }) {
+            Some(q) => q.async_event(what, error),
+            None => {
+                log::info!(target: "rdmx::verbs", "{}: async event {what} on a CQ no live connection has", s.name)
+            }
+        },
+        Subject::Port(p) => match e.kind {
+            kind::PORT_ERR if p == s.port => {
+                log::warn!(target: "rdmx::verbs", "{}: port {p} is down (PORT_ERR): its connections' requests go unanswered and end with RETRY_EXC_ERR unless the port is back within (retry_cnt + 1) x timeout", s.name)
+            }
+            kind::PORT_ACTIVE if p == s.port => {
+                log::info!(target: "rdmx::verbs", "{}: port {p} is active again (PORT_ACTIVE)", s.name)
+            }
+            _ => log::info!(target: "rdmx::verbs", "{}: async event {what} on port {p}", s.name),
+        },
+        Subject::Other if e.kind == kind::DEVICE_FATAL => {
+            let qps: Vec<_> = live_qps()
+                .into_iter()
+                .filter(|q| q.ctx() == s.pd.ctx as usize)
+                .collect();
+            log::error!(target: "rdmx::verbs", "{}: DEVICE_FATAL: every connection ({}) fails; the context must be recreated", s.name, qps.len());
+            for q in qps {
+                q.async_event(what, error);
+            }
+        }
+        Subject::Other => {
+            log::info!(target: "rdmx::verbs", "{}: async event {what} ({})", s.name, e.kind)
         }
     }
 }

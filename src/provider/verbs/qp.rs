@@ -16,6 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::provider::soft::cq::Wc;
 use crate::provider::soft::qp::SendReq;
 use crate::provider::soft::sys::EventFd;
+use crate::provider::wr_stats::WrStats;
 use crate::rc::memory::SgeList;
 use crate::rc::verbs::{QpState, WcOpcode, WcStatus, WrOpcode, access, send_flags};
 use parking_lot::Mutex;
@@ -140,7 +141,7 @@ impl Drop for Raw {
 pub struct VerbsQp {
     raw: Raw,
     mrs: Arc<VerbsMrs>,
-    _pd: Arc<Pd>,
+    pd: Arc<Pd>,
     qpn: u32,
     port: u8,
     gid_index: u8,
@@ -159,6 +160,9 @@ pub struct VerbsQp {
     epoll: OwnedFd,
     peer_gone: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// WR-level counters (`provider::dev` counts posts and polls; the device's async
+    /// event reader counts events).
+    stats: WrStats,
 }
 
 // SAFETY: the raw pointers are libibverbs objects, usable from any thread (the provider
@@ -345,7 +349,7 @@ impl VerbsQp {
         Ok(VerbsQp {
             raw,
             mrs: Arc::clone(mrs),
-            _pd: Arc::clone(pd),
+            pd: Arc::clone(pd),
             qpn,
             port,
             gid_index,
@@ -368,11 +372,61 @@ impl VerbsQp {
             epoll,
             peer_gone: AtomicBool::new(false),
             failure: Mutex::new(None),
+            stats: WrStats::default(),
         })
     }
 
     pub fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    pub(crate) fn stats(&self) -> &WrStats {
+        &self.stats
+    }
+
+    /// The device context the QP belongs to (identity only).
+    pub(crate) fn ctx(&self) -> usize {
+        self.pd.ctx as usize
+    }
+
+    /// The `struct ibv_qp *` async events name (identity only, never dereferenced here).
+    pub(crate) fn raw_qp(&self) -> usize {
+        self.raw.qp as usize
+    }
+
+    /// The `struct ibv_cq *`s async events name (send, receive; equal when shared).
+    pub(crate) fn raw_cqs(&self) -> (usize, usize) {
+        (self.raw.send_cq as usize, self.raw.recv_cq as usize)
+    }
+
+    /// The device reported an async event about this QP or one of its CQs (read and
+    /// acknowledged by the device's event reader): counted; an error event moves the QP
+    /// to ERR unless the device did (outstanding WRs complete flushed) and becomes the
+    /// connection's failure note unless a completion already explained the failure.
+    pub(crate) fn async_event(&self, what: &str, error: Option<&str>) {
+        let Some(why) = error else {
+            self.stats.async_event();
+            log::debug!(target: "rdmx::verbs", "QP {:#x}: async event {what}", self.qpn);
+            return;
+        };
+        // The note first, then the count: whoever sees the count sees the note.
+        {
+            let mut f = self.failure.lock();
+            if f.is_none() {
+                *f = Some(format!(
+                    "{what} on QP {:#x} (async event from the device): {why}; the QP is in \
+                     the error state, outstanding work requests complete flushed",
+                    self.qpn
+                ));
+            }
+        }
+        self.stats.async_event();
+        log::warn!(target: "rdmx::verbs", "QP {:#x}: async event {what}: {why}", self.qpn);
+        // A NIC moved the QP to ERR before raising the event (QP_FATAL, QP_*_ERR): no
+        // modify then, which could drop what the device still sends (a NAK to the peer).
+        if self.state() != QpState::Err {
+            self.fail();
+        }
     }
 
     /// RTR then RTS with the handshake's values and the config's timers, QoS and MTU.
@@ -493,9 +547,31 @@ impl VerbsQp {
     }
 
     /// The side channel reported EOF: posts are refused from now on, and the QP fails.
+    /// What the device already received completes first, with its own status: a peer
+    /// that NAKed a request (remote access error) and then closed leaves REM_ACCESS_ERR,
+    /// not a flush, as a NIC would have handled the NAK before the host saw the FIN.
     pub fn set_peer_gone(&self) {
+        self.stash_queued();
+        log::debug!(target: "rdmx::verbs", "QP {:#x}: peer gone; {} completion(s) taken before the flush", self.qpn, self.stash.lock().len());
         self.peer_gone.store(true, Ordering::Release);
         self.fail();
+    }
+
+    /// Moves completions already queued (polling also drives a device that progresses
+    /// in its poll) into the stash, which the next `poll` returns first; the event fd
+    /// becomes readable if the stash holds any. The stash lock is held while polling, as
+    /// `poll` holds it, so completions keep their order.
+    fn stash_queued(&self) {
+        let mut st = self.stash.lock();
+        let room = STASH - st.len();
+        if room > 0 {
+            let mut tmp = [EMPTY_WC; STASH];
+            let k = self.poll_cqs(&mut tmp[..room]);
+            st.extend_from_slice(&tmp[..k]);
+        }
+        if !st.is_empty() {
+            self.wake.signal();
+        }
     }
 
     pub fn peer_gone(&self) -> bool {
@@ -768,16 +844,16 @@ impl VerbsQp {
     /// each).
     pub fn poll(&self, out: &mut [Wc]) -> usize {
         let mut n = 0;
-        {
-            let mut st = self.stash.lock();
-            if !st.is_empty() {
-                let k = st.len().min(out.len());
-                out[..k].copy_from_slice(&st[..k]);
-                st.drain(..k);
-                n = k;
-                if st.is_empty() {
-                    self.wake.clear();
-                }
+        // Held across the CQ poll: the side-channel watcher may stash completions
+        // (`set_peer_gone`), and none may overtake those.
+        let mut st = self.stash.lock();
+        if !st.is_empty() {
+            let k = st.len().min(out.len());
+            out[..k].copy_from_slice(&st[..k]);
+            st.drain(..k);
+            n = k;
+            if st.is_empty() {
+                self.wake.clear();
             }
         }
         n + self.poll_cqs(&mut out[n..])
@@ -936,16 +1012,7 @@ impl VerbsQp {
             }
         }
         // Completions that arrived before the arm raise no event: look for them now.
-        let mut st = self.stash.lock();
-        let room = STASH - st.len();
-        if room > 0 {
-            let mut tmp = [EMPTY_WC; STASH];
-            let k = self.poll_cqs(&mut tmp[..room]);
-            st.extend_from_slice(&tmp[..k]);
-        }
-        if !st.is_empty() {
-            self.wake.signal();
-        }
+        self.stash_queued();
     }
 
     /// The caller's event fd (epoll over the completion channel and the stash wakeup).
