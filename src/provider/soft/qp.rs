@@ -99,6 +99,9 @@ struct Inner {
     drop_state: u64,
     /// Datagrams the UDP socket had no room for, waiting to be sent first.
     backlog: TxBacklog,
+    /// An error completion (not a flush) reached a CQ since the last reset: the
+    /// application learnt the QP's error from it (no async event then, as NICs).
+    error_completed: bool,
 }
 
 /// Datagrams the QP's UDP socket had no room for (a short `sendmmsg` count), sealed and
@@ -263,6 +266,7 @@ impl SoftQp {
                 tails: vec![[0u8; 8]; TX_BATCH],
                 drop_state: u64::from(try_random_u32()?) << 1 | 1,
                 backlog: TxBacklog::default(),
+                error_completed: false,
             }),
             send_cq,
             recv_cq,
@@ -831,6 +835,9 @@ impl SoftQp {
             mrs.hold(&p.lkeys, false);
             if !c.is_recv && c.status == WcStatus::Success && !p.signaled {
                 continue; // unsignaled send: done, nothing to report
+            }
+            if !matches!(c.status, WcStatus::Success | WcStatus::WrFlushErr) {
+                g.error_completed = true;
             }
             let wc = Wc {
                 cookie: p.cookie,

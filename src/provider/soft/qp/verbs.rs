@@ -157,6 +157,7 @@ impl SoftQp {
             mrs.hold(&p.lkeys, false);
         }
         g.peer = None;
+        g.error_completed = false;
         self.peer_port.store(0, Ordering::Release);
         if let Some(h) = self.verbs.get() {
             h.reported.store(false, Ordering::Release);
@@ -208,11 +209,16 @@ impl SoftQp {
             return;
         }
         (h.on_error)(QpErrorEvent {
-            // Retries exhausted (RETRY_EXC_ERR, RNR_RETRY_EXC_ERR) are reported by the
-            // failed WR's completion, as NICs and rxe do, not by an async event as well:
-            // Ceph's QP_FATAL handler dereferences its QP without a check, and by the time
-            // it reads the event it has faulted and destroyed that QP (segfault).
-            fatal: !h.by_app.load(Ordering::Acquire) && g.qp.failure().is_none(),
+            // An error a WR's completion reports (retries exhausted, a NAK: remote access,
+            // invalid request, remote operation; a local length or protection error) is
+            // reported by that completion only, as NICs and rxe do, not by an async event
+            // as well: Ceph's QP_FATAL handler dereferences its QP without a check, and by
+            // the time it reads the event it has faulted and destroyed that QP. What no
+            // completion reports (a responder's access violation on a WRITE or READ, a CQ
+            // overrun, the peer's error) is QP_FATAL.
+            fatal: !h.by_app.load(Ordering::Acquire)
+                && g.qp.failure().is_none()
+                && !g.error_completed,
             last_wqe: h.srq.is_some(),
         });
     }
