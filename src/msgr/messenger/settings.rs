@@ -29,6 +29,10 @@ pub struct MsgrSettings {
     pub max_recv_wr: u32,
     pub max_send_wr: u32,
     pub max_send_sge: u32,
+    /// How long a progress loop keeps polling after its last event before it sleeps on
+    /// the event fds (`poll_mode` busy: None = never sleeps; event: zero; adaptive:
+    /// `polling_us`).
+    pub spin: Option<Duration>,
 }
 
 fn ms(c: &Config, key: &str) -> Result<Duration> {
@@ -61,6 +65,11 @@ impl MsgrSettings {
             max_recv_wr: c.get_u64("max_recv_wr")? as u32,
             max_send_wr: c.get_u64("max_send_wr")? as u32,
             max_send_sge: c.get_u64("max_send_sge")? as u32,
+            spin: match c.get("poll_mode")?.as_str() {
+                "busy" => None,
+                "event" => Some(Duration::ZERO),
+                _ => Some(Duration::from_micros(c.get_u64("polling_us")?)),
+            },
         };
         let mut broken = Vec::new();
         if s.recv_window_min > s.recv_window {
