@@ -724,8 +724,9 @@ pub fn serve(cfg: &Config, ip: std::net::IpAddr) -> Result<SocketAddr, String> {
     // SAFETY: the region is leaked (lives as long as the process) and never written again.
     let h = unsafe { m.mem_reg(region.as_ptr().cast_mut(), region.len()) }
         .map_err(|e| format!("messenger: register the region: {e}"))?;
-    // Held for the life of the process, as the messenger.
-    std::mem::forget(h);
+    // Never given back: the registration stays referenced (not evictable) for the life of
+    // the process, as the messenger.
+    let _ = h;
     let addr = m
         .listen(&SocketAddr::new(ip, 0).to_string())
         .map_err(|e| format!("messenger listen: {e}"))?;

@@ -560,6 +560,12 @@ impl Connection {
         self.qp.req_notify(&self.ctx.shared.dev);
     }
 
+    /// Arms the event fd as `req_notify` does, for a caller that sleeps on the context's
+    /// receiving sockets too (`Context::app_watch`): the device is not told it stops polling.
+    pub fn arm(&self) {
+        self.qp.arm();
+    }
+
     /// The completion channel's fd, for epoll/poll.
     pub fn event_fd(&self) -> RawFd {
         self.qp.event_fd()

@@ -504,9 +504,15 @@ impl Core {
     }
 
     /// Sleeps until a completion, a wake-up or `max`.
+    ///
+    /// With the soft provider's progress=inline, the thread also sleeps on the context's
+    /// receiving sockets and receives itself when it wakes (its next pass polls a link,
+    /// which drives the device): a request wakes this thread only, not the provider's
+    /// progress thread first and this one through a completion event.
     fn sleep(&self, i: usize, max: Duration) {
         let shard = &self.shards[i];
         let mut fds = Vec::new();
+        let mut rx = Vec::new();
         {
             let st = shard.st.lock();
             if !st.queued.is_empty() || !st.incoming.is_empty() {
@@ -518,13 +524,28 @@ impl Core {
                 .filter_map(|s| s.link.as_ref())
                 .chain(st.pending.iter().map(|p| &p.link));
             for l in links {
-                l.conn.req_notify();
+                if rx.is_empty() {
+                    // Only with a link to poll: its poll is what receives.
+                    self.ctx.rx_fds(&mut rx);
+                }
+                if rx.is_empty() {
+                    l.conn.req_notify();
+                } else {
+                    l.conn.arm();
+                }
                 fds.push(libc::pollfd {
                     fd: l.conn.event_fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 });
             }
+        }
+        for &fd in &rx {
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
         fds.push(libc::pollfd {
             fd: shard.wake.0,
@@ -544,8 +565,15 @@ impl Core {
             }
         }
         let ms = max.as_millis().clamp(1, 1000) as libc::c_int;
+        let watch = !rx.is_empty();
+        if watch {
+            self.ctx.app_watch(true);
+        }
         // SAFETY: `fds` is a valid array of pollfd of the length given.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if watch {
+            self.ctx.app_watch(false);
+        }
         shard.wake.clear();
         let mut st = shard.st.lock();
         if fds[links..].iter().any(|p| p.revents != 0) {

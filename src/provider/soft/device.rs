@@ -304,6 +304,10 @@ struct Shared {
     epoch: Instant,
     /// Last time the application drove progress itself (progress=inline), ns.
     last_app_poll: AtomicU64,
+    /// Application threads asleep on the receiving sockets themselves (progress=inline,
+    /// [`SoftDevice::app_watch`]): they receive when they wake, so the progress thread
+    /// leaves the sockets to them (one wakeup per packet batch instead of two).
+    app_watchers: AtomicUsize,
     /// Real time left out of the engine clock (`now`): the device was not listening.
     stalled_ns: AtomicU64,
     /// When the last progress pass ended (engine ns): up to then the device was listening.
@@ -440,6 +444,7 @@ impl SoftDevice {
             rx: Mutex::new(RxBatch::new(RX_BATCH, crate::rc::max_packet_len(4096) + 64)),
             epoch: Instant::now(),
             last_app_poll: AtomicU64::new(0),
+            app_watchers: AtomicUsize::new(0),
             stalled_ns: AtomicU64::new(0),
             last_pass: AtomicU64::new(0),
             stats: StatCounters::default(),
@@ -686,6 +691,35 @@ impl SoftDevice {
             .map_err(|e| Error::new(ErrorKind::Io, format!("path MTU: no route to {peer}: {e}")))?;
         let route = super::mtu::describe_route(peer, local);
         super::mtu::choose(4096, link, peer.to_canonical().is_ipv6(), &route).map(|p| p.active)
+    }
+
+    /// progress=inline: the receiving sockets an application thread may sleep on itself
+    /// (poll(2) for POLLIN) between [`SoftDevice::app_watch`]`(true)` and `(false)`, and
+    /// then receive with its next poll. Nothing with progress=thread.
+    pub fn rx_fds(&self, out: &mut Vec<RawFd>) {
+        if self.shared.settings.progress != Progress::Inline {
+            return;
+        }
+        for p in &self.shared.ports {
+            if p.qps.load(Ordering::Acquire) > 0 {
+                out.push(p.sock.raw_fd());
+            }
+        }
+    }
+
+    /// An application thread starts (`true`) or stops (`false`) sleeping on
+    /// [`SoftDevice::rx_fds`]. While one does, the progress thread does not receive (it
+    /// still runs timers and watches side channels); when the last stops, its stop counts
+    /// as a poll, so the progress thread takes over only after the usual handover time.
+    pub fn app_watch(&self, on: bool) {
+        if on {
+            self.shared.app_watchers.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.shared
+                .last_app_poll
+                .store(self.shared.now(), Ordering::Relaxed);
+            self.shared.app_watchers.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     pub fn progress_mode(&self) -> Progress {
@@ -987,8 +1021,9 @@ fn progress_thread(s: &Shared) {
         // has not polled for a while.
         let handover = inline_handover(s);
         let app_polling = inline
-            && now.saturating_sub(s.last_app_poll.load(Ordering::Relaxed))
-                < handover.as_nanos() as u64;
+            && (s.app_watchers.load(Ordering::Acquire) > 0
+                || now.saturating_sub(s.last_app_poll.load(Ordering::Relaxed))
+                    < handover.as_nanos() as u64);
         pfds.clear();
         pfds.push(sys::pollin(t.wake.raw_fd()));
         pfds.push(sys::pollin(s.watch_set.raw_fd()));
