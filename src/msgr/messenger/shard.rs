@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::msgr::{Connection, Context, Listener};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -547,6 +548,7 @@ impl Core {
                 revents: 0,
             });
         }
+        let wake_at = fds.len();
         fds.push(libc::pollfd {
             fd: shard.wake.0,
             events: libc::POLLIN,
@@ -574,16 +576,35 @@ impl Core {
         if watch {
             self.ctx.app_watch(false);
         }
-        shard.wake.clear();
+        // Only what fired needs reading (a read(2) each): usually just the sockets did.
+        if fds[wake_at].revents != 0 {
+            shard.wake.clear();
+        }
+        let fired: SmallVec<[RawFd; 4]> = fds[..wake_at - rx.len()]
+            .iter()
+            .filter(|p| p.revents != 0)
+            .map(|p| p.fd)
+            .collect();
+        let accept = fds[links..].iter().any(|p| p.revents != 0);
+        if fired.is_empty() && !accept {
+            return;
+        }
         let mut st = shard.st.lock();
-        if fds[links..].iter().any(|p| p.revents != 0) {
+        if accept {
             st.next_accept = None;
         }
-        for l in st.sessions.values().filter_map(|s| s.link.as_ref()) {
-            l.conn.clear_event();
+        if fired.is_empty() {
+            return;
         }
-        for p in &st.pending {
-            p.link.conn.clear_event();
+        let links = st
+            .sessions
+            .values()
+            .filter_map(|s| s.link.as_ref())
+            .chain(st.pending.iter().map(|p| &p.link));
+        for l in links {
+            if fired.contains(&l.conn.event_fd()) {
+                l.conn.clear_event();
+            }
         }
     }
 
