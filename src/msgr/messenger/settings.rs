@@ -140,3 +140,37 @@ pub fn adjust(c: &Config) -> Result<Config> {
     }
     Ok(c)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spin_of(kv: &[(&str, &str)]) -> Option<Duration> {
+        let mut c = Config::new();
+        for (k, v) in kv {
+            c.set(k, v).unwrap();
+        }
+        MsgrSettings::from_config(&adjust(&c).unwrap())
+            .unwrap()
+            .spin
+    }
+
+    #[test]
+    fn spins_only_when_polling_is_configured() {
+        assert_eq!(
+            spin_of(&[]),
+            Some(Duration::ZERO),
+            "defaults: sleep at once"
+        );
+        assert_eq!(spin_of(&[("poll_mode", "busy")]), None);
+        assert_eq!(spin_of(&[("poll_mode", "event")]), Some(Duration::ZERO));
+        assert_eq!(
+            spin_of(&[("polling_us", "250")]),
+            Some(Duration::from_micros(250))
+        );
+        assert_eq!(
+            spin_of(&[("poll_mode", "adaptive")]),
+            Some(Duration::from_micros(1000))
+        );
+    }
+}

@@ -39,6 +39,11 @@ const CLOSE_DRAIN: Duration = Duration::from_millis(200);
 const MAX_SLEEP: Duration = Duration::from_millis(10);
 /// How often a busy shard 0 looks for new connections (an idle one wakes on them).
 const ACCEPT_EVERY: Duration = Duration::from_millis(1);
+/// A thread sleeps on the receiving sockets itself (see [`Core::sleep`]) within this of
+/// its shard's last event; after it, the provider's progress thread watches them again
+/// (while a thread watches, the progress thread looks every millisecond instead of
+/// sleeping: fine while traffic flows, wasteful for an idle process).
+const WATCH_AFTER: Duration = Duration::from_millis(100);
 
 thread_local! {
     /// Set while this thread runs a callback of some messenger.
@@ -92,6 +97,8 @@ struct ShardState {
 struct Shard {
     st: Mutex<ShardState>,
     wake: Wake,
+    /// When a pass of this shard last found something to do (ns since the core's epoch).
+    last_event: AtomicU64,
 }
 
 /// An eventfd that wakes a shard's thread.
@@ -146,6 +153,7 @@ pub(crate) struct Core {
     totals: Mutex<SessionCounters>,
     malformed: AtomicU64,
     next_shard: AtomicUsize,
+    epoch: Instant,
 }
 
 fn random_u64() -> u64 {
@@ -178,6 +186,7 @@ impl Core {
             shards.push(Shard {
                 st: Mutex::new(ShardState::default()),
                 wake: Wake::new()?,
+                last_event: AtomicU64::new(0),
             });
         }
         {
@@ -204,6 +213,7 @@ impl Core {
             totals: Mutex::new(SessionCounters::default()),
             malformed: AtomicU64::new(0),
             next_shard: AtomicUsize::new(0),
+            epoch: Instant::now(),
         });
         let _ = core.me.set(Arc::downgrade(&core));
         Ok(core)
@@ -524,8 +534,13 @@ impl Core {
                 .values()
                 .filter_map(|s| s.link.as_ref())
                 .chain(st.pending.iter().map(|p| &p.link));
+            let since = Duration::from_nanos(
+                (self.epoch.elapsed().as_nanos() as u64)
+                    .saturating_sub(shard.last_event.load(Ordering::Relaxed)),
+            );
+            let recent = since < WATCH_AFTER;
             for l in links {
-                if rx.is_empty() {
+                if rx.is_empty() && recent {
                     // Only with a link to poll: its poll is what receives.
                     self.ctx.rx_fds(&mut rx);
                 }
@@ -676,6 +691,11 @@ impl Core {
             }
         });
         drop(st);
+        if !ev.is_empty() {
+            shard
+                .last_event
+                .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
         for (to, link, h) in moves {
             let Some(target) = self.shards.get(to) else {
                 continue;

@@ -306,7 +306,7 @@ struct Shared {
     last_app_poll: AtomicU64,
     /// Application threads asleep on the receiving sockets themselves (progress=inline,
     /// [`SoftDevice::app_watch`]): they receive when they wake, so the progress thread
-    /// leaves the sockets to them (one wakeup per packet batch instead of two).
+    /// does not wait on the sockets (one wakeup per packet batch instead of two).
     app_watchers: AtomicUsize,
     /// Real time left out of the engine clock (`now`): the device was not listening.
     stalled_ns: AtomicU64,
@@ -708,9 +708,10 @@ impl SoftDevice {
     }
 
     /// An application thread starts (`true`) or stops (`false`) sleeping on
-    /// [`SoftDevice::rx_fds`]. While one does, the progress thread does not receive (it
-    /// still runs timers and watches side channels); when the last stops, its stop counts
-    /// as a poll, so the progress thread takes over only after the usual handover time.
+    /// [`SoftDevice::rx_fds`]. While one does, the progress thread does not wait on the
+    /// sockets (as while the application polls: it wakes for timers, side channels and
+    /// every handover interval, and receives what is queued then); a stop counts as a
+    /// poll, so the progress thread takes over only after the usual handover time.
     pub fn app_watch(&self, on: bool) {
         if on {
             self.shared.app_watchers.fetch_add(1, Ordering::AcqRel);
