@@ -263,9 +263,15 @@ fn veth_case(tag: &str, n: u8, mtu: u32, port: u16) {
     let pair = Pair::new(tag, n, mtu).expect("namespaces and veth (root)");
     let dir = scratch(&format!("veth-{tag}"));
     let mut cap = Capture::start(&pair, &dir);
-    for (i, tool) in ["ib_write_bw", "ib_read_bw", "ib_send_bw"]
-        .iter()
-        .enumerate()
+    for (i, tool) in [
+        "ib_write_bw",
+        "ib_read_bw",
+        "ib_send_bw",
+        "ib_send_lat",
+        "ib_read_lat",
+    ]
+    .iter()
+    .enumerate()
     {
         let p = (port + i as u16).to_string();
         let cmd = [

@@ -229,6 +229,8 @@ pub struct SoftQp {
     device_timers: OnceLock<Arc<DeviceTimers>>,
     /// What a verbs QP adds (its SRQ, its async error events): `verbs.rs`.
     verbs: OnceLock<verbs::Hooks>,
+    /// Set while the QP waits in its device's doorbell list (posted, not yet driven).
+    pub(crate) doorbell: AtomicBool,
 }
 
 impl SoftQp {
@@ -277,6 +279,7 @@ impl SoftQp {
             timer: Arc::new(TimerCell::new(qpn)),
             device_timers: OnceLock::new(),
             verbs: OnceLock::new(),
+            doorbell: AtomicBool::new(false),
         })
     }
 
@@ -372,6 +375,19 @@ impl SoftQp {
     /// posted and, if the chain stopped early, the error of the first WR not posted (as
     /// `bad_wr`). Posting in ERR completes at once with WR_FLUSH_ERR, as verbs.
     pub fn post_send(&self, mrs: &MrTable, now: u64, wrs: &[SendReq]) -> (usize, Option<Error>) {
+        self.post_send_then(mrs, now, wrs, true)
+    }
+
+    /// As [`SoftQp::post_send`], but with `send_now` false the packets stay in the engine
+    /// until the QP is next driven (the doorbell is rung later: see
+    /// `SoftDevice::post_send_batched`).
+    pub(crate) fn post_send_then(
+        &self,
+        mrs: &MrTable,
+        now: u64,
+        wrs: &[SendReq],
+        send_now: bool,
+    ) -> (usize, Option<Error>) {
         let mut g = self.inner.lock();
         self.publish_ack_timer_early(&g, now);
         let mut posted = 0;
@@ -428,10 +444,12 @@ impl SoftQp {
             self.publish_deadline(&g);
             return (posted, err);
         }
-        // Send at once from the caller's thread: lowest latency, no wakeup needed.
-        let view = mrs.view();
-        self.drive_locked(&mut g, &view, now);
-        drop(view);
+        if send_now {
+            // Send at once from the caller's thread: lowest latency, no wakeup needed.
+            let view = mrs.view();
+            self.drive_locked(&mut g, &view, now);
+            drop(view);
+        }
         self.collect(&mut g, mrs);
         self.publish_deadline(&g);
         (posted, err)

@@ -10,6 +10,7 @@ pub use attr::{AhAttr, QpAttr, gid_to_ip, ip_to_gid, mtu_from_ibv, mtu_to_ibv, q
 
 use parking_lot::Mutex;
 use rdmx::error::{Error, ErrorKind, Result};
+use rdmx::provider::soft::device::SoftDevice;
 use rdmx::provider::soft::qp::{QpErrorEvent, SendReq, SoftQp};
 use rdmx::rc::verbs::{attr_mask as m, send_flags};
 use rdmx::rc::{QpCaps, QpState, SgeList, WrOpcode};
@@ -241,6 +242,11 @@ impl Qp {
         self.soft.qpn()
     }
 
+    /// The transport's counters (packets, retransmissions, NAKs, ...).
+    pub fn counters(&self) -> rdmx::rc::Counters {
+        self.soft.counters()
+    }
+
     /// The current state.
     pub fn state(&self) -> QpState {
         self.soft.state()
@@ -388,7 +394,6 @@ impl Qp {
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), (usize, Error)> {
         self.check_alive().map_err(|e| (0, e))?;
         let dev = &self.pd.dev;
-        let mrs = dev.soft.mrs();
         let mut side = self.send.lock();
         let mut chunk: Vec<SendReq> = Vec::with_capacity(wrs.len().min(64));
         // Index in `wrs` of chunk[0].
@@ -396,7 +401,7 @@ impl Qp {
         for (i, w) in wrs.iter().enumerate() {
             let inline = w.send_flags & send_flags::INLINE != 0;
             if inline && w.opcode == WrOpcode::RdmaRead {
-                post_chunk(&self.soft, mrs, dev.soft.now(), &mut side, &chunk, base)?;
+                post_chunk(&dev.soft, &self.soft, &mut side, &chunk, base)?;
                 return Err((
                     i,
                     invalid("post_send: IBV_SEND_INLINE with RDMA_READ".into()),
@@ -409,7 +414,7 @@ impl Qp {
             let mut sges = w.sg_list.clone();
             if inline {
                 // The slot is free only once every WR before this one was accepted.
-                post_chunk(&self.soft, mrs, dev.soft.now(), &mut side, &chunk, base)?;
+                post_chunk(&dev.soft, &self.soft, &mut side, &chunk, base)?;
                 chunk.clear();
                 base = i;
                 let seq = side.seq;
@@ -439,7 +444,7 @@ impl Qp {
                 imm: u32::from_be(w.imm_data),
             });
         }
-        post_chunk(&self.soft, mrs, dev.soft.now(), &mut side, &chunk, base)
+        post_chunk(&dev.soft, &self.soft, &mut side, &chunk, base)
     }
 
     /// `ibv_post_recv`: as `post_send` (refused in RESET, and on a QP with an SRQ).
@@ -513,9 +518,8 @@ impl Drop for Qp {
 /// sequence by the WRs accepted; the first refusal is returned with its index in the
 /// caller's list.
 fn post_chunk(
-    soft: &SoftQp,
-    mrs: &rdmx::provider::soft::mr::MrTable,
-    now: u64,
+    dev: &SoftDevice,
+    soft: &Arc<SoftQp>,
     side: &mut SendSide,
     chunk: &[SendReq],
     base: usize,
@@ -523,7 +527,9 @@ fn post_chunk(
     if chunk.is_empty() {
         return Ok(());
     }
-    let (n, err) = soft.post_send(mrs, now, chunk);
+    // Batched: an application posting one WR per call and then polling gets one sendmmsg
+    // per poll, not per post.
+    let (n, err) = dev.post_send_batched(soft, chunk);
     side.seq += n as u64;
     match err {
         None => Ok(()),
