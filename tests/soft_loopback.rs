@@ -378,3 +378,69 @@ fn verbs_provider_passes_the_same_tests_under_rdmx_ibv() {
         Duration::from_secs(120),
     );
 }
+
+/// progress=inline: a thread that sleeps on the context's receiving sockets itself
+/// (`rx_fds` + `app_watch`, the messenger's worker) is woken by the peer's packet and
+/// receives it with its next poll; progress=thread offers no sockets (its thread receives).
+#[test]
+fn a_thread_sleeping_on_the_receiving_sockets_is_woken_and_receives() {
+    if support::on_verbs() {
+        return; // a NIC receives without the host: no sockets to offer
+    }
+    let (a, b, ca, cb) = pair(&[("progress", "inline")]);
+    let mut fds = Vec::new();
+    b.rx_fds(&mut fds);
+    assert!(
+        !fds.is_empty(),
+        "progress=inline offers the receiving sockets"
+    );
+    let mut a_buf = vec![0x5Au8; 4096];
+    let mut b_buf = vec![0u8; 4096];
+    // SAFETY: the buffers outlive their registrations (the contexts go first).
+    let (ma, mb) = unsafe { support::register_pair(&a, &mut a_buf, &b, &mut b_buf) };
+    cb.post_recv(&[(
+        5,
+        smallvec![Sge {
+            addr: mb.addr,
+            length: 4096,
+            lkey: mb.lkey,
+        }],
+    )])
+    .unwrap();
+    // Let the progress thread see that nobody polls (the handover), then watch.
+    std::thread::sleep(Duration::from_millis(5));
+    cb.arm();
+    b.app_watch(true);
+    let sd = Sge {
+        addr: ma.addr,
+        length: 1000,
+        lkey: ma.lkey,
+    };
+    ca.post_send(&[send(9, WrOpcode::Send, sd, 0, 0)]).unwrap();
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .chain(std::iter::once(&cb.event_fd()))
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: a valid pollfd array of the length given.
+    let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, 5000) };
+    b.app_watch(false);
+    assert!(n > 0, "the packet woke the watching thread within 5 s");
+    let got = wait(&cb, 1);
+    assert_eq!(
+        (got[0].cookie, got[0].status, got[0].byte_len),
+        (5, WcStatus::Success, 1000)
+    );
+    assert_eq!(b_buf[..1000], a_buf[..1000]);
+    assert_eq!(wait(&ca, 1)[0].status, WcStatus::Success);
+    drop((ca, cb));
+
+    let (_a, t, _ca, _cb) = pair(&[("progress", "thread")]);
+    let mut none = Vec::new();
+    t.rx_fds(&mut none);
+    assert!(none.is_empty(), "progress=thread: its thread receives");
+}

@@ -712,11 +712,21 @@ pub fn serve(cfg: &Config, ip: std::net::IpAddr) -> Result<SocketAddr, String> {
     }
     let region: &'static mut [u8] = Box::leak(vec![0u8; SERVER_REGION].into_boxed_slice());
     fill_pattern(region, 0);
+    let region: &'static [u8] = region;
     let d = Arc::new(ServerSide {
         region,
         pending: Mutex::new(std::collections::HashMap::new()),
     });
     let m = Messenger::new(&cfg, d).map_err(|e| format!("messenger: {e}"))?;
+    // Registered once, as a daemon registers its cache: every reply is a slice of it, a
+    // cache hit (a registration per reply pins and unpins pages: mlock/munlock per IO).
+    crate::perf::ensure_memlock(2 * SERVER_REGION as u64 + (128 << 20));
+    // SAFETY: the region is leaked (lives as long as the process) and never written again.
+    let h = unsafe { m.mem_reg(region.as_ptr().cast_mut(), region.len()) }
+        .map_err(|e| format!("messenger: register the region: {e}"))?;
+    // Never given back: the registration stays referenced (not evictable) for the life of
+    // the process, as the messenger.
+    let _ = h;
     let addr = m
         .listen(&SocketAddr::new(ip, 0).to_string())
         .map_err(|e| format!("messenger listen: {e}"))?;

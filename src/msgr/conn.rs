@@ -72,6 +72,9 @@ struct HandshakeState {
     closed: bool,
 }
 
+/// A few fds.
+pub type SmallFds = smallvec::SmallVec<[RawFd; 2]>;
+
 /// One RC connection.
 #[derive(Debug)]
 pub struct Connection {
@@ -162,6 +165,17 @@ impl Listener {
     /// Handshakes running now (TCP connections accepted whose setup has not ended).
     pub fn handshakes_in_progress(&self) -> usize {
         self.handshakes.state.lock().running.len()
+    }
+
+    /// The fds `accept` waits on (a handshake ended; a client waits in the backlog while a
+    /// handshake slot is free), for a caller that polls them itself between accept calls.
+    pub fn wait_fds(&self) -> SmallFds {
+        let mut v = SmallFds::new();
+        v.push(self.handshakes.wake.raw_fd());
+        if self.handshakes.has_room() {
+            v.push(self.tcp.as_raw_fd());
+        }
+        v
     }
 
     /// Waits up to `timeout` (None = forever) for a connection that completed its setup
@@ -544,6 +558,12 @@ impl Connection {
     /// progress thread receives in the meantime (arm only right before sleeping).
     pub fn req_notify(&self) {
         self.qp.req_notify(&self.ctx.shared.dev);
+    }
+
+    /// Arms the event fd as `req_notify` does, for a caller that sleeps on the context's
+    /// receiving sockets too (`Context::app_watch`): the device is not told it stops polling.
+    pub fn arm(&self) {
+        self.qp.arm();
     }
 
     /// The completion channel's fd, for epoll/poll.

@@ -147,6 +147,18 @@ impl Context {
     }
 
     /// The registration cache for caller buffers.
+    /// The receiving sockets a thread may sleep on itself (soft provider, progress=inline;
+    /// none otherwise), between `app_watch(true)` and `app_watch(false)`: it then receives
+    /// with its next `Connection::poll`, and the progress thread leaves them alone.
+    pub fn rx_fds(&self, out: &mut Vec<std::os::fd::RawFd>) {
+        self.shared.dev.rx_fds(out);
+    }
+
+    /// A thread starts (`true`) or stops (`false`) sleeping on [`Context::rx_fds`].
+    pub fn app_watch(&self, on: bool) {
+        self.shared.dev.app_watch(on);
+    }
+
     pub fn rcache(&self) -> &RegCache {
         &self.shared.rcache
     }

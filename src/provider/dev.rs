@@ -51,6 +51,25 @@ pub(crate) struct Endpoint {
 }
 
 impl Device {
+    /// The receiving sockets a caller may sleep on itself (soft, progress=inline); see
+    /// `SoftDevice::rx_fds`. None on verbs (a NIC receives without the host).
+    pub fn rx_fds(&self, out: &mut Vec<RawFd>) {
+        match self {
+            Device::Soft(d) => d.rx_fds(out),
+            #[cfg(feature = "verbs")]
+            Device::Verbs(_) => {}
+        }
+    }
+
+    /// A caller starts or stops sleeping on [`Device::rx_fds`] (`SoftDevice::app_watch`).
+    pub fn app_watch(&self, on: bool) {
+        match self {
+            Device::Soft(d) => d.app_watch(on),
+            #[cfg(feature = "verbs")]
+            Device::Verbs(_) => {}
+        }
+    }
+
     pub fn registrar(&self) -> Arc<dyn Registrar> {
         match self {
             Device::Soft(d) => d.mrs_arc(),
@@ -415,6 +434,21 @@ impl Qp {
             (Qp::Verbs(v), _) => v.req_notify(),
             #[cfg(feature = "verbs")]
             _ => unreachable!("a QP is made by its own device"),
+        }
+    }
+
+    /// Arms the event fd as [`Qp::req_notify`] does, without telling the device the caller
+    /// stops polling (a caller that sleeps on the device's receiving sockets too).
+    pub fn arm(&self) {
+        match self {
+            Qp::Soft(q) => {
+                q.send_cq.req_notify();
+                if !Arc::ptr_eq(&q.send_cq, &q.recv_cq) {
+                    q.recv_cq.req_notify();
+                }
+            }
+            #[cfg(feature = "verbs")]
+            Qp::Verbs(v) => v.req_notify(),
         }
     }
 

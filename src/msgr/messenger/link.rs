@@ -106,6 +106,9 @@ pub struct Link {
     pub sent_in_pass: bool,
     /// RNR NAKs of the connection already added to the session's counters.
     pub rnr_seen: u64,
+    /// SENDs built by [`Link::queue`] and not yet handed to the connection: a pass posts
+    /// them in one call ([`Link::flush`]), so the provider sends them in one batch.
+    unposted: SmallVec<[SendReq; 8]>,
 }
 
 impl Link {
@@ -141,6 +144,7 @@ impl Link {
             hello_done: false,
             sent_in_pass: false,
             rnr_seen: 0,
+            unposted: SmallVec::new(),
         }
     }
 
@@ -231,9 +235,35 @@ impl Link {
         posted.map(|_| ())
     }
 
-    /// Sends one message: `h` gets the credits owed, `front` goes inline after the header.
-    /// The caller checked credits and send-queue room.
+    /// Sends one message now: [`Link::queue`] then [`Link::flush`].
     pub fn send(&mut self, h: &mut Header, front: &[u8], body: Body<'_>) -> Result<()> {
+        self.queue(h, front, body)?;
+        self.flush()
+    }
+
+    /// Posts the SENDs queued since the last flush, in one call. An error is a fault (the
+    /// caller drops the link, which returns their chunks).
+    pub fn flush(&mut self) -> Result<()> {
+        if self.unposted.is_empty() {
+            return Ok(());
+        }
+        let n = self.conn.post_send(&self.unposted);
+        let all = matches!(n, Ok(k) if k == self.unposted.len());
+        self.unposted.clear();
+        if all {
+            Ok(())
+        } else {
+            Err(Error::fixed(
+                ErrorKind::Closed,
+                "messenger: the connection refused a send",
+            ))
+        }
+    }
+
+    /// Builds one message's SEND and queues it for the next [`Link::flush`]: `h` gets the
+    /// credits owed, `front` goes inline after the header. The caller checked credits and
+    /// send-queue room.
+    pub fn queue(&mut self, h: &mut Header, front: &[u8], body: Body<'_>) -> Result<()> {
         if self.sq_room() == 0 {
             return Err(Error::fixed(ErrorKind::Full, "messenger: send queue full"));
         }
@@ -296,19 +326,7 @@ impl Link {
             rkey: 0,
             imm: 0,
         };
-        match self.conn.post_send(std::slice::from_ref(&wr)) {
-            Ok(1) => {}
-            Ok(_) | Err(_) => {
-                self.spare_hdr.push(slot);
-                if let Some(c) = block_chunk {
-                    self.spare_data.push(c);
-                }
-                return Err(Error::fixed(
-                    ErrorKind::Closed,
-                    "messenger: the connection refused a send",
-                ));
-            }
-        }
+        self.unposted.push(wr);
         self.credits.on_send();
         self.sq.push_back(SqEntry {
             cookie,
@@ -325,6 +343,8 @@ impl Link {
     /// Posts READs for entry `e` (rendezvous) while the send queue has room; allocates the
     /// segment's chunks first. Returns Ok(false) when it has to wait (pool or queue).
     pub fn post_reads(&mut self, idx: usize) -> Result<bool> {
+        // The send queue completes in posting order: queued SENDs go first.
+        self.flush()?;
         let max_sge = self.max_sge;
         let mut wrs: SmallVec<[SendReq; 8]> = SmallVec::new();
         let room = self.sq_room();

@@ -162,6 +162,25 @@ impl Messenger {
         self.core.udp_port()
     }
 
+    /// Registers `[ptr, ptr + len)` in the messenger's registration cache (pinning it) and
+    /// keeps the registration until [`Messenger::mem_dereg`]: sending any slice of it as
+    /// [`Payload::Registered`] is then a cache hit, not a registration per message (the
+    /// Rust side of `rdmx_msgr_mem_reg`). `ResourceLimit` when RLIMIT_MEMLOCK refuses.
+    ///
+    /// # Safety
+    /// The memory stays valid and mapped until the handle is given back and the sends
+    /// naming it completed.
+    pub unsafe fn mem_reg(&self, ptr: *mut u8, len: usize) -> Result<crate::mem::rcache::Handle> {
+        let rights = crate::rc::verbs::access::LOCAL_WRITE | crate::rc::verbs::access::REMOTE_READ;
+        // SAFETY: forwarded contract.
+        unsafe { self.core.context().rcache().get(ptr, len, rights) }
+    }
+
+    /// Gives back a registration of [`Messenger::mem_reg`] (it stays cached until evicted).
+    pub fn mem_dereg(&self, h: crate::mem::rcache::Handle) -> Result<()> {
+        self.core.context().rcache().put(h)
+    }
+
     /// The messenger's context (crate-internal): the block target registers its memory
     /// volumes and IO buffers in its registration cache once, so that sending any slice of
     /// them as [`Payload::Registered`] is a cache hit, not a registration per message.

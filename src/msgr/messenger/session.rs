@@ -101,6 +101,9 @@ pub struct Session {
     pub down_since: Option<Instant>,
     /// Messages are waiting for credits (counted once per stall).
     pub stalled: bool,
+    /// The acknowledgement of messages delivered in the last pass was held back for a
+    /// pass (an answer may carry it).
+    pub ack_deferred: bool,
 }
 
 impl Session {
@@ -127,6 +130,7 @@ impl Session {
             announced: false,
             down_since: None,
             stalled: false,
+            ack_deferred: false,
         }
     }
 
@@ -366,7 +370,9 @@ impl Session {
             }
         }
         // Deliver in order.
+        let mut delivered_now = false;
         while link.rx.front().is_some_and(|e| e.complete()) {
+            delivered_now = true;
             let Some(e) = link.rx.pop_front() else { break };
             let mut data = Vec::new();
             let mut bytes = e.front.len() as u64;
@@ -425,8 +431,8 @@ impl Session {
             }
             if m.eager(s.eager_max, max_sge) {
                 match m.segs.first() {
-                    Some(g) => link.send(&mut h, &m.front, Body::Eager(&g.parts, &g.lkeys))?,
-                    None => link.send(&mut h, &m.front, Body::None)?,
+                    Some(g) => link.queue(&mut h, &m.front, Body::Eager(&g.parts, &g.lkeys))?,
+                    None => link.queue(&mut h, &m.front, Body::None)?,
                 }
             } else {
                 h.flags |= flags::RNDV;
@@ -434,7 +440,7 @@ impl Session {
                 let n = wire::emit_block(&mut block, &m.front, &m.descs()).ok_or_else(|| {
                     Error::fixed(ErrorKind::InvalidArgument, "descriptor block too large")
                 })?;
-                link.send(&mut h, &[], Body::Block(&block[..n]))?;
+                link.queue(&mut h, &[], Body::Block(&block[..n]))?;
             }
             self.acked_to_peer = self.delivered;
             if let Some(mut m) = self.waiting.pop_front() {
@@ -448,20 +454,30 @@ impl Session {
                 self.unacked.push_back(m);
             }
         }
-        // Acknowledgement, credits, keepalive.
+        // Acknowledgement, credits, keepalive. An acknowledgement of messages delivered in
+        // this pass waits one pass: their callbacks run after it, and an answer sent from
+        // one (a reply) carries it. A pass that delivers nothing new sends it.
         let ping = link.live.ping_due(now, s.keepalive);
-        let ack = self.delivered > self.acked_to_peer && !link.sent_in_pass;
+        let mut ack = self.delivered > self.acked_to_peer && !link.sent_in_pass;
+        if ack && delivered_now && !self.ack_deferred {
+            self.ack_deferred = true;
+            ack = false;
+        }
         if (ack || ping || link.credits.announce_due()) && link.credits.can_send_control() {
             let mut h = Header::new(if ping { Kind::Ping } else { Kind::Ack });
             h.ack = self.delivered;
-            link.send(&mut h, &[], Body::None)?;
+            link.queue(&mut h, &[], Body::None)?;
             self.acked_to_peer = self.delivered;
             if ping {
                 self.counters.keepalives_sent += 1;
                 link.credits.shrink();
             }
         }
+        if link.sent_in_pass {
+            self.ack_deferred = false;
+        }
         link.sent_in_pass = false;
+        link.flush()?;
         self.counters.rnr_naks += link.take_rnr();
         if link.live.dead(now, s.keepalive, s.keepalive_timeout) {
             return Err(Error::new(

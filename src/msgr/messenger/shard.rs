@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::msgr::{Connection, Context, Listener};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -36,10 +37,20 @@ const HELLO_DEADLINE: Duration = Duration::from_secs(10);
 const CLOSE_DRAIN: Duration = Duration::from_millis(200);
 /// Longest sleep of an idle thread (timers are checked at least this often).
 const MAX_SLEEP: Duration = Duration::from_millis(10);
+/// How often a busy shard 0 looks for new connections (an idle one wakes on them).
+const ACCEPT_EVERY: Duration = Duration::from_millis(1);
+/// A thread sleeps on the receiving sockets itself (see [`Core::sleep`]) within this of
+/// its shard's last event; after it, the provider's progress thread watches them again
+/// (while a thread watches, the progress thread looks every millisecond instead of
+/// sleeping: fine while traffic flows, wasteful for an idle process).
+const WATCH_AFTER: Duration = Duration::from_millis(100);
 
 thread_local! {
     /// Set while this thread runs a callback of some messenger.
     static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
+    /// The shard this thread drives as a worker (its core's address and the shard index;
+    /// 0 when none): a send from it needs no wake-up, its next pass takes the message.
+    static WORKER_OF: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
     /// Receives the on-connect hook posted on this thread, by the connection's event fd.
     /// The hook runs on the thread that called connect or accept, so that thread takes
     /// them back when the call returns, whether it succeeded or not (a setup that failed
@@ -77,11 +88,17 @@ struct ShardState {
     incoming: Vec<(Link, Header)>,
     /// Events made outside a pass (close_session, a send to a session that just ended).
     queued: Vec<Event>,
+    /// Shard 0: when the next pass looks for accepted connections (None: now). A look
+    /// costs an accept(2) that fails, so a busy pass looks every [`ACCEPT_EVERY`]; the
+    /// sleep watches the listener and asks for a look when it fires.
+    next_accept: Option<Instant>,
 }
 
 struct Shard {
     st: Mutex<ShardState>,
     wake: Wake,
+    /// When a pass of this shard last found something to do (ns since the core's epoch).
+    last_event: AtomicU64,
 }
 
 /// An eventfd that wakes a shard's thread.
@@ -136,6 +153,7 @@ pub(crate) struct Core {
     totals: Mutex<SessionCounters>,
     malformed: AtomicU64,
     next_shard: AtomicUsize,
+    epoch: Instant,
 }
 
 fn random_u64() -> u64 {
@@ -168,6 +186,7 @@ impl Core {
             shards.push(Shard {
                 st: Mutex::new(ShardState::default()),
                 wake: Wake::new()?,
+                last_event: AtomicU64::new(0),
             });
         }
         {
@@ -194,6 +213,7 @@ impl Core {
             totals: Mutex::new(SessionCounters::default()),
             malformed: AtomicU64::new(0),
             next_shard: AtomicUsize::new(0),
+            epoch: Instant::now(),
         });
         let _ = core.me.set(Arc::downgrade(&core));
         Ok(core)
@@ -218,14 +238,35 @@ impl Core {
     }
 
     fn worker(&self, i: usize) {
+        WORKER_OF.with(|w| w.set((self as *const Core as usize, i)));
+        let mut idle_since: Option<Instant> = None;
         while !self.stopping.load(Ordering::Acquire) {
             let ev = self.pass(i);
             let n = ev.len();
             self.dispatch(ev);
-            if n == 0 {
-                self.sleep(i, MAX_SLEEP);
+            if n > 0 {
+                idle_since = None;
+                continue;
+            }
+            // Nothing happened: poll on for the spin budget (`poll_mode`/`polling_us`),
+            // then sleep on the connections' event fds.
+            let now = Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            match self.settings.spin {
+                None => std::hint::spin_loop(),
+                Some(b) if now.saturating_duration_since(since) < b => std::hint::spin_loop(),
+                Some(_) => {
+                    self.sleep(i, MAX_SLEEP);
+                    idle_since = None;
+                }
             }
         }
+        WORKER_OF.with(|w| w.set((0, 0)));
+    }
+
+    /// Whether this thread is the worker of shard `i` of this messenger.
+    fn on_worker_of(&self, i: usize) -> bool {
+        WORKER_OF.with(Cell::get) == (self as *const Core as usize, i)
     }
 
     pub fn shutdown(&self) {
@@ -396,7 +437,7 @@ impl Core {
             replay: false,
         });
         drop(st);
-        if self.settings.threads > 0 {
+        if self.settings.threads > 0 && !self.on_worker_of((s.0 & 0xff) as usize) {
             shard.wake.signal();
         }
         Ok(seq)
@@ -453,22 +494,36 @@ impl Core {
                 "poll: called from inside a messenger callback",
             ));
         }
-        let end = Instant::now() + timeout;
+        let start = Instant::now();
+        let end = start + timeout;
+        // Polls for the spin budget (`poll_mode`/`polling_us`) before sleeping.
+        let spin_end = self.settings.spin.map_or(end, |b| start + b);
         loop {
             let ev = self.pass(0);
             let n = self.dispatch(ev);
-            let left = end.saturating_duration_since(Instant::now());
+            let now = Instant::now();
+            let left = end.saturating_duration_since(now);
             if n > 0 || left.is_zero() {
                 return Ok(n);
+            }
+            if now < spin_end {
+                std::hint::spin_loop();
+                continue;
             }
             self.sleep(0, left.min(MAX_SLEEP));
         }
     }
 
     /// Sleeps until a completion, a wake-up or `max`.
+    ///
+    /// With the soft provider's progress=inline, the thread also sleeps on the context's
+    /// receiving sockets and receives itself when it wakes (its next pass polls a link,
+    /// which drives the device): a request wakes this thread only, not the provider's
+    /// progress thread first and this one through a completion event.
     fn sleep(&self, i: usize, max: Duration) {
         let shard = &self.shards[i];
         let mut fds = Vec::new();
+        let mut rx = Vec::new();
         {
             let st = shard.st.lock();
             if !st.queued.is_empty() || !st.incoming.is_empty() {
@@ -479,8 +534,21 @@ impl Core {
                 .values()
                 .filter_map(|s| s.link.as_ref())
                 .chain(st.pending.iter().map(|p| &p.link));
+            let since = Duration::from_nanos(
+                (self.epoch.elapsed().as_nanos() as u64)
+                    .saturating_sub(shard.last_event.load(Ordering::Relaxed)),
+            );
+            let recent = since < WATCH_AFTER;
             for l in links {
-                l.conn.req_notify();
+                if rx.is_empty() && recent {
+                    // Only with a link to poll: its poll is what receives.
+                    self.ctx.rx_fds(&mut rx);
+                }
+                if rx.is_empty() {
+                    l.conn.req_notify();
+                } else {
+                    l.conn.arm();
+                }
                 fds.push(libc::pollfd {
                     fd: l.conn.event_fd(),
                     events: libc::POLLIN,
@@ -488,21 +556,70 @@ impl Core {
                 });
             }
         }
+        for &fd in &rx {
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let wake_at = fds.len();
         fds.push(libc::pollfd {
             fd: shard.wake.0,
             events: libc::POLLIN,
             revents: 0,
         });
+        let links = fds.len();
+        if i == 0
+            && let Some(l) = self.listener.lock().as_ref()
+        {
+            for fd in l.wait_fds() {
+                fds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+        }
         let ms = max.as_millis().clamp(1, 1000) as libc::c_int;
+        let watch = !rx.is_empty();
+        if watch {
+            self.ctx.app_watch(true);
+        }
         // SAFETY: `fds` is a valid array of pollfd of the length given.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        shard.wake.clear();
-        let st = shard.st.lock();
-        for l in st.sessions.values().filter_map(|s| s.link.as_ref()) {
-            l.conn.clear_event();
+        if watch {
+            self.ctx.app_watch(false);
         }
-        for p in &st.pending {
-            p.link.conn.clear_event();
+        // Only what fired needs reading (a read(2) each): usually just the sockets did.
+        if fds[wake_at].revents != 0 {
+            shard.wake.clear();
+        }
+        let fired: SmallVec<[RawFd; 4]> = fds[..wake_at - rx.len()]
+            .iter()
+            .filter(|p| p.revents != 0)
+            .map(|p| p.fd)
+            .collect();
+        let accept = fds[links..].iter().any(|p| p.revents != 0);
+        if fired.is_empty() && !accept {
+            return;
+        }
+        let mut st = shard.st.lock();
+        if accept {
+            st.next_accept = None;
+        }
+        if fired.is_empty() {
+            return;
+        }
+        let links = st
+            .sessions
+            .values()
+            .filter_map(|s| s.link.as_ref())
+            .chain(st.pending.iter().map(|p| &p.link));
+        for l in links {
+            if fired.contains(&l.conn.event_fd()) {
+                l.conn.clear_event();
+            }
         }
     }
 
@@ -541,20 +658,27 @@ impl Core {
         let mut moves: Vec<(usize, Link, Header)> = Vec::new();
         let mut st = shard.st.lock();
         let mut ev = std::mem::take(&mut st.queued);
-        if i == 0 {
-            self.accept_new(&mut st, now);
+        if i == 0 && st.next_accept.is_none_or(|t| now >= t) {
+            let found = self.accept_new(&mut st, now);
+            st.next_accept = (!found).then(|| now + ACCEPT_EVERY);
         }
         self.drive_pending(i, &mut st, now, &mut ev, &mut moves);
         for (link, h) in std::mem::take(&mut st.incoming) {
             self.attach_incoming(i, &mut st, link, &h, now, &mut ev);
         }
-        let ids: Vec<u64> = st.sessions.keys().copied().collect();
-        for id in ids {
-            let Some(sess) = st.sessions.get_mut(&id) else {
-                continue;
-            };
+        let mut ended = false;
+        for sess in st.sessions.values_mut() {
             self.drive_session(sess, now, &mut ev);
-            if sess.state == SessionState::Closed {
+            ended |= sess.state == SessionState::Closed;
+        }
+        if ended {
+            let gone: Vec<u64> = st
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.state == SessionState::Closed)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in gone {
                 if let Some(sess) = st.sessions.remove(&id) {
                     self.forget(&sess);
                 }
@@ -567,6 +691,11 @@ impl Core {
             }
         });
         drop(st);
+        if !ev.is_empty() {
+            shard
+                .last_event
+                .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
         for (to, link, h) in moves {
             let Some(target) = self.shards.get(to) else {
                 continue;
@@ -584,15 +713,17 @@ impl Core {
         self.add_totals(sess);
     }
 
-    /// Takes the connections whose setup finished (non-blocking).
-    fn accept_new(&self, st: &mut ShardState, now: Instant) {
+    /// Takes the connections whose setup finished (non-blocking). Whether it found any.
+    fn accept_new(&self, st: &mut ShardState, now: Instant) -> bool {
         let g = self.listener.lock();
-        let Some(l) = g.as_ref() else { return };
+        let Some(l) = g.as_ref() else { return false };
+        let mut found = false;
         for _ in 0..16 {
             let r = l.accept(Some(Duration::ZERO));
             let slots = take_hooked(&self.bufs, r.as_ref().ok());
             match r {
                 Ok(conn) => {
+                    found = true;
                     let Some(slots) = slots else { continue };
                     let link = Some(self.link_from(conn, slots));
                     if let Some(link) = link {
@@ -605,10 +736,12 @@ impl Core {
                 Err(e) if e.kind() == ErrorKind::Timeout => break,
                 Err(e) => {
                     log::debug!(target: "rdmx::msgr", "messenger: accept: {e}");
+                    found = true; // others may have ended too: look again next pass
                     break;
                 }
             }
         }
+        found
     }
 
     fn link_from(&self, conn: Connection, slots: Vec<RecvSlot>) -> Link {

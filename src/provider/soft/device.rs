@@ -304,6 +304,10 @@ struct Shared {
     epoch: Instant,
     /// Last time the application drove progress itself (progress=inline), ns.
     last_app_poll: AtomicU64,
+    /// Application threads asleep on the receiving sockets themselves (progress=inline,
+    /// [`SoftDevice::app_watch`]): they receive when they wake, so the progress thread
+    /// does not wait on the sockets (one wakeup per packet batch instead of two).
+    app_watchers: AtomicUsize,
     /// QPs posted to through [`SoftDevice::post_send_batched`] while the application was
     /// polling: their packets leave at the next progress pass.
     doorbells: Mutex<Vec<Arc<SoftQp>>>,
@@ -448,6 +452,7 @@ impl SoftDevice {
             rx: Mutex::new(RxBatch::new(RX_BATCH, crate::rc::max_packet_len(4096) + 64)),
             epoch: Instant::now(),
             last_app_poll: AtomicU64::new(0),
+            app_watchers: AtomicUsize::new(0),
             doorbells: Mutex::new(Vec::new()),
             doorbells_rung: AtomicBool::new(false),
             stalled_ns: AtomicU64::new(0),
@@ -722,6 +727,36 @@ impl SoftDevice {
             .map_err(|e| Error::new(ErrorKind::Io, format!("path MTU: no route to {peer}: {e}")))?;
         let route = super::mtu::describe_route(peer, local);
         super::mtu::choose(4096, link, peer.to_canonical().is_ipv6(), &route).map(|p| p.active)
+    }
+
+    /// progress=inline: the receiving sockets an application thread may sleep on itself
+    /// (poll(2) for POLLIN) between [`SoftDevice::app_watch`]`(true)` and `(false)`, and
+    /// then receive with its next poll. Nothing with progress=thread.
+    pub fn rx_fds(&self, out: &mut Vec<RawFd>) {
+        if self.shared.settings.progress != Progress::Inline {
+            return;
+        }
+        for p in &self.shared.ports {
+            if p.qps.load(Ordering::Acquire) > 0 {
+                out.push(p.sock.raw_fd());
+            }
+        }
+    }
+
+    /// An application thread starts (`true`) or stops (`false`) sleeping on
+    /// [`SoftDevice::rx_fds`]. While one does, the progress thread does not wait on the
+    /// sockets (as while the application polls: it wakes for timers, side channels and
+    /// every handover interval, and receives what is queued then); a stop counts as a
+    /// poll, so the progress thread takes over only after the usual handover time.
+    pub fn app_watch(&self, on: bool) {
+        if on {
+            self.shared.app_watchers.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.shared
+                .last_app_poll
+                .store(self.shared.now(), Ordering::Relaxed);
+            self.shared.app_watchers.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     pub fn progress_mode(&self) -> Progress {
@@ -1033,8 +1068,9 @@ fn progress_thread(s: &Shared) {
         // has not polled for a while.
         let handover = inline_handover(s);
         let app_polling = inline
-            && now.saturating_sub(s.last_app_poll.load(Ordering::Relaxed))
-                < handover.as_nanos() as u64;
+            && (s.app_watchers.load(Ordering::Acquire) > 0
+                || now.saturating_sub(s.last_app_poll.load(Ordering::Relaxed))
+                    < handover.as_nanos() as u64);
         pfds.clear();
         pfds.push(sys::pollin(t.wake.raw_fd()));
         pfds.push(sys::pollin(s.watch_set.raw_fd()));
