@@ -45,25 +45,11 @@ if ! cargo build --release --quiet -p rdmx-perf -p rdmx-ibv; then
 fi
 source "$ROOT/bench/lib.sh"
 
-# A fresh TCP port and a fresh pair of loopback addresses (127.0.X.1 server, 127.0.X.2
-# client) per run: a stale server on a fixed port would measure an old binary. The runs are
-# called in command substitutions (subshells), so the counter lives in a file.
-SEQ_FILE=$LOGDIR/seq
-echo 0 >"$SEQ_FILE"
-BASE_PORT=$((20000 + RANDOM % 20000))
-next_port() {
-    local n
-    n=$(($(cat "$SEQ_FILE") + 1))
-    echo "$n" >"$SEQ_FILE"
-    PORT=$((BASE_PORT + n))
-}
-next_net() { NET=$((PORT % 250 + 1)); SRV_IP=127.0.$NET.1; CLI_IP=127.0.$NET.2; }
-
 # native read_bw|read_lat: rdmx-perf server and client on the soft provider; prints the
 # client's JSON line.
 native() {
     local test=$1
-    next_port
+    fresh_endpoints
     start "native-$test-$PORT" server --listen "127.0.0.1:$PORT"
     local extra=()
     [ "$test" = read_bw ] && extra=(--qd 32)
@@ -78,8 +64,7 @@ native() {
 perftest() {
     local tool=$1
     shift
-    next_port
-    next_net
+    fresh_endpoints
     local args=(-d rdmx0 -x 0 -F -s 4096 -p "$PORT" "$@")
     "$IBV" exec --ip "$SRV_IP" -- "$tool" "${args[@]}" >"$LOGDIR/$tool-$PORT.server" 2>&1 &
     local srv=$!

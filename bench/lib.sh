@@ -1,4 +1,4 @@
-# Shared by bench/load.sh and bench/scale.sh (sourced): servers in the background and the
+# Shared by the bench/ scripts (sourced): servers in the background and the
 # JSON fields of a client's last line. Needs BIN, LOGDIR and a PIDS array.
 
 # start NAME ARGS...: `$BIN ARGS...` in the background (logs in $LOGDIR/NAME.out/.err),
@@ -37,3 +37,19 @@ median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print ""; else if (N
 
 # verdict RATIO TARGET ">="|"<=": "ok" when RATIO meets TARGET that way, else "BELOW".
 verdict() { awk -v r="$1" -v t="$2" -v dir="$3" 'BEGIN { ok = (dir == ">=") ? r >= t : r <= t; print ok ? "ok" : "BELOW" }'; }
+
+# fresh_endpoints: a fresh TCP port (PORT) and a fresh pair of loopback addresses (SRV_IP
+# 127.0.X.1, CLI_IP 127.0.X.2) per run: a stale server on a fixed port would measure an old
+# binary, and a device address serves one process at a time. Runs are called in command
+# substitutions (subshells, which lose variable updates), so the counter lives in a file
+# under $LOGDIR.
+fresh_endpoints() {
+    local f=$LOGDIR/.endpoint-seq n
+    [ -f "$f" ] || echo "$((20000 + RANDOM % 20000))" >"$f"
+    n=$(($(cat "$f") + 1))
+    echo "$n" >"$f"
+    PORT=$n
+    local net=$((n % 250 + 1))
+    SRV_IP=127.0.$net.1
+    CLI_IP=127.0.$net.2
+}

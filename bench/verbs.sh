@@ -38,20 +38,15 @@ if ! cargo build --release --quiet -p rdmx-perf -p rdmx-ibv; then
 fi
 source "$ROOT/bench/lib.sh"
 
-PORT=$((20000 + RANDOM % 20000))
-NET=$((10 + RANDOM % 200))
-next_net() { NET=$(((NET + 1) % 250 + 1)); SRV_IP=127.0.$NET.1; CLI_IP=127.0.$NET.2; }
-
 # run PROVIDER TEST: server and client of rdmx-perf; on verbs each under `rdmx-ibv exec`
 # with an address of its own. Prints the client's JSON line.
 run() {
     local provider=$1 test=$2
     local extra=()
     [ "$test" = read_bw ] && extra=(--qd 32)
-    PORT=$((PORT + 1))
+    fresh_endpoints
     local srv=() cli=()
     if [ "$provider" = verbs ]; then
-        next_net
         srv=("$IBV" exec --ip "$SRV_IP" --set provider=verbs --)
         cli=("$IBV" exec --ip "$CLI_IP" --set provider=verbs --)
     fi
