@@ -2,6 +2,7 @@
 //! an RDMA device and soft otherwise; the choice is logged and queryable.
 
 pub(crate) mod dev;
+pub(crate) mod region;
 pub mod soft;
 #[cfg(feature = "verbs")]
 pub(crate) mod verbs;

@@ -20,10 +20,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::sys::try_random_u32;
 
-/// Access bits a soft region may carry.
-const KNOWN_ACCESS: u32 =
-    access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
-
 /// One registered region.
 #[derive(Debug)]
 pub struct Region {
@@ -183,33 +179,7 @@ impl MrTable {
         len: usize,
         access_flags: u32,
     ) -> Result<Arc<Region>> {
-        if addr.is_null() && len > 0 {
-            return Err(Error::new(ErrorKind::InvalidArgument, "addr is NULL"));
-        }
-        if (addr as u64).checked_add(len as u64).is_none() {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("region {addr:p} + {len} bytes wraps the address space"),
-            ));
-        }
-        if access_flags & !KNOWN_ACCESS != 0 {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "access: unknown bits {:#x}: allowed LOCAL_WRITE (1), REMOTE_WRITE (2), REMOTE_READ (4), REMOTE_ATOMIC (8)",
-                    access_flags & !KNOWN_ACCESS
-                ),
-            ));
-        }
-        // ibv_reg_mr(3): remote write or atomic access requires local write.
-        if access_flags & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
-            && access_flags & access::LOCAL_WRITE == 0
-        {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "access: REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (as ibv_reg_mr)",
-            ));
-        }
+        crate::provider::region::check_region(addr, len, access_flags)?;
         let mut t = self.tables.write();
         t.pin(addr as u64, len as u64)?;
         // Keys are random (not predictable from one registration to the next) and never 0.

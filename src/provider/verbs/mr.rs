@@ -12,11 +12,6 @@ use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// The access bits rdmx knows (`ibv_access_flags`: LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ,
-/// REMOTE_ATOMIC).
-const KNOWN_ACCESS: u32 =
-    access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
-
 /// One registration.
 #[derive(Debug)]
 pub struct VRegion {
@@ -62,32 +57,7 @@ impl VerbsMrs {
         len: usize,
         access_flags: u32,
     ) -> Result<Arc<VRegion>> {
-        if addr.is_null() && len > 0 {
-            return Err(Error::new(ErrorKind::InvalidArgument, "addr is NULL"));
-        }
-        if (addr as u64).checked_add(len as u64).is_none() {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("region {addr:p} + {len} bytes wraps the address space"),
-            ));
-        }
-        if access_flags & !KNOWN_ACCESS != 0 {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "access: unknown bits {:#x}: allowed LOCAL_WRITE (1), REMOTE_WRITE (2), REMOTE_READ (4), REMOTE_ATOMIC (8)",
-                    access_flags & !KNOWN_ACCESS
-                ),
-            ));
-        }
-        if access_flags & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
-            && access_flags & access::LOCAL_WRITE == 0
-        {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "access: REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (as ibv_reg_mr)",
-            ));
-        }
+        crate::provider::region::check_region(addr, len, access_flags)?;
         // SAFETY: the PD is live (held by `self`); the caller keeps the range mapped until
         // deregistration; the access bits are the ibv_access_flags values.
         let mr =
