@@ -171,6 +171,41 @@ unsafe impl Send for VerbsQp {}
 // SAFETY: as above.
 unsafe impl Sync for VerbsQp {}
 
+/// Copies `sges` into `sg` from `*at` (advanced past them); returns the WR's `sg_list` (NULL
+/// for none) and `num_sge`. The caller checked that they fit.
+fn fill_sges(
+    sg: &mut [ib::ibv_sge; CHAIN_SGES],
+    at: &mut usize,
+    sges: &SgeList,
+) -> (*mut ib::ibv_sge, libc::c_int) {
+    if sges.is_empty() {
+        return (std::ptr::null_mut(), 0);
+    }
+    for (k, s) in sges.iter().enumerate() {
+        sg[*at + k] = ib::ibv_sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        };
+    }
+    let first: *mut ib::ibv_sge = &mut sg[*at];
+    *at += sges.len();
+    (first, sges.len() as libc::c_int)
+}
+
+/// How many WRs of a refused chain of `n` at `base` were posted: those before `bad` (all
+/// of them refused when `bad` is NULL).
+///
+/// # Safety
+/// `bad` is NULL or points into the chain at `base`.
+unsafe fn posted_before<T>(base: *mut T, bad: *mut T, n: usize) -> usize {
+    if bad.is_null() {
+        return 0;
+    }
+    // SAFETY: per the contract, both are in one array.
+    (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
+}
+
 fn errno_error(what: &str, rc: i32) -> Error {
     let e = std::io::Error::from_raw_os_error(rc);
     let kind = match rc {
@@ -586,23 +621,37 @@ impl VerbsQp {
     /// the rest).
     pub fn post_send(&self, wrs: &[SendReq]) -> (usize, Option<Error>) {
         let mut sq = self.sq.lock();
+        self.post_in_chains(
+            &mut sq,
+            wrs,
+            "post_send: the send queue",
+            ": poll completions first",
+            |q, c| self.post_send_chain(q, c),
+        )
+    }
+
+    /// Posts `wrs` in chains of at most `post_batch` WRs (and the ring's room) with `chain`;
+    /// stops at the first refusal. `what`/`hint` name the queue in the Full error.
+    fn post_in_chains<T>(
+        &self,
+        ring: &mut Ring,
+        wrs: &[T],
+        what: &str,
+        hint: &str,
+        mut chain: impl FnMut(&mut Ring, &[T]) -> (usize, Option<Error>),
+    ) -> (usize, Option<Error>) {
         let mut done = 0;
         while done < wrs.len() {
-            let room = sq.room() as usize;
+            let room = ring.room() as usize;
             if room == 0 {
-                return (
-                    done,
-                    Some(Error::new(
-                        ErrorKind::Full,
-                        format!(
-                            "post_send: the send queue is full ({} WRs outstanding): poll completions first",
-                            sq.cap()
-                        ),
-                    )),
+                let e = Error::new(
+                    ErrorKind::Full,
+                    format!("{what} is full ({} WRs outstanding){hint}", ring.cap()),
                 );
+                return (done, Some(e));
             }
             let n = (wrs.len() - done).min(self.knobs.post_batch).min(room);
-            match self.post_send_chain(&mut sq, &wrs[done..done + n]) {
+            match chain(ring, &wrs[done..done + n]) {
                 (k, None) => done += k,
                 (k, Some(e)) => return (done + k, Some(e)),
             }
@@ -666,22 +715,9 @@ impl VerbsQp {
                 self.mrs.hold(&slot.lkeys, true);
             }
             sq.tail += 1;
-            for (k, s) in r.sges.iter().enumerate() {
-                sg[nsg + k] = ib::ibv_sge {
-                    addr: s.addr,
-                    length: s.length,
-                    lkey: s.lkey,
-                };
-            }
             let w = &mut ws[n];
             w.wr_id = seq;
-            w.sg_list = if r.sges.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                &mut sg[nsg]
-            };
-            w.num_sge = r.sges.len() as libc::c_int;
-            nsg += r.sges.len();
+            (w.sg_list, w.num_sge) = fill_sges(&mut sg, &mut nsg, &r.sges);
             // WrOpcode's values are ibv_wr_opcode's.
             w.opcode = r.opcode as u32;
             w.send_flags = (r.flags & (send_flags::FENCE | send_flags::SOLICITED))
@@ -714,49 +750,29 @@ impl VerbsQp {
         if rc == 0 {
             return (n, stop);
         }
-        // WRs before `bad` were posted; the rest were not: give their slots back.
-        let posted = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: the provider sets `bad` to an element of the chain we passed.
-            (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
-        };
+        // SAFETY: `bad` is NULL or an element of the chain at `base`.
+        let posted = unsafe { posted_before(base, bad, n) };
+        self.unpost(sq, first_seq, posted, n);
+        (posted, Some(errno_error("ibv_post_send", rc)))
+    }
+
+    /// After a refused post: the WRs from `first_seq + posted` to `first_seq + n` were not
+    /// posted; their slots and region holds are given back.
+    fn unpost(&self, ring: &mut Ring, first_seq: u64, posted: usize, n: usize) {
         for seq in first_seq + posted as u64..first_seq + n as u64 {
-            let slot = sq.slot(seq);
-            let lk = std::mem::take(&mut slot.lkeys);
-            self.mrs.hold(&lk, false);
-            slot.lkeys = lk;
+            let slot = ring.slot(seq);
+            self.mrs.hold(&slot.lkeys, false);
             slot.lkeys.clear();
         }
-        sq.tail = first_seq + posted as u64;
-        (posted, Some(errno_error("ibv_post_send", rc)))
+        ring.tail = first_seq + posted as u64;
     }
 
     /// Posts receive WRs (cookie, SGEs).
     pub fn post_recv(&self, wrs: &[(u64, SgeList)]) -> (usize, Option<Error>) {
         let mut rq = self.rq.lock();
-        let mut done = 0;
-        while done < wrs.len() {
-            let room = rq.room() as usize;
-            if room == 0 {
-                return (
-                    done,
-                    Some(Error::new(
-                        ErrorKind::Full,
-                        format!(
-                            "post_recv: the receive queue is full ({} WRs outstanding)",
-                            rq.cap()
-                        ),
-                    )),
-                );
-            }
-            let n = (wrs.len() - done).min(self.knobs.post_batch).min(room);
-            match self.post_recv_chain(&mut rq, &wrs[done..done + n]) {
-                (k, None) => done += k,
-                (k, Some(e)) => return (done + k, Some(e)),
-            }
-        }
-        (done, None)
+        self.post_in_chains(&mut rq, wrs, "post_recv: the receive queue", "", |q, c| {
+            self.post_recv_chain(q, c)
+        })
     }
 
     fn post_recv_chain(&self, rq: &mut Ring, wrs: &[(u64, SgeList)]) -> (usize, Option<Error>) {
@@ -791,22 +807,9 @@ impl VerbsQp {
             slot.lkeys.extend(sges.iter().map(|s| s.lkey));
             self.mrs.hold(&slot.lkeys, true);
             rq.tail += 1;
-            for (k, s) in sges.iter().enumerate() {
-                sg[nsg + k] = ib::ibv_sge {
-                    addr: s.addr,
-                    length: s.length,
-                    lkey: s.lkey,
-                };
-            }
             let w = &mut ws[n];
             w.wr_id = RECV_TAG | seq;
-            w.sg_list = if sges.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                &mut sg[nsg]
-            };
-            w.num_sge = sges.len() as libc::c_int;
-            nsg += sges.len();
+            (w.sg_list, w.num_sge) = fill_sges(&mut sg, &mut nsg, sges);
             n += 1;
         }
         if n == 0 {
@@ -824,18 +827,9 @@ impl VerbsQp {
         if rc == 0 {
             return (n, stop);
         }
-        let posted = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into the chain we passed.
-            (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
-        };
-        for seq in first_seq + posted as u64..first_seq + n as u64 {
-            let slot = rq.slot(seq);
-            self.mrs.hold(&slot.lkeys, false);
-            slot.lkeys.clear();
-        }
-        rq.tail = first_seq + posted as u64;
+        // SAFETY: `bad` is NULL or an element of the chain at `base`.
+        let posted = unsafe { posted_before(base, bad, n) };
+        self.unpost(rq, first_seq, posted, n);
         (posted, Some(errno_error("ibv_post_recv", rc)))
     }
 
