@@ -222,6 +222,75 @@ unsafe fn retire<T>(
     }
 }
 
+/// A CQ, SRQ or QP object: destroyed the same way (see [`destroy_obj`]).
+trait EventObj {
+    /// `destroy` for a CQ, SRQ or QP; the verbs object's records written (final after it).
+    fn destroy_inner(&self) -> Option<Result<u64, rdmx::error::Error>>;
+    fn magic(&self) -> u64;
+    /// The object's `struct ibv_context *`.
+    fn context(&self) -> *mut ibv_context;
+    /// Clears the magic word and drops the verbs object.
+    fn clear(&mut self);
+}
+
+macro_rules! event_obj {
+    ($t:ty, |$o:ident| $ctx:expr) => {
+        impl EventObj for $t {
+            fn destroy_inner(&self) -> Option<Result<u64, rdmx::error::Error>> {
+                let i = self.inner.as_ref()?;
+                Some(i.destroy().map(|()| i.events_written()))
+            }
+            fn magic(&self) -> u64 {
+                self.magic
+            }
+            fn context(&self) -> *mut ibv_context {
+                let $o = self;
+                $ctx
+            }
+            fn clear(&mut self) {
+                self.magic = 0;
+                self.inner = None;
+            }
+        }
+    };
+}
+event_obj!(CqObj, |o| {
+    // SAFETY: every member of verbs_cq's union starts with the plain `struct ibv_cq`.
+    unsafe { o.vcq.cq.context }
+});
+event_obj!(SrqObj, |o| o.vsrq.srq.context);
+event_obj!(QpObj, |o| {
+    // SAFETY: every member of verbs_qp's union starts with the plain `struct ibv_qp`.
+    unsafe { o.vqp.u.qp.context }
+});
+
+/// `ibv_destroy_cq`/`_srq`/`_qp`: destroys the verbs object (its own rules: EBUSY while
+/// used, EINVAL when destroyed already, so only one call gets past this), then retires the
+/// box: freed once the application acknowledged the event records written about it.
+///
+/// # Safety
+/// `p` is NULL or an object handed out by this provider's create op of type `T`.
+unsafe fn destroy_obj<T: EventObj>(
+    p: *mut c_void,
+    magic: u64,
+    acked: unsafe fn(usize) -> u32,
+) -> c_int {
+    // SAFETY: per the contract.
+    let Some(o) = (unsafe { obj::<T>(p, |o| o.magic(), magic) }) else {
+        return libc::EINVAL;
+    };
+    let ctx = o.context();
+    let written = match o.destroy_inner() {
+        Some(Ok(w)) => w,
+        Some(Err(e)) => return fail("destroy", &e),
+        None => 0,
+    };
+    // SAFETY: ours, destroyed by this call alone (a second destroy fails above). The mutex
+    // and cond libibverbs initialised hold no resources on Linux.
+    unsafe { retire(p.cast::<T>(), ctx, written, acked, |o| o.clear()) };
+    0
+}
+
 /// `ibv_qp.events_completed`.
 unsafe fn qp_acked(p: usize) -> u32 {
     let q = p as *mut ibv_qp;
@@ -380,25 +449,7 @@ pub(crate) unsafe extern "C" fn create_cq(
 pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard("destroy_cq", libc::EIO, || {
         // SAFETY: libibverbs passes a CQ it got from create_cq.
-        let Some(o) = (unsafe { cq_obj(cq) }) else {
-            return libc::EINVAL;
-        };
-        let mut written = 0;
-        if let Some(inner) = &o.inner {
-            if let Err(e) = inner.destroy() {
-                return fail("destroy_cq", &e);
-            }
-            written = inner.events_written();
-        }
-        // SAFETY: ours, destroyed (by this call alone: a second destroy fails above). The
-        // mutex and cond libibverbs initialised hold no resources on Linux.
-        unsafe {
-            retire(cq.cast::<CqObj>(), (*cq).context, written, cq_acked, |o| {
-                o.magic = 0;
-                o.inner = None;
-            })
-        };
-        0
+        unsafe { destroy_obj::<CqObj>(cq.cast(), MAGIC_CQ, cq_acked) }
     })
 }
 
@@ -551,30 +602,7 @@ pub(crate) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_
 pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     guard("destroy_srq", libc::EIO, || {
         // SAFETY: libibverbs passes an SRQ it got from create_srq.
-        let Some(o) = (unsafe { srq_obj(srq) }) else {
-            return libc::EINVAL;
-        };
-        let mut written = 0;
-        if let Some(inner) = &o.inner {
-            if let Err(e) = inner.destroy() {
-                return fail("destroy_srq", &e);
-            }
-            written = inner.events_written();
-        }
-        // SAFETY: ours, destroyed (by this call alone).
-        unsafe {
-            retire(
-                srq.cast::<SrqObj>(),
-                (*srq).context,
-                written,
-                srq_acked,
-                |o| {
-                    o.magic = 0;
-                    o.inner = None;
-                },
-            )
-        };
-        0
+        unsafe { destroy_obj::<SrqObj>(srq.cast(), MAGIC_SRQ, srq_acked) }
     })
 }
 
@@ -837,24 +865,7 @@ pub(crate) unsafe extern "C" fn query_qp(
 pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard("destroy_qp", libc::EIO, || {
         // SAFETY: libibverbs passes a QP it got from create_qp.
-        let Some(o) = (unsafe { qp_obj(qp) }) else {
-            return libc::EINVAL;
-        };
-        let mut written = 0;
-        if let Some(inner) = &o.inner {
-            if let Err(e) = inner.destroy() {
-                return fail("destroy_qp", &e);
-            }
-            written = inner.events_written();
-        }
-        // SAFETY: ours, destroyed (by this call alone).
-        unsafe {
-            retire(qp.cast::<QpObj>(), (*qp).context, written, qp_acked, |o| {
-                o.magic = 0;
-                o.inner = None;
-            })
-        };
-        0
+        unsafe { destroy_obj::<QpObj>(qp.cast(), MAGIC_QP, qp_acked) }
     })
 }
 
