@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # Shared by the bench/ scripts (sourced): servers in the background and the
 # JSON fields of a client's last line. Needs BIN, LOGDIR and a PIDS array.
 
@@ -32,11 +33,26 @@ field() {
 }
 
 # median: the median of the numbers on stdin, one per line (mean of the middle two for an
-# even count; empty for none).
+# even count; empty for none). Failed runs ("n/a") sort first.
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print ""; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
-# verdict RATIO TARGET ">="|"<=": "ok" when RATIO meets TARGET that way, else "BELOW".
-verdict() { awk -v r="$1" -v t="$2" -v dir="$3" 'BEGIN { ok = (dir == ">=") ? r >= t : r <= t; print ok ? "ok" : "BELOW" }'; }
+# median_of V...: the median of the arguments.
+median_of() { printf '%s\n' "$@" | median; }
+
+# ratio A B: A / B to 3 decimals ("n/a" when either is missing or B is 0).
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "n/a" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'
+}
+
+# verdict VALUE TARGET ">="|"<=" (or ge|le): "ok" when VALUE meets TARGET that way, else
+# "BELOW"; "n/a" for a missing value.
+verdict() {
+    awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN {
+        if (v == "" || v == "n/a") { print "n/a"; exit }
+        ok = (op == ">=" || op == "ge") ? (v + 0 >= t + 0) : (v + 0 <= t + 0)
+        print ok ? "ok" : "BELOW"
+    }'
+}
 
 # fresh_endpoints: a fresh TCP port (PORT) and a fresh pair of loopback addresses (SRV_IP
 # 127.0.X.1, CLI_IP 127.0.X.2) per run: a stale server on a fixed port would measure an old

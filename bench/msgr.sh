@@ -62,23 +62,6 @@ run() {
     [ "$ok" = 1 ] || FAILED=$((FAILED + 1))
 }
 
-verdict() {
-    awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN {
-        if (v == "" || v == "n/a") { print "n/a"; exit }
-        ok = (op == "ge") ? (v + 0 >= t + 0) : (v + 0 <= t + 0)
-        print ok ? "PASS" : "BELOW"
-    }'
-}
-
-ratio() {
-    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'
-}
-
-# median VALUES...: the middle value (failed "n/a" values sort first).
-median() {
-    printf '%s\n' "$@" | sort -g | sed -n "$((($# + 1) / 2))p"
-}
-
 LINES=()
 line() {
     LINES+=("$(printf '%-44s %14s %14s %8s %10s  %s' "$@")")
@@ -115,9 +98,9 @@ pairs() {
         rr+=("$(ratio "${ra[-1]}" "${rb[-1]}")")
         echo "    pair $p: $a ${ra[-1]} (errors ${ea[-1]}), $b ${rb[-1]} (errors ${eb[-1]}), ratio ${rr[-1]}"
     done
-    A_MED=$(median "${ra[@]}")
-    B_MED=$(median "${rb[@]}")
-    R_MED=$(median "${rr[@]}")
+    A_MED=$(median_of "${ra[@]}")
+    B_MED=$(median_of "${rb[@]}")
+    R_MED=$(median_of "${rr[@]}")
 }
 
 # 1. rpc_bw vs read_bw at 32 outstanding.
@@ -164,10 +147,10 @@ for p in $(seq 1 "$PAIRS"); do
     echo "    pair $p: msg_bw ${MSG[-1]}, ucx am_bw ${U:-n/a}, ratio ${RATIOS[-1]}"
 done
 if [ -z "$UCX_WHY" ]; then
-    R=$(median "${RATIOS[@]}")
-    line "3 msg_bw 4K qd32 msg/s vs ucx am_bw tcp" "$(median "${MSG[@]}")" "$(median "${UCX[@]}")" "$R" ">= 1.5" "$(verdict "$R" 1.5 ge)"
+    R=$(median_of "${RATIOS[@]}")
+    line "3 msg_bw 4K qd32 msg/s vs ucx am_bw tcp" "$(median_of "${MSG[@]}")" "$(median_of "${UCX[@]}")" "$R" ">= 1.5" "$(verdict "$R" 1.5 ge)"
 else
-    line "3 msg_bw 4K qd32 msg/s vs ucx am_bw tcp" "$(median "${MSG[@]}")" "skipped" "n/a" ">= 1.5" "SKIPPED"
+    line "3 msg_bw 4K qd32 msg/s vs ucx am_bw tcp" "$(median_of "${MSG[@]}")" "skipped" "n/a" ">= 1.5" "SKIPPED"
     echo "    ucx skipped: $UCX_WHY"
 fi
 

@@ -64,11 +64,6 @@ fi
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 
-# median V...: the median of the numbers (the mean of the middle two for an even count).
-median() {
-    printf "%s\n" "$@" | sort -g | awk '{ v[NR] = $1 } END {
-        if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
 
 # run ROUND N: read_bw with N idle connections against a fresh server; one row.
 declare -A OPS
@@ -109,7 +104,7 @@ echo
 first="" last=""
 for n in $IDLE; do
     # shellcheck disable=SC2086
-    m=$(median ${OPS[$n]:-})
+    m=$(median_of ${OPS[$n]:-})
     printf "read_bw 4K qd 32, %5s idle connections: %10s ops/s (median of %s)\n" "$n" "${m:-FAILED}" \
         "$(wc -w <<<"${OPS[$n]:-}")"
     [ -z "$first" ] && { first=$n; FIRST=$m; }
@@ -117,8 +112,8 @@ for n in $IDLE; do
     LAST=$m
 done
 if [ -n "${FIRST:-}" ] && [ -n "${LAST:-}" ] && [ "$first" != "$last" ]; then
-    ratio=$(awk -v a="$LAST" -v b="$FIRST" 'BEGIN { printf "%.3f", a / b }')
-    verdict=$(awk -v x="$ratio" 'BEGIN { print (x >= 0.8) ? "PASS" : "BELOW" }')
+    ratio=$(ratio "$LAST" "$FIRST")
+    verdict=$(verdict "$ratio" 0.8 ">=")
     echo "ratio ${last} idle / ${first} idle: $LAST / $FIRST = $ratio (target >= 0.8): $verdict"
 fi
 exit "$FAILED"

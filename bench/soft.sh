@@ -55,6 +55,9 @@ IN_NS=()
 
 # start NAME ARGS...: starts a server in the background, waits for its "listening on" line
 # and sets ADDR to the address it printed.
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh" # ratio, verdict (start and field are this script's own, below)
+
 start() {
     local name=$1
     shift
@@ -97,19 +100,6 @@ run() {
         JSON="{}"
     fi
     [ "$ok" = 1 ] || FAILED=$((FAILED + 1))
-}
-
-# verdict VALUE TARGET ge|le: PASS or BELOW.
-verdict() {
-    awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN {
-        if (v == "" || v == "n/a") { print "n/a"; exit }
-        ok = (op == "ge") ? (v + 0 >= t + 0) : (v + 0 <= t + 0)
-        print ok ? "PASS" : "BELOW"
-    }'
-}
-
-ratio() {
-    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'
 }
 
 LINES=()
