@@ -253,6 +253,7 @@ fn bad_requests_get_error_replies() {
             req_id: id,
             offset: 0,
             len,
+            place: None,
             name: Vec::new(),
         }
         .encode()
