@@ -28,8 +28,13 @@ pub struct RecvSlot {
 }
 
 enum SqWork {
-    Send { slot: Chunk, block: Option<Chunk> },
-    Read { seq: u64 },
+    Send {
+        slot: Chunk,
+        block: Option<Chunk>,
+    },
+    Read {
+        seq: u64,
+    },
     /// An RDMA WRITE before a message (its source memory is held by the message).
     Write,
 }
