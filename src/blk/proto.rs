@@ -236,7 +236,7 @@ mod tests {
             place: None,
             name: b"vol0".to_vec(),
         };
-        assert_eq!(ReqHdr::decode(&r.encode()), Ok(r));
+        assert_eq!(ReqHdr::decode(&r.encode()), Ok(r.clone()));
         let placed = ReqHdr {
             op: Op::Read as u8,
             place: Some((0x7f00_0000_1000, 0xabcd)),
