@@ -158,12 +158,12 @@ int main(int argc, char **argv) {
   write_pattern(b, buf, 65536);
   read_check(b, buf, 65536, 2);
   /* Reads were placed in buf by the target's RDMA WRITE: nothing copied in rdmx. */
-  rdmx_blk_counters k;
-  CHECK_STATUS(rdmx_blk_get_counters(b, &k), RDMX_OK);
-  CHECK(k.copied_bytes == 0 && k.copied_reads == 0);
-  CHECK(k.placed_bytes == 2u * SPAN && k.placed_reads == 2u * (SPAN / 4096));
+  rdmx_blk_counters kc;
+  CHECK_STATUS(rdmx_blk_get_counters(b, &kc), RDMX_OK);
+  CHECK(kc.copied_bytes == 0 && kc.copied_reads == 0);
+  CHECK(kc.placed_bytes == 2u * SPAN && kc.placed_reads == 2u * (SPAN / 4096));
   CHECK_STATUS(rdmx_blk_get_counters(b, NULL), RDMX_INVALID_ARGUMENT);
-  CHECK_STATUS(rdmx_blk_get_counters(NULL, &k), RDMX_INVALID_ARGUMENT);
+  CHECK_STATUS(rdmx_blk_get_counters(NULL, &kc), RDMX_INVALID_ARGUMENT);
   bad_requests(b, buf, info.size);
   /* A flush. */
   rdmx_blk_req fl = {RDMX_BLK_FLUSH, 0, 0, NULL, 0};
