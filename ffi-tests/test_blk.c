@@ -1,7 +1,8 @@
 /* C consumer of the block client (rdmx_blk_*): against an rdmx-target whose address is
  * argv[1] and which serves a memory volume "v0" of at least 4 MiB, writes a pattern in
  * batches of 4 KiB and 64 KiB requests, reads it back at random offsets (rpc and one-sided
- * read mode) and checks every byte; bad requests complete with -EINVAL/-ERANGE; NULL
+ * read mode) and checks every byte, and that rpc reads copied nothing (placed by the
+ * target's RDMA WRITE); bad requests complete with -EINVAL/-ERANGE; NULL
  * arguments are refused. */
 #define _DEFAULT_SOURCE
 #include <rdmx.h>
@@ -156,6 +157,13 @@ int main(int argc, char **argv) {
   read_check(b, buf, 4096, 1);
   write_pattern(b, buf, 65536);
   read_check(b, buf, 65536, 2);
+  /* Reads were placed in buf by the target's RDMA WRITE: nothing copied in rdmx. */
+  rdmx_blk_counters kc;
+  CHECK_STATUS(rdmx_blk_get_counters(b, &kc), RDMX_OK);
+  CHECK(kc.copied_bytes == 0 && kc.copied_reads == 0);
+  CHECK(kc.placed_bytes == 2u * SPAN && kc.placed_reads == 2u * (SPAN / 4096));
+  CHECK_STATUS(rdmx_blk_get_counters(b, NULL), RDMX_INVALID_ARGUMENT);
+  CHECK_STATUS(rdmx_blk_get_counters(NULL, &kc), RDMX_INVALID_ARGUMENT);
   bad_requests(b, buf, info.size);
   /* A flush. */
   rdmx_blk_req fl = {RDMX_BLK_FLUSH, 0, 0, NULL, 0};

@@ -48,7 +48,24 @@ struct rdmx_fio_data {
 	rdmx_blk_req *reqs;
 	rdmx_blk_completion *wc;
 	unsigned int depth;
+	/* fio's IO buffer area was registered (rdmx_blk_mem_register) */
+	int pinned;
 };
+
+/* Registers fio's IO buffer area once, so that no request registers memory. fio allocates
+ * it after the engine's init(), so this runs on the first submission. Without it, fio's
+ * 4 KiB buffers (page-aligned only with direct=1) share pages with their neighbours, and
+ * registering one retired its neighbour's registration in the cache: mlock + munlock on 3
+ * reads in 4 (measured with perf, 73.5K IOPS with 54,785 mlock calls in 2 s). */
+static void pin_buffers(struct thread_data *td, struct rdmx_fio_data *d)
+{
+	if (d->pinned || !td->orig_buffer || !td->orig_buffer_size)
+		return;
+	d->pinned = 1;
+	if (rdmx_blk_mem_register(d->blk, td->orig_buffer, td->orig_buffer_size) != RDMX_OK)
+		log_info("fio: rdmx: IO buffers not pre-registered (%s): registering per buffer\n",
+			 rdmx_last_error());
+}
 
 static struct fio_option options[] = {
 	{
@@ -256,11 +273,7 @@ static int rdmx_fio_init(struct thread_data *td)
 	d->blk = open_client(td);
 	if (!d->blk)
 		return 1;
-	/* fio's IO buffers: registered once, so that no request registers memory. */
-	if (td->orig_buffer && td->orig_buffer_size &&
-	    rdmx_blk_mem_register(d->blk, td->orig_buffer, td->orig_buffer_size) != RDMX_OK)
-		log_info("fio: rdmx: IO buffers not pre-registered (%s): registering per buffer\n",
-			 rdmx_last_error());
+	pin_buffers(td, d);
 	return 0;
 }
 
@@ -300,6 +313,7 @@ static int submit_queued(struct thread_data *td)
 	struct rdmx_fio_data *d = td->io_ops_data;
 	if (!d->nqueued)
 		return 0;
+	pin_buffers(td, d);
 	for (unsigned int i = 0; i < d->nqueued; i++) {
 		struct io_u *u = d->queued[i];
 		rdmx_blk_req *r = &d->reqs[i];

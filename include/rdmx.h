@@ -36,8 +36,10 @@ typedef struct rdmx_conn rdmx_conn;
 #define RDMX_BLK_FLUSH 5
 
 /**
- * `rdmx_blk_open` mode: every IO through the target (request + reply). A read's data is
- * copied once, in rdmx, from the pool chunk it arrived in into `buf`.
+ * `rdmx_blk_open` mode: every IO through the target (request + reply). A read's request
+ * names `buf` (registered with local + remote write access, read buffers only) and the
+ * target RDMA WRITEs the data there right before its reply: no copy in rdmx
+ * (`rdmx_blk_get_counters`).
  */
 #define RDMX_BLK_MODE_RPC 0
 
@@ -324,6 +326,24 @@ typedef struct rdmx_msgr rdmx_msgr;
 typedef struct rdmx_pool rdmx_pool;
 
 /**
+ * How a client's reads moved (RDMX_BLK_MODE_RPC): placed in `buf` by the target's RDMA
+ * WRITE, or copied from the reply (a target that does not place reads).
+ */
+typedef struct {
+  uint64_t placed_reads;
+  uint64_t placed_bytes;
+  /**
+   * The copies rdmx made on reads (0 against an `rdmx-target` of this version).
+   */
+  uint64_t copied_reads;
+  uint64_t copied_bytes;
+  /**
+   * Replies for requests no longer in flight (answered twice, never sent): ignored.
+   */
+  uint64_t stray_replies;
+} rdmx_blk_counters;
+
+/**
  * A volume's geometry.
  */
 typedef struct {
@@ -338,9 +358,10 @@ typedef struct {
 /**
  * One IO request. `buf` is caller memory of `len` bytes (4 KiB-aligned offsets and
  * lengths, up to 1 MiB); it is registered through the client's registration cache on
- * first use (no copy for writes) and must stay valid and untouched until the request's
- * completion was returned by `rdmx_blk_poll`. Any alignment works; page-aligned buffers
- * register fewer pages.
+ * first use (no copy either way) and must stay valid and untouched until the request's
+ * completion was returned by `rdmx_blk_poll` or `rdmx_blk_free` returned (a read's `buf`
+ * is open to the target's RDMA WRITE until then). Any alignment works; page-aligned
+ * buffers register fewer pages.
  */
 typedef struct {
   /**
@@ -887,6 +908,14 @@ rdmx_status rdmx_blk_open(const rdmx_config *cfg,
                           rdmx_blk **out);
 
 /**
+ * The client's counters.
+ *
+ * # Safety
+ * `blk` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_blk_get_counters(const rdmx_blk *blk, rdmx_blk_counters *out);
+
+/**
  * The volume's size and block size.
  *
  * # Safety
@@ -937,7 +966,9 @@ int32_t rdmx_blk_event_fd(const rdmx_blk *blk);
  * Registers `[addr, addr + len)` once for the client's lifetime (both the messenger's and
  * the one-sided path's registration caches), so that requests with buffers inside it never
  * register per IO (e.g. fio's whole IO buffer area). Optional: buffers outside any
- * registered range are registered on first use and cached.
+ * registered range are registered on first use and cached. Registered with local write
+ * and remote read; in RDMX_BLK_MODE_RPC the first read into the range widens it to remote
+ * write too (once: the target WRITEs read data into it).
  *
  * # Safety
  * `blk` NULL or live; `[addr, addr + len)` mapped memory that stays mapped until

@@ -6,9 +6,11 @@ use rdmx::blk::proto::{self, MSG_REQ, Op, ReqHdr};
 use rdmx::blk::target::{Target, VolumeSpec};
 use rdmx::blk::{BlkClient, Completion, Mode, Req};
 use rdmx::config::Config;
-use rdmx::msgr::messenger::{Dispatcher, InMessage, Messenger, OutMessage, Policy, SessionId};
+use rdmx::msgr::messenger::{
+    Dispatcher, InMessage, Messenger, OutMessage, Payload, Policy, SessionId,
+};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(10);
@@ -253,6 +255,7 @@ fn bad_requests_get_error_replies() {
             req_id: id,
             offset: 0,
             len,
+            place: None,
             name: Vec::new(),
         }
         .encode()
@@ -475,4 +478,234 @@ fn blk_rate() {
             s.recv_window
         );
     }
+}
+
+/// rpc-mode reads land in the caller's buffer by the target's RDMA WRITE: data checked byte
+/// for byte, 4 KiB to 1 MiB, memory and O_DIRECT file volumes, and not one byte copied by
+/// rdmx on the client (neither by the block client nor by its messenger).
+#[test]
+fn rpc_reads_are_placed_without_a_copy() {
+    let dir = std::env::temp_dir().join(format!("rdmx-blk-place-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("vol");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let t = target(&["m0=mem:4M", &format!("f0=file:{}", path.display())]);
+    for vol in ["m0", "f0"] {
+        let mut c = open(&t, vol, Mode::Rpc);
+        let mut reads = 0;
+        let mut bytes = 0;
+        for (size, span) in [
+            (4096u32, 512u64 << 10),
+            (64 << 10, 1 << 20),
+            (1 << 20, 4 << 20),
+        ] {
+            write_read_check(&mut c, span, size, size as u8 ^ 0x5a);
+            reads += span / u64::from(size);
+            bytes += span;
+        }
+        let k = c.counters();
+        assert_eq!(k.copied_bytes, 0, "{vol}: {k:?}");
+        assert_eq!(k.copied_reads, 0, "{vol}: {k:?}");
+        assert_eq!((k.placed_reads, k.placed_bytes), (reads, bytes), "{vol}");
+        let sc = c.messenger().session_info(c.session()).unwrap().counters;
+        assert_eq!(sc.copied_bytes, 0, "{vol}: client messenger copies");
+        // Reads brought no data segment (neither eager nor READ): only writes' replies
+        // and control replies arrived, all without data.
+        assert_eq!(sc.read_segments, 0, "{vol}: {sc:?}");
+    }
+    assert!(t.stats().placed_reads.load(Ordering::Relaxed) >= 2 * (128 + 16 + 4));
+    let tc = t.messenger().stats().totals;
+    assert!(tc.remote_writes >= 2 * (128 + 16 + 4), "{tc:?}");
+    assert_eq!(tc.copied_bytes, 0, "target copies: {tc:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A messenger with a lossless session refuses a message with RDMA WRITEs (a replay would
+/// not re-post them), with a clear error, and hands the message back.
+#[test]
+fn remote_writes_are_refused_on_lossless_sessions() {
+    struct Nop;
+    impl Dispatcher for Nop {
+        fn on_message(&self, _m: &Messenger, _s: SessionId, _msg: InMessage) {}
+    }
+    let mut mc = cfg();
+    rdmx::blk::apply_defaults(&mut mc).unwrap();
+    let m = Messenger::new(&mc, Arc::new(Nop)).unwrap();
+    let s = m.connect("127.0.0.1:9", Policy::Lossless).unwrap();
+    let msg = OutMessage::new(7, vec![1, 2, 3]).with_write(Payload::Copy(vec![0; 64]), 0x1000, 5);
+    let r = m.send(s, msg).unwrap_err();
+    assert_eq!(r.kind(), rdmx::error::ErrorKind::InvalidArgument);
+    assert!(r.to_string().contains("lossy"), "{r}");
+    assert_eq!(r.msg.writes.len(), 1);
+    // Too many WRITEs before one message: refused too, even on a lossy session.
+    let s2 = m.connect("127.0.0.1:9", Policy::Lossy).unwrap();
+    let mut msg = OutMessage::new(7, vec![]);
+    for _ in 0..17 {
+        msg = msg.with_write(Payload::Copy(vec![0; 8]), 0x1000, 5);
+    }
+    let r = m.send(s2, msg).unwrap_err();
+    assert_eq!(r.kind(), rdmx::error::ErrorKind::InvalidArgument, "{r}");
+}
+
+/// Reads naming a bad rkey or address: the target's WRITE is refused by the client's QP
+/// (an access error there, an error completion on the target): that session ends on both
+/// sides, the target survives and serves the next client.
+#[test]
+fn bad_rkey_ends_the_session_not_the_target() {
+    let t = target(&["m0=mem:1M"]);
+    struct Resets(AtomicUsize);
+    impl Dispatcher for Resets {
+        fn on_message(&self, _m: &Messenger, _s: SessionId, _msg: InMessage) {}
+        fn on_reset(&self, _m: &Messenger, _s: SessionId, _why: &rdmx::error::Error) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let d = Arc::new(Resets(AtomicUsize::new(0)));
+    let mut mc = cfg();
+    rdmx::blk::apply_defaults(&mut mc).unwrap();
+    let m = Messenger::new(&mc, d.clone()).unwrap();
+    let buf = Buf::new(4096);
+    let cases: [(u64, u32); 2] = [
+        (buf.at(0) as u64, 0xdead_beef), // an rkey nobody registered
+        (0x10, 0),                       // an address outside every region
+    ];
+    for (i, (addr, rkey)) in cases.into_iter().enumerate() {
+        let before = t.stats().resets.load(Ordering::Relaxed);
+        let s = m.connect(&t.addr().to_string(), Policy::Lossy).unwrap();
+        let req = |op: Op, id: u64, place: Option<(u64, u32)>, name: &[u8]| ReqHdr {
+            op: op as u8,
+            vol: 0,
+            req_id: id,
+            offset: 0,
+            len: if op == Op::Read { 4096 } else { 0 },
+            place,
+            name: name.to_vec(),
+        };
+        m.send(
+            s,
+            OutMessage::new(MSG_REQ, req(Op::Open, 1, None, b"m0").encode()),
+        )
+        .unwrap();
+        m.send(
+            s,
+            OutMessage::new(MSG_REQ, req(Op::Read, 2, Some((addr, rkey)), b"").encode()),
+        )
+        .unwrap();
+        let end = Instant::now() + T;
+        while d.0.load(Ordering::SeqCst) <= i || t.stats().resets.load(Ordering::Relaxed) == before
+        {
+            assert!(
+                Instant::now() < end,
+                "case {i}: client resets {}, target resets {}",
+                d.0.load(Ordering::SeqCst),
+                t.stats().resets.load(Ordering::Relaxed) - before
+            );
+            m.poll(Duration::from_millis(20)).unwrap();
+        }
+    }
+    // Still serving, placed reads included.
+    let mut c = open(&t, "m0", Mode::Rpc);
+    write_read_check(&mut c, 256 << 10, 4096, 3);
+    assert_eq!(c.counters().copied_bytes, 0);
+}
+
+/// A fake target: answers `Open`, and each read with, in order, a reply for a request id
+/// the client never used, the real answer (placed: RDMA WRITE of the pattern + reply; or
+/// every second read, the data in the reply), and the same reply again. The client
+/// completes each read once, with the right bytes, ignores the strays, and counts a copy
+/// only for the reads answered with data.
+#[test]
+fn stray_and_duplicate_replies_are_ignored() {
+    struct Fake(AtomicUsize);
+    fn pattern(off: u64) -> Vec<u8> {
+        (0..4096).map(|i| byte(off, i, 0x77)).collect()
+    }
+    impl Dispatcher for Fake {
+        fn on_message(&self, m: &Messenger, s: SessionId, msg: InMessage) {
+            let h = ReqHdr::decode(&msg.front).unwrap();
+            let reply = |id: u64, info| proto::Reply {
+                op: h.op,
+                status: 0,
+                req_id: id,
+                len: h.len,
+                info,
+            };
+            if h.op == Op::Open as u8 {
+                let info = proto::Info {
+                    vol: 0,
+                    block_size: 4096,
+                    size: 1 << 20,
+                    ..Default::default()
+                };
+                m.send(
+                    s,
+                    OutMessage::new(proto::MSG_REPLY, reply(h.req_id, Some(info)).encode()),
+                )
+                .unwrap();
+                return;
+            }
+            assert_eq!(h.op, Op::Read as u8);
+            let n = self.0.fetch_add(1, Ordering::SeqCst);
+            let stray = OutMessage::new(proto::MSG_REPLY, reply(h.req_id + 1000, None).encode())
+                .with(Payload::Copy(vec![0xAB; 4096]));
+            m.send(s, stray).unwrap();
+            let real = OutMessage::new(proto::MSG_REPLY, reply(h.req_id, None).encode());
+            let real = match h.place {
+                Some((addr, rkey)) if n % 2 == 0 => {
+                    real.with_write(Payload::Copy(pattern(h.offset)), addr, rkey)
+                }
+                _ => real.with(Payload::Copy(pattern(h.offset))),
+            };
+            m.send(s, real).unwrap();
+            let dup = OutMessage::new(proto::MSG_REPLY, reply(h.req_id, None).encode())
+                .with(Payload::Copy(vec![0xCD; 4096]));
+            m.send(s, dup).unwrap();
+        }
+    }
+    let mut mc = cfg();
+    rdmx::blk::apply_defaults(&mut mc).unwrap();
+    let fake = Messenger::new(&mc, Arc::new(Fake(AtomicUsize::new(0)))).unwrap();
+    let addr = fake.listen("127.0.0.1:0").unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let driver = {
+        let (f, stop) = (fake.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                f.poll(Duration::from_millis(5)).unwrap();
+            }
+        })
+    };
+    let mut c = BlkClient::open(&cfg(), &addr.to_string(), "x", Mode::Rpc, T).unwrap();
+    let b = Buf::new(8 * 4096);
+    let mut got = Vec::new();
+    for i in 0..8u64 {
+        let r = io(Op::Read, i * 4096, 4096, b.at(i as usize * 4096), i);
+        got.extend(run_all(&mut c, &[r]));
+        // Let the duplicate arrive before the next read.
+        let mut extra = Vec::new();
+        c.poll(&mut extra, 0, 8, Duration::ZERO).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        c.poll(&mut extra, 0, 8, Duration::from_millis(20)).unwrap();
+        assert!(extra.is_empty(), "a second completion: {extra:?}");
+    }
+    stop.store(true, Ordering::SeqCst);
+    driver.join().unwrap();
+    got.sort_by_key(|d| d.cookie);
+    assert_eq!(got.len(), 8);
+    for d in &got {
+        assert_eq!((d.status, d.len), (0, 4096), "{d:?}");
+    }
+    let mut b = b;
+    for i in 0..8u64 {
+        let want = pattern(i * 4096);
+        let s = &b.slice()[i as usize * 4096..][..4096];
+        assert!(s == &want[..], "read {i}: wrong bytes");
+    }
+    let k = c.counters();
+    assert_eq!((k.placed_reads, k.copied_reads), (4, 4), "{k:?}");
+    assert_eq!(k.copied_bytes, 4 * 4096, "{k:?}");
+    assert_eq!(k.stray_replies, 16, "{k:?}");
 }

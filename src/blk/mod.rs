@@ -10,7 +10,7 @@ pub mod client;
 pub mod proto;
 pub mod target;
 
-pub use client::{BlkClient, Completion, Mode, Req, VolumeInfo};
+pub use client::{BlkClient, BlkCounters, Completion, Mode, Req, VolumeInfo};
 pub use proto::Op;
 pub use target::{Target, VolumeSpec};
 

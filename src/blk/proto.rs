@@ -2,12 +2,17 @@
 //!
 //! Request (`MSG_REQ`, 32 bytes + the volume name for `Open`):
 //! `version u8 | op u8 | flags u16 | vol u32 | req_id u64 | offset u64 | len u32 | rsvd u32`.
-//! Write data is the message's one data segment (`len` bytes).
+//! Write data is the message's one data segment (`len` bytes). A read with the flag
+//! [`REQ_PLACE`] names the caller's buffer in 16 more bytes, `buf_addr u64 | buf_rkey u32
+//! | rsvd u32` (registered by the client with remote write access): the target RDMA WRITEs
+//! the data there, right before the reply's SEND on the same connection, and the reply
+//! carries no data.
 //!
 //! Reply (`MSG_REPLY`, 24 bytes, 56 for `Open`/`Query`):
 //! `version u8 | op u8 | rsvd u16 | status u32 (0 or an errno) | req_id u64 | len u32 | rsvd u32`
 //! then for `Open`/`Query`: `vol u32 | block_size u32 | size u64 | region_addr u64 |
-//! region_rkey u32 | rdma_port u16 | flags u16`. Read data is the reply's one data segment.
+//! region_rkey u32 | rdma_port u16 | flags u16`. Read data is the reply's one data segment,
+//! unless the request named a buffer ([`REQ_PLACE`]).
 
 /// Messenger message types.
 pub const MSG_REQ: u16 = 0x4b01;
@@ -20,6 +25,11 @@ pub const MAX_IO: u32 = 1 << 20;
 /// Longest volume name.
 pub const NAME_MAX: usize = 255;
 pub const REQ_LEN: usize = 32;
+/// A request with [`REQ_PLACE`]: the buffer's address and rkey follow the 32 bytes.
+pub const REQ_PLACE_LEN: usize = 48;
+/// Request flag: the read's data goes to the buffer the request names (RDMA WRITE), not
+/// into the reply.
+pub const REQ_PLACE: u16 = 1;
 pub const REPLY_LEN: usize = 24;
 pub const INFO_LEN: usize = 56;
 /// `Info::flags`: the volume's region is open to one-sided READ/WRITE at `rdma_port`.
@@ -60,6 +70,8 @@ pub struct ReqHdr {
     pub req_id: u64,
     pub offset: u64,
     pub len: u32,
+    /// `Read` with [`REQ_PLACE`]: the caller's buffer (address, rkey) the target WRITEs.
+    pub place: Option<(u64, u32)>,
     /// `Open`: the volume's name.
     pub name: Vec<u8>,
 }
@@ -81,12 +93,18 @@ impl ReqHdr {
         let mut v = Vec::with_capacity(REQ_LEN + self.name.len());
         v.push(VERSION);
         v.push(self.op);
-        v.extend_from_slice(&0u16.to_le_bytes());
+        let flags = if self.place.is_some() { REQ_PLACE } else { 0 };
+        v.extend_from_slice(&flags.to_le_bytes());
         v.extend_from_slice(&self.vol.to_le_bytes());
         v.extend_from_slice(&self.req_id.to_le_bytes());
         v.extend_from_slice(&self.offset.to_le_bytes());
         v.extend_from_slice(&self.len.to_le_bytes());
         v.extend_from_slice(&0u32.to_le_bytes());
+        if let Some((addr, rkey)) = self.place {
+            v.extend_from_slice(&addr.to_le_bytes());
+            v.extend_from_slice(&rkey.to_le_bytes());
+            v.extend_from_slice(&0u32.to_le_bytes());
+        }
         v.extend_from_slice(&self.name);
         v
     }
@@ -100,13 +118,23 @@ impl ReqHdr {
         if b[0] != VERSION {
             return Err(Some(u64_at(b, 8)));
         }
+        let placed = u16_at(b, 2) & REQ_PLACE != 0;
+        if placed && b.len() < REQ_PLACE_LEN {
+            return Err(Some(u64_at(b, 8)));
+        }
+        let (place, rest) = if placed {
+            (Some((u64_at(b, 32), u32_at(b, 40))), REQ_PLACE_LEN)
+        } else {
+            (None, REQ_LEN)
+        };
         Ok(ReqHdr {
             op: b[1],
             vol: u32_at(b, 4),
             req_id: u64_at(b, 8),
             offset: u64_at(b, 16),
             len: u32_at(b, 24),
-            name: b[REQ_LEN..].to_vec(),
+            place,
+            name: b[rest..].to_vec(),
         })
     }
 }
@@ -205,9 +233,21 @@ mod tests {
             req_id: 99,
             offset: 4096,
             len: 8192,
+            place: None,
             name: b"vol0".to_vec(),
         };
-        assert_eq!(ReqHdr::decode(&r.encode()), Ok(r));
+        assert_eq!(ReqHdr::decode(&r.encode()), Ok(r.clone()));
+        let placed = ReqHdr {
+            op: Op::Read as u8,
+            place: Some((0x7f00_0000_1000, 0xabcd)),
+            name: Vec::new(),
+            ..r.clone()
+        };
+        let b = placed.encode();
+        assert_eq!(b.len(), REQ_PLACE_LEN);
+        assert_eq!(ReqHdr::decode(&b), Ok(placed));
+        // The flag without the 16 bytes it announces: refused, the id kept for the reply.
+        assert_eq!(ReqHdr::decode(&b[..REQ_LEN]), Err(Some(99)));
         let p = Reply {
             op: 1,
             status: 0,

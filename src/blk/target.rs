@@ -11,6 +11,9 @@
 //!   1 MiB IO buffer registered once in the messenger's registration cache and sent from
 //!   there (`Payload::Registered`), the buffer reused once the client acknowledged it.
 //! - read, memory volume: the reply's data is the region's slice itself (registered once).
+//! - a read whose request names the client's buffer (`proto::REQ_PLACE`, what
+//!   `BlkClient` sends) gets its data, from the same sources, by RDMA WRITE into that
+//!   buffer right before the reply (`OutMessage::with_write`), not in the reply.
 //!
 //! Requests are served synchronously on the messenger's thread (`msgr_threads`, default 1
 //! for the target): a file volume's IO blocks that thread while the disk works.
@@ -177,6 +180,9 @@ pub struct TargetStats {
     /// Requests answered with an error status.
     pub errors: AtomicU64,
     pub bytes_read: AtomicU64,
+    /// Reads whose data went into the client's buffer by RDMA WRITE (the request named
+    /// it), not in the reply.
+    pub placed_reads: AtomicU64,
     pub bytes_written: AtomicU64,
     /// Clients (sessions) that ended by a fault (reset), e.g. a client killed mid-IO.
     pub resets: AtomicU64,
@@ -582,6 +588,9 @@ impl Inner {
                 None => fail(libc::ENOENT),
             };
         }
+        if hdr.place.is_some() && o != Op::Read {
+            return fail(libc::EINVAL);
+        }
         let Some(vol) = self.volumes.get(hdr.vol as usize) else {
             return fail(libc::ENODEV);
         };
@@ -682,10 +691,18 @@ impl Inner {
                 self.stats
                     .bytes_read
                     .fetch_add(u64::from(hdr.len), Ordering::Relaxed);
-                (
-                    OutMessage::new(MSG_REPLY, ok(hdr.len).encode()).with(payload),
-                    buf,
-                )
+                let reply = OutMessage::new(MSG_REPLY, ok(hdr.len).encode());
+                let reply = match hdr.place {
+                    // Into the client's buffer: one RDMA WRITE right before the reply's
+                    // SEND (a bad address or rkey is the client QP's access error: the
+                    // session faults and ends on both sides, nothing else).
+                    Some((addr, rkey)) => {
+                        self.stats.placed_reads.fetch_add(1, Ordering::Relaxed);
+                        reply.with_write(payload, addr, rkey)
+                    }
+                    None => reply.with(payload),
+                };
+                (reply, buf)
             }
         }
     }
@@ -774,11 +791,15 @@ impl Inner {
 /// A large read's reply that must wait: its data copied out of the IO buffer (rare: only
 /// when the client's session is full).
 fn copy_out(mut msg: OutMessage, b: &IoBuf) -> OutMessage {
-    let len = msg.data.first().map_or(0, Payload::len);
-    // SAFETY: the buffer is ours and at least `len` (<= MAX_IO) long.
-    let v = unsafe { std::slice::from_raw_parts(b.map.ptr, len) }.to_vec();
-    msg.data.clear();
-    msg.data.push(Payload::Copy(v));
+    let copy = |len: usize| {
+        // SAFETY: the buffer is ours and at least `len` (<= MAX_IO) long.
+        Payload::Copy(unsafe { std::slice::from_raw_parts(b.map.ptr, len) }.to_vec())
+    };
+    if let Some(w) = msg.writes.first_mut() {
+        w.data = copy(w.data.len());
+    } else if let Some(d) = msg.data.first_mut() {
+        *d = copy(d.len());
+    }
     msg
 }
 

@@ -18,8 +18,10 @@ pub const RDMX_BLK_READ: u32 = 3;
 pub const RDMX_BLK_WRITE: u32 = 4;
 /// `rdmx_blk_req.op`: make completed writes durable (`offset`, `len`, `buf` ignored).
 pub const RDMX_BLK_FLUSH: u32 = 5;
-/// `rdmx_blk_open` mode: every IO through the target (request + reply). A read's data is
-/// copied once, in rdmx, from the pool chunk it arrived in into `buf`.
+/// `rdmx_blk_open` mode: every IO through the target (request + reply). A read's request
+/// names `buf` (registered with local + remote write access, read buffers only) and the
+/// target RDMA WRITEs the data there right before its reply: no copy in rdmx
+/// (`rdmx_blk_get_counters`).
 pub const RDMX_BLK_MODE_RPC: u32 = 0;
 /// `rdmx_blk_open` mode: reads and writes are one-sided RDMA READ/WRITE between `buf` and
 /// the volume's region (memory volumes only): no copy, no target CPU.
@@ -37,9 +39,10 @@ pub struct rdmx_blk {
 
 /// One IO request. `buf` is caller memory of `len` bytes (4 KiB-aligned offsets and
 /// lengths, up to 1 MiB); it is registered through the client's registration cache on
-/// first use (no copy for writes) and must stay valid and untouched until the request's
-/// completion was returned by `rdmx_blk_poll`. Any alignment works; page-aligned buffers
-/// register fewer pages.
+/// first use (no copy either way) and must stay valid and untouched until the request's
+/// completion was returned by `rdmx_blk_poll` or `rdmx_blk_free` returned (a read's `buf`
+/// is open to the target's RDMA WRITE until then). Any alignment works; page-aligned
+/// buffers register fewer pages.
 #[repr(C)]
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy)]
@@ -138,6 +141,49 @@ pub unsafe extern "C" fn rdmx_blk_open(
         });
         // SAFETY: as above.
         unsafe { out.write(Box::into_raw(b)) };
+        Ok(())
+    })
+}
+
+/// How a client's reads moved (RDMX_BLK_MODE_RPC): placed in `buf` by the target's RDMA
+/// WRITE, or copied from the reply (a target that does not place reads).
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_blk_counters {
+    pub placed_reads: u64,
+    pub placed_bytes: u64,
+    /// The copies rdmx made on reads (0 against an `rdmx-target` of this version).
+    pub copied_reads: u64,
+    pub copied_bytes: u64,
+    /// Replies for requests no longer in flight (answered twice, never sent): ignored.
+    pub stray_replies: u64,
+}
+
+/// The client's counters.
+///
+/// # Safety
+/// `blk` NULL or live; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_get_counters(
+    blk: *const rdmx_blk,
+    out: *mut rdmx_blk_counters,
+) -> rdmx_status {
+    boundary::call("rdmx_blk_get_counters", || {
+        let out = out_ptr(out)?;
+        // SAFETY: forwarded contract.
+        let b = unsafe { handle(blk, "blk") }?;
+        let k = b.inner.lock().counters();
+        // SAFETY: `out` checked non-NULL and writable.
+        unsafe {
+            out.write(rdmx_blk_counters {
+                placed_reads: k.placed_reads,
+                placed_bytes: k.placed_bytes,
+                copied_reads: k.copied_reads,
+                copied_bytes: k.copied_bytes,
+                stray_replies: k.stray_replies,
+            })
+        };
         Ok(())
     })
 }
@@ -289,7 +335,9 @@ pub unsafe extern "C" fn rdmx_blk_event_fd(blk: *const rdmx_blk) -> i32 {
 /// Registers `[addr, addr + len)` once for the client's lifetime (both the messenger's and
 /// the one-sided path's registration caches), so that requests with buffers inside it never
 /// register per IO (e.g. fio's whole IO buffer area). Optional: buffers outside any
-/// registered range are registered on first use and cached.
+/// registered range are registered on first use and cached. Registered with local write
+/// and remote read; in RDMX_BLK_MODE_RPC the first read into the range widens it to remote
+/// write too (once: the target WRITEs read data into it).
 ///
 /// # Safety
 /// `blk` NULL or live; `[addr, addr + len)` mapped memory that stays mapped until

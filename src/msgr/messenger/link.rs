@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::buffers::TxSeg;
 use super::credits::Credits;
 use super::keepalive::Liveness;
 use super::wire::{self, HDR_LEN, Header, Malformed, Part, SLOT, SegDesc};
@@ -27,8 +28,29 @@ pub struct RecvSlot {
 }
 
 enum SqWork {
-    Send { slot: Chunk, block: Option<Chunk> },
-    Read { seq: u64 },
+    Send {
+        slot: Chunk,
+        block: Option<Chunk>,
+    },
+    Read {
+        seq: u64,
+    },
+    /// An RDMA WRITE before a message (its source memory is held by the message).
+    Write,
+}
+
+/// A prepared RDMA WRITE into the peer's memory ([`super::OutMessage::writes`]).
+pub struct TxWrite {
+    pub seg: TxSeg,
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+impl TxWrite {
+    /// Work requests it takes with `max_sge` SGEs each (0 for an empty write).
+    pub fn wrs(&self, max_sge: usize) -> usize {
+        self.seg.parts.len().div_ceil(max_sge.max(1))
+    }
 }
 
 struct SqEntry {
@@ -264,7 +286,21 @@ impl Link {
     /// credits owed, `front` goes inline after the header. The caller checked credits and
     /// send-queue room.
     pub fn queue(&mut self, h: &mut Header, front: &[u8], body: Body<'_>) -> Result<()> {
-        if self.sq_room() == 0 {
+        self.queue_msg(h, front, body, &[])
+    }
+
+    /// [`Link::queue`] with RDMA WRITEs queued right before the SEND (same QP, in order:
+    /// they have landed when the peer sees the SEND). The caller checked room for them
+    /// ([`TxWrite::wrs`] each, plus one for the SEND).
+    pub fn queue_msg(
+        &mut self,
+        h: &mut Header,
+        front: &[u8],
+        body: Body<'_>,
+        writes: &[TxWrite],
+    ) -> Result<()> {
+        let nw: usize = writes.iter().map(|w| w.wrs(self.max_sge)).sum();
+        if self.sq_room() < nw + 1 {
             return Err(Error::fixed(ErrorKind::Full, "messenger: send queue full"));
         }
         let slot = self.spare_hdr.pop().map_or_else(|| self.slots.get(), Ok)?;
@@ -307,6 +343,39 @@ impl Link {
                 });
                 h.payload_len = n as u32;
                 block_chunk = Some(c);
+            }
+        }
+        for w in writes {
+            let mut off = 0u64;
+            let parts = w.seg.parts.iter().zip(&w.seg.lkeys);
+            let parts: SmallVec<[(&Part, &u32); 4]> = parts.collect();
+            for group in parts.chunks(self.max_sge) {
+                let mut sges = SgeList::new();
+                let mut n = 0u64;
+                for &(p, &lkey) in group {
+                    sges.push(Sge {
+                        addr: p.addr,
+                        length: p.len,
+                        lkey,
+                    });
+                    n += u64::from(p.len);
+                }
+                let cookie = self.next_cookie;
+                self.next_cookie += 1;
+                self.unposted.push(SendReq {
+                    cookie,
+                    opcode: WrOpcode::RdmaWrite,
+                    flags: send_flags::SIGNALED,
+                    sges,
+                    remote_addr: w.addr.wrapping_add(off),
+                    rkey: w.rkey,
+                    imm: 0,
+                });
+                self.sq.push_back(SqEntry {
+                    cookie,
+                    work: SqWork::Write,
+                });
+                off += n;
             }
         }
         h.credits = self.credits.owed;
@@ -510,6 +579,7 @@ impl Link {
                         }
                         out.push(LinkEvent::ReadDone);
                     }
+                    SqWork::Write => {}
                 }
             }
         }

@@ -26,7 +26,7 @@ pub mod wire;
 pub use settings::MsgrSettings;
 pub use types::{
     Dispatcher, Fault, InMessage, MsgrStats, OutMessage, Payload, Policy, Refused, Registered,
-    RxSeg, SendId, SessionCounters, SessionId, SessionInfo, SessionState, TxChunk,
+    RemoteWrite, RxSeg, SendId, SessionCounters, SessionId, SessionInfo, SessionState, TxChunk,
 };
 
 use crate::config::Config;

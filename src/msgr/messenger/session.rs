@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use super::buffers::TxSeg;
 use super::keepalive::Backoff;
-use super::link::{Body, Link, LinkEvent, Received, RecvSlot, RxBuild, RxEntry};
+use super::link::{Body, Link, LinkEvent, Received, RecvSlot, RxBuild, RxEntry, TxWrite};
 use super::settings::MsgrSettings;
 use super::types::{
     InMessage, Policy, RxSeg, SendId, SessionCounters, SessionId, SessionInfo, SessionState,
@@ -32,7 +32,9 @@ pub struct OutMsg {
     pub msg_type: u16,
     pub front: Vec<u8>,
     pub segs: Vec<TxSeg>,
-    /// Front + data bytes.
+    /// RDMA WRITEs posted right before the SEND (lossy sessions only: never replayed).
+    pub writes: Vec<TxWrite>,
+    /// Front + data + write bytes.
     pub bytes: u64,
     /// Sent before on an earlier link.
     pub replay: bool,
@@ -47,6 +49,11 @@ impl OutMsg {
                 [s] => s.len <= eager_max.min(PAYLOAD_MAX) && s.parts.len() < max_sge,
                 _ => false,
             }
+    }
+
+    /// Send-queue entries the message takes: its WRITEs and the SEND.
+    pub fn sq_need(&self, max_sge: usize) -> usize {
+        1 + self.writes.iter().map(|w| w.wrs(max_sge)).sum::<usize>()
     }
 
     fn descs(&self) -> Vec<SegDesc> {
@@ -412,7 +419,7 @@ impl Session {
         // Messages, within credits.
         let max_sge = link.max_sge();
         while let Some(m) = self.waiting.front() {
-            if !link.credits.can_send_data() || link.sq_room() == 0 {
+            if !link.credits.can_send_data() || link.sq_room() < m.sq_need(max_sge) {
                 if !self.stalled {
                     self.stalled = true;
                     self.counters.credit_stalls += 1;
@@ -430,17 +437,18 @@ impl Session {
                 h.flags |= flags::STARVED;
             }
             if m.eager(s.eager_max, max_sge) {
-                match m.segs.first() {
-                    Some(g) => link.queue(&mut h, &m.front, Body::Eager(&g.parts, &g.lkeys))?,
-                    None => link.queue(&mut h, &m.front, Body::None)?,
-                }
+                let body = match m.segs.first() {
+                    Some(g) => Body::Eager(&g.parts, &g.lkeys),
+                    None => Body::None,
+                };
+                link.queue_msg(&mut h, &m.front, body, &m.writes)?;
             } else {
                 h.flags |= flags::RNDV;
                 let mut block = [0u8; PAYLOAD_MAX];
                 let n = wire::emit_block(&mut block, &m.front, &m.descs()).ok_or_else(|| {
                     Error::fixed(ErrorKind::InvalidArgument, "descriptor block too large")
                 })?;
-                link.queue(&mut h, &[], Body::Block(&block[..n]))?;
+                link.queue_msg(&mut h, &[], Body::Block(&block[..n]), &m.writes)?;
             }
             self.acked_to_peer = self.delivered;
             if let Some(mut m) = self.waiting.pop_front() {
@@ -450,6 +458,9 @@ impl Session {
                     self.counters.msgs_sent += 1;
                     self.counters.bytes_sent += m.bytes;
                 }
+                self.counters.remote_writes += m.writes.len() as u64;
+                self.counters.remote_write_bytes +=
+                    m.writes.iter().map(|w| w.seg.len as u64).sum::<u64>();
                 m.replay = true;
                 self.unacked.push_back(m);
             }

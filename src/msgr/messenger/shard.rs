@@ -374,12 +374,25 @@ impl Core {
         if let Err(e) = self.check_shape(&msg) {
             return Err(refuse(e, msg));
         }
-        let bytes = (msg.front.len() + msg.data.iter().map(Payload::len).sum::<usize>()) as u64;
+        let bytes = (msg.front.len()
+            + msg.data.iter().map(Payload::len).sum::<usize>()
+            + msg.writes.iter().map(|w| w.data.len()).sum::<usize>()) as u64;
         {
             let mut st = shard.st.lock();
             let Some(sess) = st.sessions.get_mut(&s.0) else {
                 return Err(refuse(closed("send"), msg));
             };
+            if !msg.writes.is_empty() && sess.policy == Policy::Lossless {
+                return Err(refuse(
+                    Error::fixed(
+                        ErrorKind::InvalidArgument,
+                        "send: RDMA WRITEs before a message (OutMessage::writes) need a lossy \
+                         session: a lossless one would replay the message on a new connection \
+                         without them",
+                    ),
+                    msg,
+                ));
+            }
             if !sess.has_room(&self.settings, bytes) {
                 sess.refused = true;
                 sess.counters.full_refusals += 1;
@@ -405,6 +418,7 @@ impl Core {
             msg_type,
             front,
             data,
+            writes: wr_in,
         } = msg;
         let mut segs = Vec::with_capacity(data.len());
         let mut copied = 0;
@@ -420,6 +434,36 @@ impl Core {
                 }
             }
         }
+        let mut writes = Vec::with_capacity(wr_in.len());
+        for w in wr_in {
+            match self.bufs.prepare(w.data) {
+                Ok((seg, c)) => {
+                    copied += c;
+                    writes.push(super::link::TxWrite {
+                        seg,
+                        addr: w.addr,
+                        rkey: w.rkey,
+                    });
+                }
+                Err(e) => return Err(refuse(e, OutMessage::new(msg_type, front))),
+            }
+        }
+        let max_sge = self.settings.max_send_sge as usize;
+        let need = 1 + writes.iter().map(|w| w.wrs(max_sge)).sum::<usize>();
+        if need > self.settings.max_send_wr as usize / 2 {
+            return Err(refuse(
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "send: the message's RDMA WRITEs take {} work requests; at most {} \
+                         (half of max_send_wr): fewer or registered (one-part) sources",
+                        need - 1,
+                        self.settings.max_send_wr as usize / 2 - 1
+                    ),
+                ),
+                OutMessage::new(msg_type, front),
+            ));
+        }
         let mut st = shard.st.lock();
         let Some(sess) = st.sessions.get_mut(&s.0) else {
             return Err(refuse(closed("send"), OutMessage::new(msg_type, front)));
@@ -433,6 +477,7 @@ impl Core {
             msg_type,
             front,
             segs,
+            writes,
             bytes,
             replay: false,
         });
@@ -445,6 +490,16 @@ impl Core {
 
     /// Refuses what the wire cannot carry, before anything is consumed.
     fn check_shape(&self, msg: &OutMessage) -> Result<()> {
+        if msg.writes.len() > wire::MAX_WRITES {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "send: {} RDMA WRITEs before one message; at most {}",
+                    msg.writes.len(),
+                    wire::MAX_WRITES
+                ),
+            ));
+        }
         if msg.front.len() > FRONT_MAX || msg.data.len() > MAX_SEGS {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -1178,6 +1233,8 @@ fn add_counters(t: &mut SessionCounters, c: &SessionCounters) {
     t.copied_bytes += c.copied_bytes;
     t.read_segments += c.read_segments;
     t.eager_segments += c.eager_segments;
+    t.remote_writes += c.remote_writes;
+    t.remote_write_bytes += c.remote_write_bytes;
     t.keepalives_sent += c.keepalives_sent;
     t.rnr_naks += c.rnr_naks;
     t.duplicates_dropped += c.duplicates_dropped;

@@ -125,7 +125,21 @@ impl fmt::Debug for Payload {
     }
 }
 
-/// A message to send: a type, a small front part (copied) and data segments.
+/// An RDMA WRITE of `data` into the peer's memory at `addr` (registered by the peer with
+/// remote write access under `rkey`), posted on the session's connection right before the
+/// message's SEND ([`OutMessage::with_write`]). RC delivers in order: when the peer's
+/// messenger delivers the message, the bytes are in place.
+#[derive(Debug)]
+pub struct RemoteWrite {
+    /// The source bytes (any payload kind; held until the message is acknowledged).
+    pub data: Payload,
+    /// The peer's address and rkey (as the peer told us, e.g. in a request).
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+/// A message to send: a type, a small front part (copied), data segments, and RDMA WRITEs
+/// into the peer's memory that go before it.
 #[derive(Debug, Default)]
 pub struct OutMessage {
     /// The application's message type (carried as is).
@@ -135,6 +149,14 @@ pub struct OutMessage {
     pub front: Vec<u8>,
     /// Zero or more data segments (at most [`super::wire::MAX_SEGS`]), each up to 16 MiB.
     pub data: Vec<Payload>,
+    /// RDMA WRITEs into the peer's memory (at most [`super::wire::MAX_WRITES`], each up to
+    /// 16 MiB), posted in order on the same connection right before the message's SEND;
+    /// their source memory is held until the message is acknowledged (or fails), like
+    /// `data`. Lossy sessions only: a lossless session refuses such a message with
+    /// `InvalidArgument` (a replay on a new connection would not re-post the WRITEs). A
+    /// WRITE the peer refuses (bad rkey or address) is an error completion here and a QP
+    /// error there: the session faults (lossy: both sides reset).
+    pub writes: Vec<RemoteWrite>,
 }
 
 impl OutMessage {
@@ -143,7 +165,15 @@ impl OutMessage {
             msg_type,
             front,
             data: Vec::new(),
+            writes: Vec::new(),
         }
+    }
+
+    /// Adds an RDMA WRITE of `data` to the peer's `addr`/`rkey` before the message (see
+    /// [`OutMessage::writes`]).
+    pub fn with_write(mut self, data: Payload, addr: u64, rkey: u32) -> OutMessage {
+        self.writes.push(RemoteWrite { data, addr, rkey });
+        self
     }
 
     /// Appends a data segment.
@@ -388,6 +418,9 @@ pub struct SessionCounters {
     /// Data segments moved by RDMA READ (rendezvous) / eagerly in the SEND.
     pub read_segments: u64,
     pub eager_segments: u64,
+    /// RDMA WRITEs posted into the peer's memory ([`OutMessage::writes`]) and their bytes.
+    pub remote_writes: u64,
+    pub remote_write_bytes: u64,
     pub keepalives_sent: u64,
     /// Receiver-not-ready NAKs of this session's connections (sent + received): 0 in steady
     /// state, since a sender never goes beyond its credits.

@@ -27,6 +27,8 @@ pub const PAYLOAD_MAX: usize = 4096;
 pub const FRONT_MAX: usize = 2048;
 /// Data segments per message.
 pub const MAX_SEGS: usize = 64;
+/// RDMA WRITEs before one message ([`super::OutMessage::writes`]).
+pub const MAX_WRITES: usize = 16;
 /// Bytes per segment entry and per part entry in a descriptor block.
 pub const SEG_ENTRY: usize = 8;
 pub const PART_ENTRY: usize = 16;
