@@ -206,10 +206,15 @@ fn wait_pools(m: &Messenger, base: u64, within: Duration) -> Result<(), String> 
     }
 }
 
-/// Sends numbered messages on `s` until `Full` or `upto` were sent. Returns whether any
-/// went; `Err` for a refusal other than `Full` (the session ended).
+/// Messages one [`pump`] call sends at most (making 4 KiB messages takes time: the loops
+/// around it look at the clock and the peer between bursts).
+const BURST: u64 = 128;
+
+/// Sends numbered messages on `s` until `Full`, `upto` were sent or [`BURST`] went.
+/// Returns whether any went; `Err` for a refusal other than `Full` (the session ended).
 fn pump(m: &Messenger, s: SessionId, sent: &mut u64, upto: u64) -> Result<bool, ErrorKind> {
     let mut any = false;
+    let upto = upto.min(*sent + BURST);
     while *sent < upto {
         match m.send(s, message(*sent + 1)) {
             Ok(_) => {
@@ -787,7 +792,7 @@ fn lossy_peer_killed_mid_stream_resets_promptly() {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
-        // The queue full (so sends are unacknowledged), then SIGKILL.
+        // One more burst (so sends are held: queued or unacknowledged), then SIGKILL.
         let _ = pump(&m, s, &mut sent, u64::MAX);
         let held = m.session_info(s).map_or(0, |i| i.queued + i.unacked);
         let killed = Instant::now();
