@@ -688,25 +688,23 @@ fn lossless_two_processes_faults_on_both_sides() {
                 .map(|i| (i.state, i.queued, i.unacked, i.counters)),
         );
         // Faults until this side is done (the peer stops its own when it is).
-        if p.next < n || p.ok < n {
-            if Instant::now() >= next_fault && hole.is_none() {
-                let kinds = if black_hole { 3 } else { 2 };
-                let kind = (faults.iter().sum::<u32>() % kinds) as usize;
-                match kind {
-                    0 => {
-                        let _ = m.inject_fault(s, Fault::SideChannelClose);
-                    }
-                    1 => {
-                        let _ = m.inject_fault(s, Fault::QpError);
-                    }
-                    _ => {
-                        let h = support::UdpBlackHole::ports(&ports).unwrap();
-                        hole = Some((h, Instant::now() + Duration::from_millis(150)));
-                    }
+        if (p.next < n || p.ok < n) && Instant::now() >= next_fault && hole.is_none() {
+            let kinds = if black_hole { 3 } else { 2 };
+            let kind = (faults.iter().sum::<u32>() % kinds) as usize;
+            match kind {
+                0 => {
+                    let _ = m.inject_fault(s, Fault::SideChannelClose);
                 }
-                faults[kind] += 1;
-                next_fault = next_fault_time(&mut rng);
+                1 => {
+                    let _ = m.inject_fault(s, Fault::QpError);
+                }
+                _ => {
+                    let h = support::UdpBlackHole::ports(&ports).unwrap();
+                    hole = Some((h, Instant::now() + Duration::from_millis(150)));
+                }
             }
+            faults[kind] += 1;
+            next_fault = next_fault_time(&mut rng);
         }
         if !any {
             std::thread::sleep(Duration::from_micros(500));

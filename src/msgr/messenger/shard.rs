@@ -148,12 +148,12 @@ pub(crate) struct Core {
     listener: Mutex<Option<Listener>>,
     /// Accepting side: the peer's session id -> ours.
     by_peer: Mutex<HashMap<u64, u64>>,
-    /// This messenger's incarnation (wall-clock ns at creation), sent in the connecting
-    /// side's hello with the port it listens on: together with the IP the acceptor sees,
-    /// the messenger's identity across restarts (Ceph's entity address + nonce).
+    /// This messenger's incarnation (random, non-zero), sent in the connecting side's
+    /// hello with the port it listens on: together with the IP the acceptor sees, the
+    /// messenger's identity across restarts (Ceph's entity address + nonce).
     incarnation: u64,
     /// Accepting side: a connecting messenger's address (IP, listening port) -> the
-    /// latest incarnation that said hello from it.
+    /// incarnation that last said hello from it.
     entities: Mutex<HashMap<SocketAddr, u64>>,
     /// Bumped when a newer incarnation appeared at an address: every shard then resets
     /// the sessions of the older one ([`Core::reset_stale`]).
@@ -218,10 +218,7 @@ impl Core {
             shards,
             listener: Mutex::new(None),
             by_peer: Mutex::new(HashMap::new()),
-            incarnation: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-                .max(1),
+            incarnation: random_u64().max(1),
             entities: Mutex::new(HashMap::new()),
             restarts: AtomicU64::new(0),
             owner: OnceLock::new(),
@@ -848,37 +845,22 @@ impl Core {
         now: Instant,
         ev: &mut Vec<Event>,
     ) {
-        // The connecting messenger's identity: a newer incarnation at the same address
-        // means it restarted (the sessions of the older one are reset here, at once, not
-        // after the reconnect timeout); a hello from an older one is refused.
+        // The connecting messenger's identity: another incarnation at the address of a
+        // known one means it restarted (two live processes cannot listen on one address):
+        // the sessions of the old one are reset here, at once, not after the reconnect
+        // timeout, and before the new session's on_connect.
         let entity = (h.seq != 0 && h.msg_type != 0)
             .then(|| (SocketAddr::new(link.conn.peer().ip(), h.msg_type), h.seq));
         if let Some((addr, inc)) = entity {
-            let prev = {
-                let mut m = self.entities.lock();
-                let prev = m.get(&addr).copied();
-                if prev.is_none_or(|p| p < inc) {
-                    m.insert(addr, inc);
-                }
-                prev
-            };
-            match prev {
-                Some(p) if p > inc => {
-                    let mut r = Header::new(Kind::Hello);
-                    let _ = link.send(&mut r, &[], Body::None);
-                    st.closing.push((link, now + CLOSE_DRAIN));
-                    return;
-                }
-                Some(p) if p < inc => {
-                    self.restarts.fetch_add(1, Ordering::AcqRel);
-                    self.reset_stale(st, ev);
-                    for (j, other) in self.shards.iter().enumerate() {
-                        if j != shard {
-                            other.wake.signal();
-                        }
+            let prev = self.entities.lock().insert(addr, inc);
+            if prev.is_some_and(|p| p != inc) {
+                self.restarts.fetch_add(1, Ordering::AcqRel);
+                self.reset_stale(st, ev);
+                for (j, other) in self.shards.iter().enumerate() {
+                    if j != shard {
+                        other.wake.signal();
                     }
                 }
-                _ => {}
             }
         }
         let known = self.by_peer.lock().get(&h.aux).copied();
@@ -945,7 +927,7 @@ impl Core {
         }
     }
 
-    /// Resets this shard's accepted sessions whose peer messenger was succeeded by a newer
+    /// Resets this shard's accepted sessions whose peer messenger was succeeded by another
     /// incarnation at its address (it restarted: what it had not acknowledged is lost).
     fn reset_stale(&self, st: &mut ShardState, ev: &mut Vec<Event>) {
         st.restarts_seen = self.restarts.load(Ordering::Acquire);
@@ -957,7 +939,7 @@ impl Core {
             let Some(&now_inc) = latest.get(&addr) else {
                 continue;
             };
-            if sess.state == SessionState::Closed || now_inc <= inc {
+            if sess.state == SessionState::Closed || now_inc == inc {
                 continue;
             }
             let e = Error::new(
