@@ -111,6 +111,10 @@ pub struct Session {
     /// The acknowledgement of messages delivered in the last pass was held back for a
     /// pass (an answer may carry it).
     pub ack_deferred: bool,
+    /// Accepting side: the connecting messenger's address (its IP, its listening port)
+    /// and incarnation, when its hello named them: a new incarnation at that address
+    /// means the peer restarted (see `Core::attach_incoming`).
+    pub peer_entity: Option<(SocketAddr, u64)>,
 }
 
 impl Session {
@@ -138,6 +142,7 @@ impl Session {
             down_since: None,
             stalled: false,
             ack_deferred: false,
+            peer_entity: None,
         }
     }
 

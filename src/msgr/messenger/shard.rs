@@ -92,6 +92,8 @@ struct ShardState {
     /// costs an accept(2) that fails, so a busy pass looks every [`ACCEPT_EVERY`]; the
     /// sleep watches the listener and asks for a look when it fires.
     next_accept: Option<Instant>,
+    /// The value of [`Core::restarts`] this shard last looked for stale sessions at.
+    restarts_seen: u64,
 }
 
 struct Shard {
@@ -146,6 +148,16 @@ pub(crate) struct Core {
     listener: Mutex<Option<Listener>>,
     /// Accepting side: the peer's session id -> ours.
     by_peer: Mutex<HashMap<u64, u64>>,
+    /// This messenger's incarnation (random, non-zero), sent in the connecting side's
+    /// hello with the port it listens on: together with the IP the acceptor sees, the
+    /// messenger's identity across restarts (Ceph's entity address + nonce).
+    incarnation: u64,
+    /// Accepting side: a connecting messenger's address (IP, listening port) -> the
+    /// incarnation that last said hello from it.
+    entities: Mutex<HashMap<SocketAddr, u64>>,
+    /// Bumped when a newer incarnation appeared at an address: every shard then resets
+    /// the sessions of the older one ([`Core::reset_stale`]).
+    restarts: AtomicU64,
     owner: OnceLock<Weak<Owner>>,
     me: OnceLock<Weak<Core>>,
     stopping: AtomicBool,
@@ -206,6 +218,9 @@ impl Core {
             shards,
             listener: Mutex::new(None),
             by_peer: Mutex::new(HashMap::new()),
+            incarnation: random_u64().max(1),
+            entities: Mutex::new(HashMap::new()),
+            restarts: AtomicU64::new(0),
             owner: OnceLock::new(),
             me: OnceLock::new(),
             stopping: AtomicBool::new(false),
@@ -721,6 +736,9 @@ impl Core {
         for (link, h) in std::mem::take(&mut st.incoming) {
             self.attach_incoming(i, &mut st, link, &h, now, &mut ev);
         }
+        if self.restarts.load(Ordering::Acquire) != st.restarts_seen {
+            self.reset_stale(&mut st, &mut ev);
+        }
         let mut ended = false;
         for sess in st.sessions.values_mut() {
             self.drive_session(sess, now, &mut ev);
@@ -882,6 +900,24 @@ impl Core {
         now: Instant,
         ev: &mut Vec<Event>,
     ) {
+        // The connecting messenger's identity: another incarnation at the address of a
+        // known one means it restarted (two live processes cannot listen on one address):
+        // the sessions of the old one are reset here, at once, not after the reconnect
+        // timeout, and before the new session's on_connect.
+        let entity = (h.seq != 0 && h.msg_type != 0)
+            .then(|| (SocketAddr::new(link.conn.peer().ip(), h.msg_type), h.seq));
+        if let Some((addr, inc)) = entity {
+            let prev = self.entities.lock().insert(addr, inc);
+            if prev.is_some_and(|p| p != inc) {
+                self.restarts.fetch_add(1, Ordering::AcqRel);
+                self.reset_stale(st, ev);
+                for (j, other) in self.shards.iter().enumerate() {
+                    if j != shard {
+                        other.wake.signal();
+                    }
+                }
+            }
+        }
         let known = self.by_peer.lock().get(&h.aux).copied();
         let id = match known {
             Some(id) if st.sessions.contains_key(&id) => id,
@@ -920,6 +956,9 @@ impl Core {
             sess.counters.reconnects += 1;
         }
         sess.peer_id = h.aux;
+        if entity.is_some() {
+            sess.peer_entity = entity;
+        }
         link.hello_done = true;
         sess.link = Some(link);
         sess.on_ack(h.aux3, &self.settings, ev);
@@ -940,6 +979,32 @@ impl Core {
                 sess.opened(ev);
             }
             Err(e) => self.fault(sess, e, now, ev),
+        }
+    }
+
+    /// Resets this shard's accepted sessions whose peer messenger was succeeded by another
+    /// incarnation at its address (it restarted: what it had not acknowledged is lost).
+    fn reset_stale(&self, st: &mut ShardState, ev: &mut Vec<Event>) {
+        st.restarts_seen = self.restarts.load(Ordering::Acquire);
+        let latest = self.entities.lock();
+        for sess in st.sessions.values_mut() {
+            let Some((addr, inc)) = sess.peer_entity else {
+                continue;
+            };
+            let Some(&now_inc) = latest.get(&addr) else {
+                continue;
+            };
+            if sess.state == SessionState::Closed || now_inc == inc {
+                continue;
+            }
+            let e = Error::new(
+                ErrorKind::Closed,
+                format!(
+                    "the peer messenger at {addr} restarted (a new incarnation connected): \
+                     session reset"
+                ),
+            );
+            self.end(sess, e, true, ev);
         }
     }
 
@@ -1007,6 +1072,14 @@ impl Core {
                     h.aux = sess.id;
                     h.aux2 = sess.peer_id;
                     h.aux3 = sess.delivered;
+                    // Who we are across restarts: our incarnation and listening port
+                    // (fields a hello does not otherwise use).
+                    h.seq = self.incarnation;
+                    h.msg_type = self
+                        .listener
+                        .lock()
+                        .as_ref()
+                        .map_or(0, |l| l.local_addr().port());
                     if sess.policy == Policy::Lossy {
                         h.flags |= flags::LOSSY;
                     }
