@@ -69,6 +69,7 @@ echo_run() { # echo_run SUFFIX COUNT RUNNER...: the server and the three clients
 echo "== ffi-tests: starting rdmx-target for test_blk"
 cargo build --quiet -p rdmx-target
 tlog="$out/rdmx-target.log"
+: >"$tlog" # exists before the loop below reads it (the server opens it only once started)
 "$root/target/debug/rdmx-target" --listen 127.0.0.1:0 --volume v0=mem:4M \
   --set timeout=18 --set msgr_keepalive_timeout_ms=60000 >"$tlog" 2>&1 &
 tpid=$!

@@ -45,7 +45,10 @@ const VERSION: u8 = 1;
 pub enum Kind {
     /// Session handshake: `aux` = sender's session id, `aux2` = the receiver's session id
     /// as the sender knows it (0 = none), `aux3` = last sequence number the sender
-    /// delivered from this session; `credits` = receives posted beyond this one.
+    /// delivered from this session; `credits` = receives posted beyond this one. From the
+    /// connecting side also `seq` = its messenger's incarnation (a random nonce) and
+    /// `msg_type` = the TCP port it listens on (0: none), by which the accepting side
+    /// tells a restarted connector (see `shard.rs`).
     Hello = 1,
     /// An application message (`seq` > 0).
     Msg = 2,
