@@ -6,17 +6,15 @@
 //! reconnect, pools back to baseline. Lossy: resets reported, failed sends completed, no hang.
 //! `MSGR_FAULT_MESSAGES` (default 20,000 each way; 100000 for the full run) sets the count.
 
-use rdmx::config::Config;
 use rdmx::error::ErrorKind;
-use rdmx::msgr::messenger::{
-    Dispatcher, Fault, InMessage, Messenger, OutMessage, Payload, Policy, SessionId,
-};
+use rdmx::msgr::messenger::{Dispatcher, Fault, InMessage, Messenger, Policy, SessionId};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod support;
+use support::msgr_faults::{config, fnv, message, page, rand};
 
 #[derive(Default)]
 struct Side {
@@ -27,18 +25,6 @@ struct Side {
     failed: AtomicU64,
     resets: AtomicU64,
     session: Mutex<Option<SessionId>>,
-}
-
-fn fnv(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
-fn page(seq: u64) -> Vec<u8> {
-    (0..4096u64)
-        .map(|i| (seq.wrapping_mul(31) ^ i) as u8)
-        .collect()
 }
 
 impl Dispatcher for Side {
@@ -74,41 +60,6 @@ impl Dispatcher for Side {
         eprintln!("reset: {why}");
         self.resets.fetch_add(1, Ordering::Relaxed);
     }
-}
-
-fn config(kv: &[(&str, &str)]) -> Config {
-    let mut c = Config::new();
-    c.set("soft_port", "0").unwrap();
-    // A short retry budget (timeout 16.8 ms x 4 tries): a black hole of 150 ms exceeds it.
-    for (k, v) in [
-        ("timeout", "12"),
-        ("retry_cnt", "3"),
-        ("msgr_keepalive_ms", "50"),
-        ("msgr_keepalive_timeout_ms", "2000"),
-        ("msgr_reconnect_min_ms", "5"),
-        ("msgr_reconnect_max_ms", "100"),
-        ("msgr_threads", "1"),
-    ]
-    .iter()
-    .chain(kv)
-    {
-        c.set(k, v).unwrap();
-    }
-    c
-}
-
-fn message(seq: u64) -> OutMessage {
-    let data = page(seq);
-    let mut front = seq.to_le_bytes().to_vec();
-    front.extend_from_slice(&fnv(&data).to_le_bytes());
-    OutMessage::new(7, front).with(Payload::Copy(data))
-}
-
-fn rand(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
 }
 
 #[test]

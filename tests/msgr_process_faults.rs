@@ -22,19 +22,19 @@
 //! handle drops (also when a test panics), and exits by itself when its stdin closes or
 //! after [`PEER_LIFETIME`].
 
-use rdmx::config::Config;
 use rdmx::error::ErrorKind;
 use rdmx::msgr::messenger::{
-    Dispatcher, Fault, InMessage, Messenger, OutMessage, Payload, Policy, SessionId, SessionState,
+    Dispatcher, Fault, InMessage, Messenger, Policy, SessionId, SessionState,
 };
 use std::collections::{HashMap, VecDeque};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod support;
+use support::msgr_faults::{config, fnv, message, page, rand};
 
 /// The peer's role and the parent's address (not `RDMX_`: those are configuration keys).
 const PEER_ENV: &str = "MSGR_FAULT_PEER";
@@ -45,32 +45,6 @@ const PEER_LIFETIME: Duration = Duration::from_secs(300);
 
 // ------------------------------------------------------------------------------------------
 // Messages and the dispatcher both processes use
-
-fn fnv(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
-fn page(seq: u64) -> Vec<u8> {
-    (0..4096u64)
-        .map(|i| (seq.wrapping_mul(31) ^ i) as u8)
-        .collect()
-}
-
-fn message(seq: u64) -> OutMessage {
-    let data = page(seq);
-    let mut front = seq.to_le_bytes().to_vec();
-    front.extend_from_slice(&fnv(&data).to_le_bytes());
-    OutMessage::new(7, front).with(Payload::Copy(data))
-}
-
-fn rand(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
 
 /// 50-200 ms from now, at random.
 fn next_fault_time(rng: &mut u64) -> Instant {
@@ -152,29 +126,6 @@ impl Dispatcher for Side {
             .unwrap()
             .push((s, Instant::now(), why.to_string()));
     }
-}
-
-/// Both processes' config: a short retry budget (timeout 16.8 ms x 4 tries, so a 150 ms
-/// black hole exceeds it), keepalive 50 ms / 2 s, fast reconnects, one worker thread.
-fn config(kv: &[(&str, &str)]) -> Config {
-    let mut c = Config::new();
-    c.set("soft_port", "0").unwrap();
-    for (k, v) in [
-        ("timeout", "12"),
-        ("retry_cnt", "3"),
-        ("msgr_keepalive_ms", "50"),
-        ("msgr_keepalive_timeout_ms", "2000"),
-        ("msgr_reconnect_min_ms", "5"),
-        ("msgr_reconnect_max_ms", "100"),
-        ("msgr_threads", "1"),
-    ]
-    .iter()
-    .chain(kv)
-    {
-        c.set(k, v)
-            .unwrap_or_else(|e| panic!("config {k}={v}: {e}"));
-    }
-    c
 }
 
 /// The pools' figures that must come back to their baseline: data chunks in use, header
@@ -447,16 +398,7 @@ impl PeerProc {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn peer");
-        let out = child.stdout.take().expect("peer stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = support::line_reader(child.stdout.take().expect("peer stdout"));
         let pid = child.id();
         let mut p = PeerProc {
             stdin: child.stdin.take(),

@@ -12,6 +12,8 @@
 //! Stdin EOF (the test died) ends it too, and it never lives longer than [`PEER_LIFETIME`].
 #![allow(dead_code)]
 
+pub mod msgr_faults;
+
 use rdmx::config::Config;
 use rdmx::msgr::MrInfo;
 use rdmx::msgr::{Connection, Context};
@@ -468,16 +470,7 @@ impl Peer {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
         let mut child = cmd.spawn().expect("spawn peer");
-        let out = child.stdout.take().expect("peer stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = line_reader(child.stdout.take().expect("peer stdout"));
         let pid = child.id();
         let mut p = Peer {
             stdin: child.stdin.take(),
@@ -1093,4 +1086,19 @@ impl Drop for LinkDown<'_> {
             eprintln!("warning: {e}");
         }
     }
+}
+
+/// The lines a child process writes to `out`, as they come, from a thread of their own
+/// (ends at EOF or when the receiver is dropped).
+pub fn line_reader(out: std::process::ChildStdout) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
