@@ -69,3 +69,34 @@ fresh_endpoints() {
     SRV_IP=127.0.$net.1
     CLI_IP=127.0.$net.2
 }
+
+# run_json NAME ARGS...: runs an rdmx-perf client (inside the command prefix IN_NS when
+# set), sets JSON to its last stdout line; a failed run is reported and counted in FAILED.
+run_json() {
+    local name=$1 ok=1
+    shift
+    JSON=""
+    if ! ${IN_NS[@]+"${IN_NS[@]}"} "$BIN" "$@" --json >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err"; then
+        ok=0
+        echo "RUN FAILED: $name: rdmx-perf $* --json" >&2
+        sed 's/^/    /' "$LOGDIR/$name.err" >&2
+    fi
+    JSON=$(tail -1 "$LOGDIR/$name.out" | grep '^{' || true)
+    if [ -z "$JSON" ]; then
+        [ "$ok" = 1 ] && echo "RUN FAILED: $name: no JSON output" >&2
+        ok=0
+        JSON="{}"
+    fi
+    [ "$ok" = 1 ] || FAILED=$((FAILED + 1))
+}
+
+LINES=()
+# line WHAT MEASURED BASELINE RATIO TARGET VERDICT
+line() {
+    LINES+=("$(printf '%-44s %14s %14s %8s %10s  %s' "$@")")
+    printf '%-44s %14s %14s %8s %10s  %s\n' "$@"
+}
+
+header() {
+    printf '%-44s %14s %14s %8s %10s  %s\n' "what" "measured" "baseline" "ratio" "target" "verdict"
+}

@@ -42,34 +42,6 @@ fi
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
 
-# run NAME ARGS...: runs a client, sets JSON to its last stdout line; a failed run is
-# reported and counted.
-run() {
-    local name=$1 ok=1
-    shift
-    JSON=""
-    if ! "$BIN" "$@" --json >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err"; then
-        ok=0
-        echo "RUN FAILED: $name: rdmx-perf $* --json" >&2
-        sed 's/^/    /' "$LOGDIR/$name.err" >&2
-    fi
-    JSON=$(tail -1 "$LOGDIR/$name.out" | grep '^{' || true)
-    if [ -z "$JSON" ]; then
-        [ "$ok" = 1 ] && echo "RUN FAILED: $name: no JSON output" >&2
-        ok=0
-        JSON="{}"
-    fi
-    [ "$ok" = 1 ] || FAILED=$((FAILED + 1))
-}
-
-LINES=()
-line() {
-    LINES+=("$(printf '%-44s %14s %14s %8s %10s  %s' "$@")")
-    printf '%-44s %14s %14s %8s %10s  %s\n' "$@"
-}
-header() {
-    printf '%-44s %14s %14s %8s %10s  %s\n' "what" "measured" "baseline" "ratio" "target" "verdict"
-}
 
 CLIENT=(--duration "$DURATION" --size 4096)
 echo "# rdmx-perf $("$BIN" config | sed -n 's/^# rdmx \([^:]*\):.*/\1/p' | head -1), runs of $DURATION s, $PAIRS pairs, logs in $LOGDIR"
@@ -84,14 +56,14 @@ pairs() {
         start "srv.$name.$p" server --listen 127.0.0.1:0
         # Alternate which goes first.
         if [ $((p % 2)) = 1 ]; then
-            run "$name.$a.$p" "$a" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
+            run_json "$name.$a.$p" "$a" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
             ra+=("$(field "$JSON" "$key")"); ea+=("$(field "$JSON" errors)")
-            run "$name.$b.$p" "$b" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
+            run_json "$name.$b.$p" "$b" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
             rb+=("$(field "$JSON" "$key")"); eb+=("$(field "$JSON" errors)")
         else
-            run "$name.$b.$p" "$b" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
+            run_json "$name.$b.$p" "$b" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
             rb+=("$(field "$JSON" "$key")"); eb+=("$(field "$JSON" errors)")
-            run "$name.$a.$p" "$a" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
+            run_json "$name.$a.$p" "$a" --connect "$ADDR" "${CLIENT[@]}" --qd "$qd"
             ra+=("$(field "$JSON" "$key")"); ea+=("$(field "$JSON" errors)")
         fi
         stop
@@ -121,7 +93,7 @@ command -v ucx_perftest >/dev/null 2>&1 || UCX_WHY="ucx_perftest not installed (
 UCX_ITERS=${UCX_ITERS:-$((3000 * DURATION))}
 for p in $(seq 1 "$PAIRS"); do
     start "srv.msgbw.$p" server --listen 127.0.0.1:0
-    run "msg_bw.$p" msg_bw --connect "$ADDR" "${CLIENT[@]}" --qd 32
+    run_json "msg_bw.$p" msg_bw --connect "$ADDR" "${CLIENT[@]}" --qd 32
     MSG+=("$(field "$JSON" ops_per_sec)")
     stop
     U=""

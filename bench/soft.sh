@@ -82,36 +82,6 @@ field() {
     sed -n "s/.*\"$2\":\([-0-9.e]*\).*/\1/p" <<<"$1"
 }
 
-# run NAME ARGS...: runs a client, sets JSON to its last stdout line; a failed run is
-# reported and counted.
-run() {
-    local name=$1 ok=1
-    shift
-    JSON=""
-    if ! ${IN_NS[@]+"${IN_NS[@]}"} "$BIN" "$@" --json >"$LOGDIR/$name.out" 2>"$LOGDIR/$name.err"; then
-        ok=0
-        echo "RUN FAILED: $name: rdmx-perf $* --json" >&2
-        sed 's/^/    /' "$LOGDIR/$name.err" >&2
-    fi
-    JSON=$(tail -1 "$LOGDIR/$name.out" | grep '^{' || true)
-    if [ -z "$JSON" ]; then
-        [ "$ok" = 1 ] && echo "RUN FAILED: $name: no JSON output" >&2
-        ok=0
-        JSON="{}"
-    fi
-    [ "$ok" = 1 ] || FAILED=$((FAILED + 1))
-}
-
-LINES=()
-# line WHAT MEASURED BASELINE RATIO TARGET VERDICT
-line() {
-    LINES+=("$(printf '%-44s %14s %14s %8s %10s  %s' "$@")")
-    printf '%-44s %14s %14s %8s %10s  %s\n' "$@"
-}
-
-header() {
-    printf '%-44s %14s %14s %8s %10s  %s\n' "what" "measured" "baseline" "ratio" "target" "verdict"
-}
 
 CLIENT=(--size 4096 --duration "$DURATION")
 # Queue depth 32 means 32 READs on the wire: rd_atomic 32 on both sides (the default 16 is
@@ -145,11 +115,11 @@ PAIR_UDP=()
 PAIR_ERR=()
 PAIR_P50=()
 for p in $(seq 1 "$PAIRS"); do
-    run "read_bw.$p" read_bw --connect "$RDMX" "${CLIENT[@]}" --qd 32 "${RD32[@]}"
+    run_json "read_bw.$p" read_bw --connect "$RDMX" "${CLIENT[@]}" --qd 32 "${RD32[@]}"
     PAIR_READ+=("$(field "$JSON" ops_per_sec)")
     PAIR_ERR+=("$(field "$JSON" errors)")
     PAIR_P50+=("$(field "$JSON" lat_p50_us)")
-    run "udp_read.$p" udp_read --connect "$UDP" --qd 32 --duration "$DURATION"
+    run_json "udp_read.$p" udp_read --connect "$UDP" --qd 32 --duration "$DURATION"
     PAIR_UDP+=("$(field "$JSON" ops_per_sec)")
     PAIR_RATIOS+=("$(ratio "${PAIR_READ[-1]}" "${PAIR_UDP[-1]}")")
     echo "    pair $p: read_bw ${PAIR_READ[-1]} (p50 ${PAIR_P50[-1]} us, errors ${PAIR_ERR[-1]}), udp_read ${PAIR_UDP[-1]} (lost $(field "$JSON" lost)), ratio ${PAIR_RATIOS[-1]}"
@@ -161,7 +131,7 @@ READ_BW=${PAIR_READ[$MID]}
 UDP_OPS=${PAIR_UDP[$MID]}
 READ_BW_ERR=${PAIR_ERR[$MID]}
 READ_BW_P50=${PAIR_P50[$MID]}
-run udp_read_plain udp_read --connect "$UDP_PLAIN" --qd 32 --duration "$DURATION" --no-offload
+run_json udp_read_plain udp_read --connect "$UDP_PLAIN" --qd 32 --duration "$DURATION" --no-offload
 UDP_PLAIN_OPS=$(field "$JSON" ops_per_sec)
 R=$(ratio "$READ_BW" "$UDP_OPS")
 line "1 read_bw 4K qd32 ops/s vs udp_read qd32" "$READ_BW" "$UDP_OPS" "$R" ">= 0.8" "$(verdict "$R" 0.8 ge)"
@@ -169,7 +139,7 @@ echo "    median of $PAIRS alternating pairs (ratios ${PAIR_RATIOS[*]}); read_bw
 line "1 read_bw vs udp_read without GSO/GRO" "$READ_BW" "$UDP_PLAIN_OPS" "$(ratio "$READ_BW" "$UDP_PLAIN_OPS")" "info" "-"
 
 # 2. send_bw vs ucx_perftest tag_bw over TCP.
-run send_bw send_bw --connect "$RDMX" "${CLIENT[@]}" --qd 32
+run_json send_bw send_bw --connect "$RDMX" "${CLIENT[@]}" --qd 32
 SEND_BW=$(field "$JSON" ops_per_sec)
 SEND_RNR=$(field "$JSON" rnr_naks)
 UCX=""
@@ -204,16 +174,16 @@ echo "    send_bw rnr_naks ${SEND_RNR}"
 
 # 3. read_lat with busy polling: on both sides (the busy server's connection thread drives
 # its engine), and on the client only (the server's progress thread answers).
-run read_lat_busy read_lat --connect "$RDMX_BUSY" "${CLIENT[@]}" --set poll_mode=busy
+run_json read_lat_busy read_lat --connect "$RDMX_BUSY" "${CLIENT[@]}" --set poll_mode=busy
 LAT_BUSY=$(field "$JSON" lat_p50_us)
 LAT_BUSY_P99=$(field "$JSON" lat_p99_us)
-run read_lat_busy_client read_lat --connect "$RDMX" "${CLIENT[@]}" --set poll_mode=busy
+run_json read_lat_busy_client read_lat --connect "$RDMX" "${CLIENT[@]}" --set poll_mode=busy
 LAT_BUSY1=$(field "$JSON" lat_p50_us)
 line "3 read_lat 4K poll_mode=busy p50 us" "$LAT_BUSY" "-" "-" "<= 20" "$(verdict "$LAT_BUSY" 20 le)"
 echo "    p99 ${LAT_BUSY_P99} us; busy on the client only (server default): p50 ${LAT_BUSY1} us"
 
 # 4. read_bw with loss injection on both sides.
-run read_bw_loss read_bw --connect "$RDMX_LOSS" "${CLIENT[@]}" --qd 32 "${RD32[@]}" --set soft_drop_ratio=0.001 --verify 1
+run_json read_bw_loss read_bw --connect "$RDMX_LOSS" "${CLIENT[@]}" --qd 32 "${RD32[@]}" --set soft_drop_ratio=0.001 --verify 1
 LOSS_BW=$(field "$JSON" ops_per_sec)
 LOSS_ERR=$(field "$JSON" errors)
 LOSS_RTX=$(field "$JSON" retransmits)
@@ -226,12 +196,12 @@ line "4 read_bw drop 0.001 ops/s vs lossless" "$LOSS_BW" "$READ_BW" "$R" ">= 0.7
 echo "    errors ${LOSS_ERR}, client injected drops ${LOSS_DROPS}, retransmits ${LOSS_RTX}, ack_timeouts ${LOSS_TO}"
 
 # 5. progress=inline (default) vs progress=thread on both sides.
-run read_bw_thread read_bw --connect "$RDMX_THREAD" "${CLIENT[@]}" --qd 32 "${RD32[@]}" --set progress=thread
+run_json read_bw_thread read_bw --connect "$RDMX_THREAD" "${CLIENT[@]}" --qd 32 "${RD32[@]}" --set progress=thread
 THR_BW=$(field "$JSON" ops_per_sec)
 THR_BW_TO=$(field "$JSON" ack_timeouts)
-run read_lat_default read_lat --connect "$RDMX" "${CLIENT[@]}"
+run_json read_lat_default read_lat --connect "$RDMX" "${CLIENT[@]}"
 LAT_DEF=$(field "$JSON" lat_p50_us)
-run read_lat_thread read_lat --connect "$RDMX_THREAD" "${CLIENT[@]}" --set progress=thread
+run_json read_lat_thread read_lat --connect "$RDMX_THREAD" "${CLIENT[@]}" --set progress=thread
 LAT_THR=$(field "$JSON" lat_p50_us)
 line "5 read_bw ops/s inline (default) vs thread" "$READ_BW" "$THR_BW" "$(ratio "$READ_BW" "$THR_BW")" "info" "-"
 echo "    ack_timeouts: thread ${THR_BW_TO}"
@@ -258,7 +228,7 @@ else
         IN_NS=(ip netns exec "$NS_A")
         start rdmx_veth server --listen "$NET.1:0" "${RD32[@]}"
         IN_NS=(ip netns exec "$NS_B")
-        run read_bw_veth read_bw --connect "$ADDR" "${CLIENT[@]}" --qd 32 "${RD32[@]}"
+        run_json read_bw_veth read_bw --connect "$ADDR" "${CLIENT[@]}" --qd 32 "${RD32[@]}"
         IN_NS=()
         VETH_BW=$(field "$JSON" ops_per_sec)
         VETH_MTU=$(field "$JSON" path_mtu)
