@@ -860,7 +860,10 @@ impl Shared {
             }
         }
         let mut touched: Touched = SmallVec::new();
-        if self.doorbells_rung.swap(false, Ordering::AcqRel) {
+        // A load first: every poll passes here, a swap would write the line each time.
+        if self.doorbells_rung.load(Ordering::Acquire)
+            && self.doorbells_rung.swap(false, Ordering::AcqRel)
+        {
             // Posted since the last pass: sent first (before receiving), as the post would
             // have, so batching adds no latency to a lone request.
             let rung: Touched = self.doorbells.lock().drain(..).collect();
