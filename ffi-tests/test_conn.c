@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "conn_wait.h"
 
 #define SRV_LEN (64 * 1024)
 #define RO_LEN 4096
@@ -35,31 +36,6 @@
 
 static uint8_t srv_pattern(size_t i) { return (uint8_t)(i * 13 + 7); }
 static uint8_t cli_pattern(size_t i) { return (uint8_t)(i * 31 + 1); }
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-/* Polls `c` until `want` completions arrived or 10 s passed; returns how many. */
-static size_t wait_for(rdmx_conn *c, rdmx_completion *out, size_t want) {
-  size_t got = 0;
-  double end = now_s() + 10.0;
-  while (got < want && now_s() < end) {
-    size_t n = 0;
-    if (rdmx_poll(c, out + got, want - got, &n) != RDMX_OK) {
-      fprintf(stderr, "poll: %s\n", rdmx_last_error());
-      break;
-    }
-    got += n;
-    if (n == 0) {
-      struct timespec pause = {0, 200000};
-      nanosleep(&pause, NULL);
-    }
-  }
-  return got;
-}
 
 static const char *expected_provider(void) {
   const char *p = getenv("RDMX_PROVIDER");
@@ -116,26 +92,6 @@ static void check_async_error(rdmx_conn *c) {
   const char *why = rdmx_conn_error(c);
   CHECK(why != NULL && strstr(why, "QP_FATAL on QP") == why);
   if (why) printf("server: case 4's QP: %s\n", why);
-}
-
-/* Waits up to 10 s for the client to close the connection: posts are refused with
- * RDMX_CLOSED once its side channel is closed. Freeing the connection earlier could
- * overtake what the QP still sends (the NAK of a failure case, which must reach the
- * client before the side channel's EOF). Each probe is a receive on a QP already in the
- * error state, flushed at once; returns how many were posted. */
-static int wait_peer_gone(rdmx_conn *c, rdmx_sge *r) {
-  int probes = 0;
-  double end = now_s() + 10.0;
-  rdmx_status st;
-  while ((st = rdmx_post_recv(c, r, 1, 900)) == RDMX_OK && now_s() < end) {
-    probes++;
-    rdmx_completion wc[1];
-    CHECK(wait_for(c, wc, 1) == 1 && wc[0].status == 5 && wc[0].cookie == 900);
-    struct timespec pause = {0, 1000000};
-    nanosleep(&pause, NULL);
-  }
-  CHECK(st == RDMX_CLOSED);
-  return probes;
 }
 
 static int server(int port_fd, const char *file) {

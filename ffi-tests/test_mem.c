@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "conn_wait.h"
 
 static rdmx_context *new_context(void) {
   rdmx_config *cfg = NULL;
@@ -148,23 +149,6 @@ static void test_memlock(void) {
 }
 
 /* Least privilege through a connection: the server exposes a pool read-only. */
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static size_t wait_for(rdmx_conn *c, rdmx_completion *out, size_t want) {
-  size_t got = 0;
-  double end = now_s() + 10.0;
-  while (got < want && now_s() < end) {
-    size_t n = 0;
-    if (rdmx_poll(c, out + got, want - got, &n) != RDMX_OK) break;
-    got += n;
-  }
-  return got;
-}
-
 static int server(int port_fd, const char *file) {
   rdmx_context *ctx = new_context();
   rdmx_pool *p = NULL;
@@ -203,6 +187,8 @@ static int server(int port_fd, const char *file) {
   CHECK_STATUS(rdmx_post_recv(c, &r, 1, 1), RDMX_OK);
   rdmx_completion wc[1];
   CHECK(wait_for(c, wc, 1) == 1 && wc[0].status == 5);
+  /* Free only once the client closed: the NAK of its WRITE must reach it before our EOF. */
+  wait_peer_gone(c, &r);
   for (int i = 0; i < 4096; i++)
     if (((uint8_t *)ch.addr)[i] != (uint8_t)(i * 7)) { CHECK(!"read-only chunk was written"); break; }
   rdmx_conn_free(c);
