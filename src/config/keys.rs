@@ -296,6 +296,12 @@ pub static KEYS: &[KeySpec] = &[
         "soft provider: drop this fraction of outgoing packets (loss injection for experiments; 0 = off)",
     ),
     key(
+        "soft_gso",
+        Kind::Bool,
+        "true",
+        "soft provider: send runs of 2+ equal-length packets to the same peer as one UDP GSO message (IPv6; IPv4 to local addresses); false = one datagram per packet, so that a capture on lo shows every packet instead of GSO super-frames. A 4 KiB messenger reply (4096 + header = 2 packets) costs the server half the CPU with it",
+    ),
+    key(
         "progress",
         Kind::Words(&["thread", "inline"]),
         "inline",

@@ -151,6 +151,8 @@ pub struct Settings {
     pub soft_addr: Option<std::net::IpAddr>,
     /// Outgoing packets the soft provider drops on purpose, in parts per billion.
     pub soft_drop_ppb: u32,
+    /// UDP GSO for runs of equal-length packets (`soft_gso`).
+    pub soft_gso: bool,
     pub progress: Progress,
     /// `None` when `profile = none`.
     pub profile: Option<&'static str>,

@@ -100,6 +100,7 @@ impl Reader<'_> {
                 Value::Ppb(n) => u32::try_from(n).map_err(|_| internal("soft_drop_ratio"))?,
                 _ => return Err(internal("soft_drop_ratio")),
             },
+            soft_gso: self.flag("soft_gso")?,
             progress: match self.word("progress")? {
                 "inline" => Progress::Inline,
                 _ => Progress::Thread,

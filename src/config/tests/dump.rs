@@ -38,6 +38,7 @@ credits = 0  # default (auto: 256 = max_recv_wr)
 soft_port = 4791  # default
 soft_addr = \"\"  # default
 soft_drop_ratio = 0  # default
+soft_gso = true  # default
 progress = inline  # default
 msgr_policy = lossless  # default
 msgr_threads = 0  # default

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::cq::Cq;
 use super::diagnose::StallLog;
 use super::mr::MrTable;
-use super::qp::{Received, SendReq, SoftQp};
+use super::qp::{Received, SendReq, SoftQp, TxOptions};
 use super::sys::{self, EventFd};
 use super::udp::{self, RxBatch, UdpPort};
 
@@ -577,7 +577,10 @@ impl SoftDevice {
                     ip,
                     Arc::clone(&send_cq),
                     Arc::clone(&recv_cq),
-                    shared.settings.soft_drop_ppb,
+                    TxOptions {
+                        drop_ppb: shared.settings.soft_drop_ppb,
+                        gso: shared.settings.soft_gso,
+                    },
                     Arc::clone(&shared.stats.log),
                 )?;
                 qp.attach_timers(Arc::clone(&shared.timers));
@@ -1317,7 +1320,7 @@ mod tests {
                         v4,
                         cq(),
                         cq(),
-                        0,
+                        TxOptions::default(),
                         Default::default(),
                     )
                 },

@@ -37,10 +37,17 @@ type TxSlot<'m> = (usize, &'m [u8], usize, bool);
 const BACKLOG_RETRY_MIN_NS: u64 = 50_000;
 const BACKLOG_RETRY_MAX_NS: u64 = 1_000_000;
 
-/// Send runs of equal-length packets to the peer as UDP GSO messages
-/// ([`UdpPort::send_batch_gso`]: IPv6 always, IPv4 towards locally delivered peers only).
-/// `false`: one datagram per packet, as before.
-const USE_GSO: bool = true;
+/// How a QP puts its packets on the wire (the `soft_drop_ratio` and `soft_gso` keys).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TxOptions {
+    /// Outgoing packets dropped on purpose, in parts per billion.
+    pub drop_ppb: u32,
+    /// Runs of equal-length packets to the peer go as UDP GSO messages
+    /// ([`UdpPort::send_batch_gso`]: IPv6 always, IPv4 towards locally delivered peers only);
+    /// `false`: one datagram per packet (a capture on `lo` then shows every packet, where
+    /// it otherwise shows a GSO run as one super-frame).
+    pub gso: bool,
+}
 
 /// One send work request as the provider takes it (a cookie instead of a WR id).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,6 +209,7 @@ pub struct SoftQp {
     pub recv_cq: Arc<Cq>,
     sock: UdpPort,
     drop_ppb: u32,
+    gso: bool,
     /// Packets not sent because of `soft_drop_ratio`.
     injected_drops: AtomicU64,
     /// Datagrams that found the UDP socket full and waited in the backlog.
@@ -244,7 +252,7 @@ impl SoftQp {
         local_ip: IpAddr,
         send_cq: Arc<Cq>,
         recv_cq: Arc<Cq>,
-        drop_ppb: u32,
+        tx: TxOptions,
         stalls: Arc<StallLog>,
     ) -> Result<SoftQp> {
         let sock = UdpPort::bind_qp_port(local_ip, qpn).map_err(|e| {
@@ -271,7 +279,8 @@ impl SoftQp {
             send_cq,
             recv_cq,
             sock,
-            drop_ppb,
+            drop_ppb: tx.drop_ppb,
+            gso: tx.gso,
             injected_drops: AtomicU64::new(0),
             tx_deferred: AtomicU64::new(0),
             tx_errors: AtomicU64::new(0),
@@ -746,13 +755,13 @@ impl SoftQp {
         }
     }
 
-    /// Sends a batch (with GSO when [`USE_GSO`]) until the socket is full; returns how many
+    /// Sends a batch (with GSO when [`TxOptions::gso`]) until the socket is full; returns how many
     /// datagrams, from the front, are done: sent, or refused outright by the kernel (lost and
     /// counted; the engine retransmits them). Never waits.
     fn send_all(&self, batch: &[TxDatagram<'_>], peer: SocketAddr) -> usize {
         let mut at = 0;
         while at < batch.len() {
-            let r = if USE_GSO {
+            let r = if self.gso {
                 self.sock.send_batch_gso(&batch[at..])
             } else {
                 self.sock.send_batch(&batch[at..])
@@ -896,7 +905,10 @@ mod tests {
             IpAddr::V4(Ipv4Addr::LOCALHOST),
             cq(),
             cq(),
-            0,
+            TxOptions {
+                drop_ppb: 0,
+                gso: true,
+            },
             Arc::new(StallLog::default()),
         )
         .unwrap()
