@@ -2,7 +2,7 @@
 //! a connection, SEND/RECV both ways, RDMA READ and WRITE, and the access errors.
 
 use rdmx::config::Config;
-use rdmx::msgr::{Connection, Context};
+use rdmx::msgr::{Connection, Context, MrInfo};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
@@ -443,4 +443,132 @@ fn a_thread_sleeping_on_the_receiving_sockets_is_woken_and_receives() {
     let mut none = Vec::new();
     t.rx_fds(&mut none);
     assert!(none.is_empty(), "progress=thread: its thread receives");
+}
+
+/// progress=inline: a poll that receives a SEND holds its ACK back briefly (the soft
+/// device's `held_acks`), so that the answer the application posts next carries it in the
+/// same `sendmmsg`; an application that keeps polling without answering, or that stops
+/// polling, still sends it, long before the peer's ACK timer.
+#[test]
+fn a_polling_receiver_sends_the_ack_with_its_answer() {
+    if support::on_verbs() {
+        return; // a NIC acknowledges by itself
+    }
+    let (a, b, ca, cb) = pair(&[("progress", "inline")]);
+    let mut a_buf = vec![0x11u8; 8192];
+    let mut b_buf = vec![0x22u8; 8192];
+    // SAFETY: the buffers outlive their registrations (the contexts go first).
+    let (ma, mb) = unsafe { support::register_pair(&a, &mut a_buf, &b, &mut b_buf) };
+    let sge = |m: &MrInfo, off: u64, len: u32| Sge {
+        addr: m.addr + off,
+        length: len,
+        lkey: m.lkey,
+    };
+    let recvs = |m, base: u64| -> Vec<(u64, rdmx::rc::SgeList)> {
+        (0..8)
+            .map(|i| (base + i, smallvec![sge(m, 4096, 4096)]))
+            .collect()
+    };
+    ca.post_recv(&recvs(&ma, 100)).unwrap();
+    cb.post_recv(&recvs(&mb, 200)).unwrap();
+    let mut buf = [Wc {
+        cookie: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+    }; 16];
+    // Cookies of the successful completions seen so far, both connections.
+    let seen = std::cell::RefCell::new(std::collections::HashSet::new());
+    // Polls `c` without sleeping until a completion with `cookie` (5 s bound).
+    let spin_for = |c: &Connection, cookie: u64, buf: &mut [Wc]| -> bool {
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            if seen.borrow().contains(&cookie) {
+                return true;
+            }
+            let k = c.poll(buf);
+            seen.borrow_mut().extend(
+                buf[..k]
+                    .iter()
+                    .filter(|w| w.status == WcStatus::Success)
+                    .map(|w| w.cookie),
+            );
+        }
+        false
+    };
+    cb.poll(&mut buf); // b polls: its own passes receive from now on
+
+    // 1. Request, then the answer: the ACK leaves with the answer. Up to 5 rounds: when this
+    // thread is away for the handover time (1 ms) on a loaded host, b's progress thread
+    // receives the request itself and acknowledges at once.
+    let mut rounds = Vec::new();
+    for i in 0..5u64 {
+        ca.post_send(&[send(10 + i, WrOpcode::Send, sge(&ma, 0, 100), 0, 0)])
+            .unwrap();
+        assert!(spin_for(&cb, 200 + i, &mut buf), "b received request {i}");
+        let before = cb.counters().tx_packets;
+        cb.post_send(&[send(20 + i, WrOpcode::Send, sge(&mb, 0, 100), 0, 0)])
+            .unwrap();
+        let sent = cb.counters().tx_packets - before;
+        assert!(spin_for(&ca, 10 + i, &mut buf), "request {i} acknowledged");
+        assert!(spin_for(&ca, 100 + i, &mut buf), "a received answer {i}");
+        assert!(spin_for(&cb, 20 + i, &mut buf), "answer {i} acknowledged");
+        rounds.push(sent);
+        if sent == 2 {
+            break;
+        }
+    }
+    // The answer's post sent the held ACK with it: b's transmit count grew by both.
+    assert_eq!(
+        rounds.last(),
+        Some(&2),
+        "packets the answer's post sent, per round: {rounds:?}"
+    );
+
+    // 2. A one-way SEND and a receiver that polls on without answering: the ACK goes after
+    // the hold bound.
+    ca.post_send(&[send(3, WrOpcode::Send, sge(&ma, 0, 100), 0, 0)])
+        .unwrap();
+    let next_rx = 200 + rounds.len() as u64;
+    assert!(
+        spin_for(&cb, next_rx, &mut buf),
+        "b received the one-way SEND"
+    );
+    let t = Instant::now();
+    let mut acked = false;
+    while !acked && t.elapsed() < Duration::from_secs(5) {
+        cb.poll(&mut buf);
+        let k = ca.poll(&mut buf);
+        acked = buf[..k]
+            .iter()
+            .any(|w| w.cookie == 3 && w.status == WcStatus::Success);
+    }
+    assert!(acked, "a polling receiver sends the held ACK");
+
+    // 3. The same, and the receiver stops polling (arms its CQ to sleep): the ACK goes.
+    ca.post_send(&[send(4, WrOpcode::Send, sge(&ma, 0, 100), 0, 0)])
+        .unwrap();
+    assert!(
+        spin_for(&cb, next_rx + 1, &mut buf),
+        "b received the second one-way SEND"
+    );
+    cb.req_notify();
+    let t = Instant::now();
+    assert!(
+        spin_for(&ca, 4, &mut buf),
+        "the ACK left when the receiver stopped polling"
+    );
+    let sleeper_ack = t.elapsed();
+    let c = ca.counters();
+    assert_eq!(
+        (c.retransmits, c.ack_timeouts),
+        (0, 0),
+        "no ACK was late enough for a's 67 ms timer"
+    );
+    assert!(
+        sleeper_ack < Duration::from_millis(50),
+        "ACK after the receiver armed its CQ: {sleeper_ack:?}"
+    );
 }

@@ -552,6 +552,15 @@ impl Qp {
         !self.resp.out.is_empty() || self.req.has_sendable()
     }
 
+    /// Whether all there is to send is positive ACKs: no request, NAK or READ response. A
+    /// driver may then hold them back briefly, to send them with the request the
+    /// application is about to post (its answer to what was just received), as a NIC
+    /// coalesces ACKs; an ACK for PSN p acknowledges everything before it (§3.4), so one
+    /// held back is merged with the next.
+    pub fn only_acks_to_send(&self) -> bool {
+        !self.req.has_sendable() && self.resp.only_acks_queued()
+    }
+
     /// Completions waiting to be polled, receive ones or send ones (run only in ERR).
     #[cold]
     fn completions_waiting(&self, is_recv: bool) -> usize {

@@ -121,6 +121,21 @@ impl Responder {
         self.out.push_back(RespItem::Ack { syn, psn });
     }
 
+    /// Whether something is queued and all of it is positive ACKs (no NAK, no READ
+    /// response).
+    pub fn only_acks_queued(&self) -> bool {
+        !self.out.is_empty()
+            && self.out.iter().all(|i| {
+                matches!(
+                    i,
+                    RespItem::Ack {
+                        syn: Syndrome::Ack { .. },
+                        ..
+                    }
+                )
+            })
+    }
+
     /// READ response streams queued for new READs (not replays).
     fn reads_queued(&self) -> usize {
         self.out

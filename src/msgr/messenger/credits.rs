@@ -89,6 +89,12 @@ impl Credits {
         self.window = self.min;
     }
 
+    /// Whether the peer may still send a data message on the credits it was told of
+    /// (receives announced and not consumed yet), keeping one for control.
+    pub fn peer_can_send_data(&self) -> bool {
+        self.posted.saturating_sub(self.owed) >= 2
+    }
+
     /// Whether enough credits are owed to announce them in a message of their own: half
     /// the window (or everything the peer could use, when its credits are nearly gone).
     pub fn announce_due(&self) -> bool {

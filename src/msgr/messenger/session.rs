@@ -470,16 +470,26 @@ impl Session {
                 self.unacked.push_back(m);
             }
         }
-        // Acknowledgement, credits, keepalive. An acknowledgement of messages delivered in
-        // this pass waits one pass: their callbacks run after it, and an answer sent from
-        // one (a reply) carries it. A pass that delivers nothing new sends it.
+        // Acknowledgement, credits, keepalive. An acknowledgement or a credit announcement
+        // due after messages were delivered in this pass waits one pass: their callbacks
+        // run after it, and an answer sent from one (a reply) carries both. A pass that
+        // delivers nothing new sends them; so does this one when the peer is down to its
+        // control credit. (Announcing at once cost request/reply a control message each
+        // way per round trip, and each consumed a receive whose repost was owed again:
+        // twice the SENDs of the exchange itself.)
         let ping = link.live.ping_due(now, s.keepalive);
         let mut ack = self.delivered > self.acked_to_peer && !link.sent_in_pass;
-        if ack && delivered_now && !self.ack_deferred {
+        let mut announce = link.credits.announce_due();
+        if (ack || announce)
+            && delivered_now
+            && !self.ack_deferred
+            && link.credits.peer_can_send_data()
+        {
             self.ack_deferred = true;
             ack = false;
+            announce = false;
         }
-        if (ack || ping || link.credits.announce_due()) && link.credits.can_send_control() {
+        if (ack || ping || announce) && link.credits.can_send_control() {
             let mut h = Header::new(if ping { Kind::Ping } else { Kind::Ack });
             h.ack = self.delivered;
             link.queue(&mut h, &[], Body::None)?;

@@ -1019,12 +1019,22 @@ impl Core {
         if sess.link.is_none() {
             return;
         }
+        // Messages queued since the last pass (answers sent from its callbacks) go before
+        // this pass receives: the provider may hold the ACKs of the requests they answer
+        // (soft, progress=inline), and then one post sends both.
+        let mut result = if sess.waiting.is_empty() {
+            Ok(())
+        } else {
+            sess.pump(now, &self.settings, &self.bufs.data, ev)
+        };
         let mut out = Vec::new();
-        let polled = sess
-            .link
-            .as_mut()
-            .map_or(Ok(0), |l| l.poll(POLL_BUDGET, &mut out));
-        let mut result = polled.map(|_| ());
+        if result.is_ok() {
+            result = sess
+                .link
+                .as_mut()
+                .map_or(Ok(0), |l| l.poll(POLL_BUDGET, &mut out))
+                .map(|_| ());
+        }
         for e in out {
             if result.is_err() {
                 // The link is faulting: what came with it is dropped (and replayed).

@@ -313,6 +313,12 @@ struct Shared {
     doorbells: Mutex<Vec<Arc<SoftQp>>>,
     /// `doorbells` is not empty (checked without the lock on every pass).
     doorbells_rung: AtomicBool,
+    /// QPs whose positive ACKs an application pass held back (`progress_once`), and since
+    /// when (engine ns, the oldest hold): sent by a post on the QP, by a pass after
+    /// [`ACK_HOLD_NS`], or when the application stops polling.
+    held_acks: Mutex<Vec<Arc<SoftQp>>>,
+    /// Engine ns of the oldest hold in `held_acks`; 0 = none.
+    held_since: AtomicU64,
     /// Real time left out of the engine clock (`now`): the device was not listening.
     stalled_ns: AtomicU64,
     /// When the last progress pass ended (engine ns): up to then the device was listening.
@@ -455,6 +461,8 @@ impl SoftDevice {
             app_watchers: AtomicUsize::new(0),
             doorbells: Mutex::new(Vec::new()),
             doorbells_rung: AtomicBool::new(false),
+            held_acks: Mutex::new(Vec::new()),
+            held_since: AtomicU64::new(0),
             stalled_ns: AtomicU64::new(0),
             last_pass: AtomicU64::new(0),
             stats: StatCounters::default(),
@@ -688,9 +696,8 @@ impl SoftDevice {
                 < inline_handover(s).as_nanos() as u64;
         let (n, err) = qp.post_send_then(&s.mrs, now, wrs, !polling);
         // After the post: a pass that cleared the flag before driving sees these WRs.
-        if polling && n > 0 && !qp.doorbell.swap(true, Ordering::AcqRel) {
-            s.doorbells.lock().push(Arc::clone(qp));
-            s.doorbells_rung.store(true, Ordering::Release);
+        if polling && n > 0 {
+            s.ring(qp);
         }
         (n, err)
     }
@@ -700,7 +707,8 @@ impl SoftDevice {
     pub fn progress_inline(&self) {
         // The pass reads the clock anyway; reuse its reading (a poll loop calls this
         // millions of times a second).
-        let now = match self.shared.progress_once(false) {
+        let inline = self.shared.settings.progress == Progress::Inline;
+        let now = match self.shared.progress_once(false, inline) {
             Some(now) => now,
             None => self.shared.now(),
         };
@@ -750,9 +758,14 @@ impl SoftDevice {
     /// [`SoftDevice::rx_fds`]. While one does, the progress thread does not wait on the
     /// sockets (as while the application polls: it wakes for timers, side channels and
     /// every handover interval, and receives what is queued then); a stop counts as a
-    /// poll, so the progress thread takes over only after the usual handover time.
+    /// poll, so the progress thread takes over only after the usual handover time. What
+    /// waits on the doorbell list (held ACKs, batched posts) is sent first: the progress
+    /// thread does not run passes while a thread watches.
     pub fn app_watch(&self, on: bool) {
         if on {
+            let now = self.shared.now();
+            self.shared.ring_doorbells(now);
+            self.shared.release_acks(now, 0);
             self.shared.app_watchers.fetch_add(1, Ordering::AcqRel);
         } else {
             self.shared
@@ -768,9 +781,12 @@ impl SoftDevice {
 
     /// The application is about to sleep on a completion channel instead of polling
     /// (progress=inline): the progress thread takes over receiving at once rather than
-    /// after the inline handover time.
+    /// after the inline handover time; what waits on the doorbell list is sent now.
     pub fn app_sleeping(&self) {
         if self.shared.settings.progress == Progress::Inline {
+            let now = self.shared.now();
+            self.shared.ring_doorbells(now);
+            self.shared.release_acks(now, 0);
             self.shared.last_app_poll.store(0, Ordering::Relaxed);
             self.shared.timers.wake.signal();
         }
@@ -841,10 +857,72 @@ impl Shared {
         self.stall(now, late)
     }
 
+    /// Puts `qp` on the doorbell list (posted WRs or held ACKs to send): the next pass
+    /// drives it, or an application thread that stops polling.
+    fn ring(&self, qp: &Arc<SoftQp>) {
+        if !qp.doorbell.swap(true, Ordering::AcqRel) {
+            self.doorbells.lock().push(Arc::clone(qp));
+            self.doorbells_rung.store(true, Ordering::Release);
+        }
+    }
+
+    /// Puts `qp` on the list of held ACKs (see `held_acks`).
+    fn hold_acks_of(&self, qp: &Arc<SoftQp>, now: u64) {
+        if !qp.acks_held.swap(true, Ordering::AcqRel) {
+            self.held_acks.lock().push(Arc::clone(qp));
+            let _ = self.held_since.compare_exchange(
+                0,
+                now.max(1),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Sends the held ACKs if the oldest was held at least `min_age` ns before `now`
+    /// (0: whatever their age).
+    fn release_acks(&self, now: u64, min_age: u64) {
+        let since = self.held_since.load(Ordering::Acquire);
+        if since == 0 || now.saturating_sub(since) < min_age {
+            return;
+        }
+        let held: Touched = {
+            let mut l = self.held_acks.lock();
+            self.held_since.store(0, Ordering::Release);
+            l.drain(..).collect()
+        };
+        for qp in held {
+            // Cleared before the drive: a hold after this lists the QP again.
+            qp.acks_held.store(false, Ordering::Release);
+            qp.drive(&self.mrs, now, false, false);
+        }
+    }
+
+    /// Drives the QPs on the doorbell list, if any.
+    fn ring_doorbells(&self, now: u64) {
+        // A load first: every poll passes here, a swap would write the line each time.
+        if !(self.doorbells_rung.load(Ordering::Acquire)
+            && self.doorbells_rung.swap(false, Ordering::AcqRel))
+        {
+            return;
+        }
+        let rung: Touched = self.doorbells.lock().drain(..).collect();
+        for qp in rung {
+            // Cleared before the drive: a post after this rings again.
+            qp.doorbell.store(false, Ordering::Release);
+            qp.drive(&self.mrs, now, false, false);
+        }
+    }
+
     /// Receives queued datagrams (up to a bound), runs due timers, checks watched side
     /// channels. `wait` = block on the receive lock instead of skipping when it is busy.
     /// Returns the time the pass ran at, or None if it skipped (the lock was busy).
-    fn progress_once(&self, wait: bool) -> Option<u64> {
+    /// `hold_acks`: the application's own pass (progress=inline), which is about to run
+    /// its callbacks: positive ACKs that are all a QP has to send wait on the doorbell
+    /// list, so the answer it posts carries them in the same `sendmmsg` (and the next pass
+    /// or the application going to sleep sends them otherwise). Measured, request/reply
+    /// paid a `sendmmsg` of its own for the ACK on both sides, before the answer.
+    fn progress_once(&self, wait: bool, hold_acks: bool) -> Option<u64> {
         let rx = if wait {
             Some(self.rx.lock())
         } else {
@@ -863,19 +941,11 @@ impl Shared {
             }
         }
         let mut touched: Touched = SmallVec::new();
-        // A load first: every poll passes here, a swap would write the line each time.
-        if self.doorbells_rung.load(Ordering::Acquire)
-            && self.doorbells_rung.swap(false, Ordering::AcqRel)
-        {
-            // Posted since the last pass: sent first (before receiving), as the post would
-            // have, so batching adds no latency to a lone request.
-            let rung: Touched = self.doorbells.lock().drain(..).collect();
-            for qp in rung {
-                // Cleared before the drive: a post after this rings again.
-                qp.doorbell.store(false, Ordering::Release);
-                qp.drive(&self.mrs, start, false);
-            }
-        }
+        // Posted since the last pass: sent first, before receiving, as the post would have,
+        // so batching adds no latency to a lone request. Held ACKs go when old enough (an
+        // application pass) or now (the progress thread's: the application stopped).
+        self.ring_doorbells(start);
+        self.release_acks(start, if hold_acks { ACK_HOLD_NS } else { 0 });
         let timer_at_start = self.timers.min();
         let mut start = start;
         let mut drained = true;
@@ -929,7 +999,9 @@ impl Shared {
         // Driving publishes each QP's next deadline to the heap (a new or earlier one wakes
         // the thread if it planned to sleep past it).
         for qp in touched.iter().chain(due.iter()) {
-            qp.drive(&self.mrs, now, drained);
+            if qp.drive(&self.mrs, now, drained, hold_acks) {
+                self.hold_acks_of(qp, now);
+            }
         }
         // Deadlines of the QPs driven moved: make the heap's minimum exact again.
         let driven = touched.len() + due.len();
@@ -1054,6 +1126,11 @@ impl Shared {
 /// How long after the application's last poll the thread takes over receiving
 /// (progress=inline): a passive side (e.g. a target only serving RDMA READs) that stops
 /// polling is still answered within this.
+/// How long an application pass holds back positive ACKs at most (see `held_acks`): long
+/// enough for its callbacks to post the answer that carries them, far below any ACK
+/// timeout (codes 1-3, 8-33 us, are below it: a userspace responder cannot meet those anyway).
+const ACK_HOLD_NS: u64 = 50_000;
+
 fn inline_handover(s: &Shared) -> Duration {
     Duration::from_micros(u64::from(s.settings.polling_us).max(1000))
 }
@@ -1132,7 +1209,7 @@ fn progress_thread(s: &Shared) {
         // acting on a side-channel event always receive first (waiting for the lock): a peer
         // that answers (e.g. with a NAK) and then closes must have its answer processed
         // before its EOF fails the QP.
-        s.progress_once(!inline || side_channel_event);
+        s.progress_once(!inline || side_channel_event, false);
         if side_channel_event {
             s.check_watches(&readable);
         }

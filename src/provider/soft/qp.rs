@@ -242,6 +242,8 @@ pub struct SoftQp {
     verbs: OnceLock<verbs::Hooks>,
     /// Set while the QP waits in its device's doorbell list (posted, not yet driven).
     pub(crate) doorbell: AtomicBool,
+    /// Set while the QP waits in its device's list of held ACKs ([`SoftQp::drive`]).
+    pub(crate) acks_held: AtomicBool,
 }
 
 impl SoftQp {
@@ -293,6 +295,7 @@ impl SoftQp {
             device_timers: OnceLock::new(),
             verbs: OnceLock::new(),
             doorbell: AtomicBool::new(false),
+            acks_held: AtomicBool::new(false),
         })
     }
 
@@ -569,16 +572,24 @@ impl SoftQp {
 
     /// Runs due timers (if `timers`: the caller has processed every packet received so
     /// far), sends what is ready and moves completions to the CQs.
-    pub fn drive(&self, mrs: &MrTable, now: u64, timers: bool) {
+    ///
+    /// With `hold_acks`, positive ACKs are not sent when they are all there is to send
+    /// ([`crate::rc::Qp::only_acks_to_send`]); returns whether some were held: the caller
+    /// must see that the QP is driven again soon (the device's doorbell list), and a post
+    /// meanwhile sends them with its request.
+    pub fn drive(&self, mrs: &MrTable, now: u64, timers: bool, hold_acks: bool) -> bool {
         let mut g = self.inner.lock();
         if timers && g.qp.next_deadline().is_some_and(|d| d <= now) {
             g.qp.handle_timeout(now);
         }
-        let view = mrs.view();
-        self.drive_locked(&mut g, &view, now);
-        drop(view);
+        let held = hold_acks && g.backlog.is_empty() && g.qp.only_acks_to_send();
+        if !held {
+            let view = mrs.view();
+            self.drive_locked(&mut g, &view, now);
+        }
         self.collect(&mut g, mrs);
         self.publish_deadline(&g);
+        held
     }
 
     /// The engine's earliest deadline as last published (after every post, packet, drive
