@@ -566,6 +566,12 @@ impl Connection {
         self.qp.arm();
     }
 
+    /// Takes back an [`Connection::arm`] that has not fired, for a thread that woke for
+    /// another reason and polls again (soft provider; nothing on verbs).
+    pub fn disarm(&self) {
+        self.qp.disarm();
+    }
+
     /// The completion channel's fd, for epoll/poll.
     pub fn event_fd(&self) -> RawFd {
         self.qp.event_fd()

@@ -452,6 +452,19 @@ impl Qp {
         }
     }
 
+    /// Undoes [`Qp::arm`] if it has not fired (soft provider; verbs cannot take an
+    /// arming back, its event simply comes).
+    pub fn disarm(&self) {
+        match self {
+            Qp::Soft(q) => {
+                q.send_cq.disarm();
+                q.recv_cq.disarm();
+            }
+            #[cfg(feature = "verbs")]
+            Qp::Verbs(_) => {}
+        }
+    }
+
     pub fn event_fd(&self) -> RawFd {
         both!(self, q => q.channel.raw_fd(), v => v.event_fd())
     }

@@ -671,15 +671,12 @@ impl Core {
             .map(|p| p.fd)
             .collect();
         let accept = fds[links..].iter().any(|p| p.revents != 0);
-        if fired.is_empty() && !accept {
-            return;
+        if wake_at == rx.len() && !accept {
+            return; // no link was armed, no connection is waiting
         }
         let mut st = shard.st.lock();
         if accept {
             st.next_accept = None;
-        }
-        if fired.is_empty() {
-            return;
         }
         let links = st
             .sessions
@@ -689,6 +686,11 @@ impl Core {
         for l in links {
             if fired.contains(&l.conn.event_fd()) {
                 l.conn.clear_event();
+            } else {
+                // Woken by something else (usually the sockets): this thread polls the
+                // link next, and an arming left in place would fire on its own completions
+                // (an eventfd write, then a wakeup of the next sleep for nothing).
+                l.conn.disarm();
             }
         }
     }

@@ -190,6 +190,13 @@ impl Cq {
         }
     }
 
+    /// Takes back an arming that has not fired: a thread that woke for another reason (its
+    /// receiving sockets) and polls again has no use for the signal, which would cost an
+    /// eventfd write now and a wakeup when it next sleeps.
+    pub fn disarm(&self) {
+        self.armed.store(false, Ordering::Release);
+    }
+
     /// Signals the channel regardless of arming (a QP failed: waiters must look).
     pub fn wake_waiters(&self) {
         self.channel.signal();
@@ -259,6 +266,17 @@ mod tests {
         assert_eq!((out[0].cookie, out[1].cookie), (1, 2));
         cq.req_notify();
         cq.push(wc(4));
+        poll_readable(&[ch.raw_fd()], Duration::ZERO, &mut ready).unwrap();
+        assert_eq!(ready, vec![0]);
+        // An arming taken back does not fire; a new one does.
+        ch.clear();
+        assert_eq!(cq.poll(&mut out), 1);
+        cq.req_notify();
+        cq.disarm();
+        cq.push(wc(5));
+        poll_readable(&[ch.raw_fd()], Duration::ZERO, &mut ready).unwrap();
+        assert!(ready.is_empty(), "disarmed: no signal");
+        cq.req_notify();
         poll_readable(&[ch.raw_fd()], Duration::ZERO, &mut ready).unwrap();
         assert_eq!(ready, vec![0]);
     }
