@@ -269,6 +269,7 @@ impl Link {
         if self.unposted.is_empty() {
             return Ok(());
         }
+        self.writes_first();
         let n = self.conn.post_send(&self.unposted);
         let all = matches!(n, Ok(k) if k == self.unposted.len());
         self.unposted.clear();
@@ -282,6 +283,43 @@ impl Link {
         }
     }
 
+    /// Moves the queued RDMA WRITEs ahead of the queued SENDs, each kind in its order (and
+    /// the send-queue entries that track them alike: completions come in posting order).
+    /// Every message's WRITEs still precede its SEND; a batch of 4 KiB answers (a WRITE of
+    /// the data and a small SEND each, the block read path) then leaves as a run of equal
+    /// WRITE packets and a run of equal SENDs, two GSO messages with the soft provider
+    /// instead of one per answer.
+    fn writes_first(&mut self) {
+        let is_write = |w: &SendReq| w.opcode == WrOpcode::RdmaWrite;
+        let k = self.unposted.len();
+        // Already in that order (no WRITE, or none after a SEND): nothing to move.
+        let first_other = self.unposted.iter().position(|w| !is_write(w));
+        if first_other.is_none_or(|i| !self.unposted[i..].iter().any(is_write)) {
+            return;
+        }
+        let Some(at) = self.sq.len().checked_sub(k) else {
+            return; // not the entries of `unposted` (cannot happen): keep the order
+        };
+        let tail: Vec<SqEntry> = self.sq.drain(at..).collect();
+        let wrs = std::mem::take(&mut self.unposted);
+        let (mut wr_w, mut wr_o): (Vec<SendReq>, Vec<SendReq>) =
+            (Vec::with_capacity(k), Vec::with_capacity(k));
+        let (mut sq_w, mut sq_o) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        for (w, e) in wrs.into_iter().zip(tail) {
+            if is_write(&w) {
+                wr_w.push(w);
+                sq_w.push(e);
+            } else {
+                wr_o.push(w);
+                sq_o.push(e);
+            }
+        }
+        wr_w.append(&mut wr_o);
+        self.unposted = wr_w.into_iter().collect();
+        self.sq.extend(sq_w);
+        self.sq.extend(sq_o);
+    }
+
     /// Builds one message's SEND and queues it for the next [`Link::flush`]: `h` gets the
     /// credits owed, `front` goes inline after the header. The caller checked credits and
     /// send-queue room.
@@ -289,8 +327,8 @@ impl Link {
         self.queue_msg(h, front, body, &[])
     }
 
-    /// [`Link::queue`] with RDMA WRITEs queued right before the SEND (same QP, in order:
-    /// they have landed when the peer sees the SEND). The caller checked room for them
+    /// [`Link::queue`] with RDMA WRITEs queued before the SEND (same QP: they have landed
+    /// when the peer sees the SEND; [`Link::flush`] posts a batch's WRITEs first). The caller checked room for them
     /// ([`TxWrite::wrs`] each, plus one for the SEND).
     pub fn queue_msg(
         &mut self,

@@ -126,7 +126,7 @@ impl fmt::Debug for Payload {
 }
 
 /// An RDMA WRITE of `data` into the peer's memory at `addr` (registered by the peer with
-/// remote write access under `rkey`), posted on the session's connection right before the
+/// remote write access under `rkey`), posted on the session's connection before the
 /// message's SEND ([`OutMessage::with_write`]). RC delivers in order: when the peer's
 /// messenger delivers the message, the bytes are in place.
 #[derive(Debug)]
@@ -150,7 +150,9 @@ pub struct OutMessage {
     /// Zero or more data segments (at most [`super::wire::MAX_SEGS`]), each up to 16 MiB.
     pub data: Vec<Payload>,
     /// RDMA WRITEs into the peer's memory (at most [`super::wire::MAX_WRITES`], each up to
-    /// 16 MiB), posted in order on the same connection right before the message's SEND;
+    /// 16 MiB), posted in order on the same connection before the message's SEND (a batch
+    /// of messages posts its WRITEs first, then its SENDs: a WRITE has landed when its own
+    /// message is delivered, and may land before an earlier message of the batch is);
     /// their source memory is held until the message is acknowledged (or fails), like
     /// `data`. Lossy sessions only: a lossless session refuses such a message with
     /// `InvalidArgument` (a replay on a new connection would not re-post the WRITEs). A
