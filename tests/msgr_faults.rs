@@ -275,3 +275,73 @@ fn lossy_faults_reset_and_fail_sends_without_hanging() {
     assert!(done >= 600);
     assert!(a.sessions().is_empty() && b.sessions().is_empty());
 }
+
+/// Threads of this process whose name starts with `prefix` (the kernel keeps 15 bytes).
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| {
+                    std::fs::read_to_string(e.path().join("comm"))
+                        .is_ok_and(|c| c.trim_end().starts_with(prefix))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Dropping a messenger whose lossless session is reconnecting ends the attempt too: its
+/// helper thread, blocked in a handshake with a peer that accepted the TCP connection and
+/// never answers, is cancelled and joined, instead of holding the messenger's context,
+/// pools and provider thread until its handshake times out (10 s).
+#[test]
+fn drop_during_a_reconnect_ends_the_attempt() {
+    let _serial = support::serial();
+    let a = Messenger::new(&config(&[]), Arc::new(Side::default())).unwrap();
+    let addr = a.listen("127.0.0.1:0").unwrap();
+    let side = Arc::new(Side::default());
+    let b = Messenger::new(
+        &config(&[("msgr_reconnect_timeout_ms", "30000")]),
+        Arc::clone(&side) as Arc<dyn Dispatcher>,
+    )
+    .unwrap();
+    let s = b.connect(&addr.to_string(), Policy::Lossless).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while side.connects.load(Ordering::Relaxed) == 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(side.connects.load(Ordering::Relaxed), 1, "connected");
+    let before = threads_named("rdmx-msgr-conne");
+    // The peer goes; a TCP listener that never answers takes its port: each reconnect's
+    // handshake blocks.
+    drop(a);
+    let mute = std::net::TcpListener::bind(addr).expect("rebind the port");
+    let end = Instant::now() + Duration::from_secs(10);
+    while threads_named("rdmx-msgr-conne") <= before && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        threads_named("rdmx-msgr-conne") > before,
+        "a reconnect attempt is running (session {:?})",
+        b.session_info(s).map(|i| i.state)
+    );
+    std::thread::sleep(Duration::from_millis(100)); // into its handshake
+    let t = Instant::now();
+    drop(b);
+    let dropped_in = t.elapsed();
+    let end = Instant::now() + Duration::from_secs(5);
+    while threads_named("rdmx-msgr-conne") > before && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let gone_in = t.elapsed();
+    drop(mute);
+    assert_eq!(
+        threads_named("rdmx-msgr-conne"),
+        before,
+        "the attempt's thread is gone after the drop (waited {gone_in:?})"
+    );
+    assert!(
+        dropped_in < Duration::from_secs(2),
+        "the drop waited {dropped_in:?} for the attempt"
+    );
+}

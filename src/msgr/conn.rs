@@ -126,18 +126,86 @@ impl Context {
 
     /// Connects to a listener at `addr` within `timeout` and sets up the RC connection.
     pub fn connect(&self, addr: &str, timeout: Duration) -> Result<Connection> {
+        self.connect_cancellable(addr, timeout, &ConnectCancel::default())
+    }
+
+    /// [`Context::connect`] that another thread may abort with [`ConnectCancel::cancel`]
+    /// (`Closed` then): the TCP connect looks at it between slices of at most
+    /// [`CONNECT_SLICE`], the handshake fails at once (its side channel is shut down).
+    pub fn connect_cancellable(
+        &self,
+        addr: &str,
+        timeout: Duration,
+        cancel: &ConnectCancel,
+    ) -> Result<Connection> {
         let a = resolve(addr)?;
-        let tcp = TcpStream::connect_timeout(&a, timeout).map_err(|e| {
-            let kind = if e.kind() == std::io::ErrorKind::TimedOut {
-                ErrorKind::Timeout
-            } else {
-                ErrorKind::Io
-            };
-            Error::new(kind, format!("connect to {a}: {e}"))
-        })?;
-        let (mut conn, peer_mtu) = Connection::prepare(self.clone(), tcp, HANDSHAKE)?;
-        conn.go_live(peer_mtu, |tcp| setup::ready(tcp, HANDSHAKE))?;
-        Ok(conn)
+        let deadline = Instant::now() + timeout;
+        let tcp = loop {
+            if cancel.cancelled() {
+                return Err(closed(format!("connect to {a}: cancelled")));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match TcpStream::connect_timeout(
+                &a,
+                left.clamp(Duration::from_millis(1), CONNECT_SLICE),
+            ) {
+                Ok(t) => break t,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut && left > CONNECT_SLICE => {}
+                Err(e) => {
+                    let kind = if e.kind() == std::io::ErrorKind::TimedOut {
+                        ErrorKind::Timeout
+                    } else {
+                        ErrorKind::Io
+                    };
+                    return Err(Error::new(kind, format!("connect to {a}: {e}")));
+                }
+            }
+        };
+        // The handshake blocks on the side channel: a cancel shuts it down.
+        *cancel.tcp.lock() = tcp.try_clone().ok();
+        let r = if cancel.cancelled() {
+            Err(closed(format!("connect to {a}: cancelled")))
+        } else {
+            Connection::prepare(self.clone(), tcp, HANDSHAKE).and_then(|(mut conn, peer_mtu)| {
+                conn.go_live(peer_mtu, |tcp| setup::ready(tcp, HANDSHAKE))?;
+                Ok(conn)
+            })
+        };
+        *cancel.tcp.lock() = None;
+        match r {
+            Err(e) if cancel.cancelled() => Err(closed(format!(
+                "connect to {a}: cancelled ({})",
+                e.message()
+            ))),
+            r => r,
+        }
+    }
+}
+
+/// Longest TCP connect attempt between two looks at a [`ConnectCancel`] (a slice that times
+/// out starts a new connect while time is left).
+pub const CONNECT_SLICE: Duration = Duration::from_millis(100);
+
+/// Aborts a [`Context::connect_cancellable`] running on another thread (a messenger shutting
+/// down while a reconnect is under way).
+#[derive(Debug, Default)]
+pub struct ConnectCancel {
+    stop: std::sync::atomic::AtomicBool,
+    /// The side channel while its handshake runs (a clone: shutting it down ends the
+    /// handshake's blocking reads and writes).
+    tcp: Mutex<Option<TcpStream>>,
+}
+
+impl ConnectCancel {
+    pub fn cancel(&self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.tcp.lock().as_ref() {
+            let _ = t.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.stop.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 

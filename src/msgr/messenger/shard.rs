@@ -7,7 +7,7 @@
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::msgr::{Connection, Context, Listener};
+use crate::msgr::{ConnectCancel, Connection, Context, Listener};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::cell::Cell;
@@ -162,6 +162,10 @@ pub(crate) struct Core {
     me: OnceLock<Weak<Core>>,
     stopping: AtomicBool,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// Connection attempts running on helper threads (lossless reconnects, first
+    /// connects): cancelled and joined at shutdown, so that no thread keeps the core (and
+    /// its context, pools and provider thread) alive after the messenger is gone.
+    attempts: Mutex<Vec<(Arc<ConnectCancel>, JoinHandle<()>)>>,
     totals: Mutex<SessionCounters>,
     malformed: AtomicU64,
     next_shard: AtomicUsize,
@@ -225,6 +229,7 @@ impl Core {
             me: OnceLock::new(),
             stopping: AtomicBool::new(false),
             workers: Mutex::new(Vec::new()),
+            attempts: Mutex::new(Vec::new()),
             totals: Mutex::new(SessionCounters::default()),
             malformed: AtomicU64::new(0),
             next_shard: AtomicUsize::new(0),
@@ -291,6 +296,16 @@ impl Core {
         }
         let me = std::thread::current().id();
         for h in self.workers.lock().drain(..) {
+            if h.thread().id() != me {
+                let _ = h.join();
+            }
+        }
+        // Attempts end within a connect slice once cancelled (a handshake at once).
+        let attempts: Vec<_> = self.attempts.lock().drain(..).collect();
+        for (cancel, _) in &attempts {
+            cancel.cancel();
+        }
+        for (_, h) in attempts {
             if h.thread().id() != me {
                 let _ = h.join();
             }
@@ -1140,11 +1155,13 @@ impl Core {
         let (tx, rx) = mpsc::channel();
         let me = self.me.get().and_then(Weak::upgrade);
         let timeout = self.settings.reconnect_timeout.min(Duration::from_secs(10));
+        let cancel = Arc::new(ConnectCancel::default());
+        let theirs = Arc::clone(&cancel);
         let spawned = std::thread::Builder::new()
             .name("rdmx-msgr-connect".into())
             .spawn(move || {
                 let Some(core) = me else { return };
-                let r = core.ctx.connect(&addr, timeout);
+                let r = core.ctx.connect_cancellable(&addr, timeout, &theirs);
                 let slots = take_hooked(&core.bufs, r.as_ref().ok());
                 let r = r.and_then(|conn| {
                     slots.map(|s| (conn, s)).ok_or_else(|| {
@@ -1159,10 +1176,19 @@ impl Core {
                     s.wake.signal();
                 }
             });
-        if spawned.is_err() {
+        let Ok(handle) = spawned else {
             let (tx2, rx2) = mpsc::channel();
             let _ = tx2.send(Err(Error::fixed(ErrorKind::Io, "connect: no thread")));
             return rx2;
+        };
+        let mut attempts = self.attempts.lock();
+        attempts.retain(|(_, h)| !h.is_finished());
+        attempts.push((cancel, handle));
+        if self.stopping.load(Ordering::Acquire) {
+            // Shutdown began meanwhile and may have looked at the list already.
+            for (c, _) in attempts.iter() {
+                c.cancel();
+            }
         }
         rx
     }
