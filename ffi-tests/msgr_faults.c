@@ -591,9 +591,9 @@ static int peer_main(const char *addr, const char *policy_name, uint64_t n, int 
   }
   CHECK(quit);
   /* A lossless session still reconnecting after the parent's last fault: let it finish
-   * first. rdmx_msgr_free does not wait for a reconnect attempt in flight: its thread keeps
-   * the messenger's core (pools, context) until its handshake ends, and exiting meanwhile
-   * shows under valgrind as lost memory (reported as a library issue). */
+   * first, so that the pools are compared at rest. (rdmx_msgr_free cancels and joins a
+   * reconnect attempt in flight; before that fix its thread kept the messenger's core past
+   * the free and valgrind reported the memory as lost.) */
   rdmx_session_info info;
   double open_by = now_s() + wait_s(10.0);
   while (policy == RDMX_POLICY_LOSSLESS && rdmx_session_get_info(P.m, s, &info) == RDMX_OK &&
