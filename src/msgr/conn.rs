@@ -126,12 +126,12 @@ impl Context {
 
     /// Connects to a listener at `addr` within `timeout` and sets up the RC connection.
     pub fn connect(&self, addr: &str, timeout: Duration) -> Result<Connection> {
-        self.connect_cancellable(addr, timeout, &ConnectCancel::default())
+        self.connect_cancellable(addr, timeout, &ConnectCancel::new()?)
     }
 
     /// [`Context::connect`] that another thread may abort with [`ConnectCancel::cancel`]
-    /// (`Closed` then): the TCP connect looks at it between slices of at most
-    /// [`CONNECT_SLICE`], the handshake fails at once (its side channel is shut down).
+    /// (`Closed` then): the TCP connect waits on the cancel's eventfd too, and a handshake
+    /// in progress fails at once (its side channel is shut down).
     pub fn connect_cancellable(
         &self,
         addr: &str,
@@ -139,26 +139,16 @@ impl Context {
         cancel: &ConnectCancel,
     ) -> Result<Connection> {
         let a = resolve(addr)?;
-        let deadline = Instant::now() + timeout;
-        let tcp = loop {
-            if cancel.cancelled() {
-                return Err(closed(format!("connect to {a}: cancelled")));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match TcpStream::connect_timeout(
-                &a,
-                left.clamp(Duration::from_millis(1), CONNECT_SLICE),
-            ) {
-                Ok(t) => break t,
-                Err(e) if e.kind() == std::io::ErrorKind::TimedOut && left > CONNECT_SLICE => {}
-                Err(e) => {
-                    let kind = if e.kind() == std::io::ErrorKind::TimedOut {
-                        ErrorKind::Timeout
-                    } else {
-                        ErrorKind::Io
-                    };
-                    return Err(Error::new(kind, format!("connect to {a}: {e}")));
-                }
+        let tcp = match tcp_connect(&a, Instant::now() + timeout, cancel.wake.raw_fd()) {
+            Ok(Some(t)) => t,
+            Ok(None) => return Err(closed(format!("connect to {a}: cancelled"))),
+            Err(e) => {
+                let kind = if e.kind() == std::io::ErrorKind::TimedOut {
+                    ErrorKind::Timeout
+                } else {
+                    ErrorKind::Io
+                };
+                return Err(Error::new(kind, format!("connect to {a}: {e}")));
             }
         };
         // The handshake blocks on the side channel: a cancel shuts it down.
@@ -182,23 +172,30 @@ impl Context {
     }
 }
 
-/// Longest TCP connect attempt between two looks at a [`ConnectCancel`] (a slice that times
-/// out starts a new connect while time is left).
-pub const CONNECT_SLICE: Duration = Duration::from_millis(100);
-
 /// Aborts a [`Context::connect_cancellable`] running on another thread (a messenger shutting
 /// down while a reconnect is under way).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ConnectCancel {
     stop: std::sync::atomic::AtomicBool,
+    /// Readable once cancelled: the non-blocking TCP connect polls it with the socket.
+    wake: EventFd,
     /// The side channel while its handshake runs (a clone: shutting it down ends the
     /// handshake's blocking reads and writes).
     tcp: Mutex<Option<TcpStream>>,
 }
 
 impl ConnectCancel {
+    pub fn new() -> Result<ConnectCancel> {
+        Ok(ConnectCancel {
+            stop: std::sync::atomic::AtomicBool::new(false),
+            wake: EventFd::new()?,
+            tcp: Mutex::new(None),
+        })
+    }
+
     pub fn cancel(&self) {
         self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.wake.signal();
         if let Some(t) = self.tcp.lock().as_ref() {
             let _ = t.shutdown(std::net::Shutdown::Both);
         }
@@ -207,6 +204,103 @@ impl ConnectCancel {
     fn cancelled(&self) -> bool {
         self.stop.load(std::sync::atomic::Ordering::Acquire)
     }
+}
+
+/// A TCP connection to `a`, established by `deadline`: a non-blocking connect polled with
+/// `cancel` (an eventfd; None when it became readable first). The stream is blocking.
+fn tcp_connect(
+    a: &SocketAddr,
+    deadline: Instant,
+    cancel: RawFd,
+) -> std::io::Result<Option<TcpStream>> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let family = if a.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain syscall; the result is checked before use.
+    let fd = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a socket just created and owned by nothing else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: all-zero bytes are a valid sockaddr_in6 (the buffer type).
+    let mut sa: crate::provider::soft::udp::SockAddrBuf = unsafe { std::mem::zeroed() };
+    let len = crate::provider::soft::udp::write_sockaddr(a, &mut sa);
+    // SAFETY: `sa` holds a sockaddr of `len` bytes; `fd` is our socket.
+    let r = unsafe { libc::connect(fd, std::ptr::from_ref(&sa).cast(), len) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connection timed out",
+                ));
+            }
+            let mut p = [
+                libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: cancel,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+            // SAFETY: `p` is a valid array of 2 pollfd.
+            let n = unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if p[1].revents != 0 {
+                return Ok(None);
+            }
+            if p[0].revents != 0 {
+                break;
+            }
+        }
+        let mut err: libc::c_int = 0;
+        let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `err` and `l` are valid for the int SO_ERROR writes.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                std::ptr::from_mut(&mut err).cast(),
+                &mut l,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if err != 0 {
+            return Err(std::io::Error::from_raw_os_error(err));
+        }
+    }
+    let tcp = TcpStream::from(sock);
+    tcp.set_nonblocking(false)?;
+    Ok(Some(tcp))
 }
 
 impl Listener {

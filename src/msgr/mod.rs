@@ -6,7 +6,7 @@ mod context;
 pub mod messenger;
 pub(crate) mod setup;
 
-pub use conn::{CONNECT_SLICE, ConnectCancel, Connection, Listener};
+pub use conn::{ConnectCancel, Connection, Listener};
 pub use context::{Context, MrInfo, OnConnect};
 pub use messenger::{Messenger, Policy, SessionId};
 pub use setup::Region;

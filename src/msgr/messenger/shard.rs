@@ -300,7 +300,7 @@ impl Core {
                 let _ = h.join();
             }
         }
-        // Attempts end within a connect slice once cancelled (a handshake at once).
+        // Cancelled attempts end at once (their connect or handshake is woken).
         let attempts: Vec<_> = self.attempts.lock().drain(..).collect();
         for (cancel, _) in &attempts {
             cancel.cancel();
@@ -1155,7 +1155,14 @@ impl Core {
         let (tx, rx) = mpsc::channel();
         let me = self.me.get().and_then(Weak::upgrade);
         let timeout = self.settings.reconnect_timeout.min(Duration::from_secs(10));
-        let cancel = Arc::new(ConnectCancel::default());
+        let cancel = match ConnectCancel::new() {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                let (tx2, rx2) = mpsc::channel();
+                let _ = tx2.send(Err(e));
+                return rx2;
+            }
+        };
         let theirs = Arc::clone(&cancel);
         let spawned = std::thread::Builder::new()
             .name("rdmx-msgr-connect".into())

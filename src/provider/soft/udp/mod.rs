@@ -76,6 +76,7 @@ pub use framing::{seal, verify};
 pub use rx_batch::RxBatch;
 use rx_batch::RxMeta;
 use sockopt::*;
+pub(crate) use sockopt::{SockAddrBuf, write_sockaddr};
 
 /// Requested size of the socket send and receive buffers (the kernel doubles the request and
 /// caps it at `net.core.{r,w}mem_max` × 2).

@@ -119,7 +119,7 @@ pub(super) fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
 
 /// Room for a `sockaddr_in` or a `sockaddr_in6` (a `sockaddr_storage` is 128 bytes; the send
 /// path keeps SEND_CHUNK of these on the stack).
-pub(super) type SockAddrBuf = libc::sockaddr_in6;
+pub(crate) type SockAddrBuf = libc::sockaddr_in6;
 
 const _: () = assert!(
     mem::size_of::<libc::sockaddr_in>() <= mem::size_of::<SockAddrBuf>()
@@ -195,7 +195,7 @@ pub(super) fn gso_run(
 }
 
 /// Writes `addr` as a `sockaddr_in`/`sockaddr_in6` into `out`; returns its length.
-pub(super) fn write_sockaddr(addr: &SocketAddr, out: &mut SockAddrBuf) -> libc::socklen_t {
+pub(crate) fn write_sockaddr(addr: &SocketAddr, out: &mut SockAddrBuf) -> libc::socklen_t {
     match addr {
         SocketAddr::V4(a) => {
             // SAFETY: all-zero bytes are a valid sockaddr_in.
