@@ -87,6 +87,7 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("poll_mode", "adaptive"),
     ("profile", "none"),
     ("soft_drop_ratio", "0"),
+    ("soft_gso", "true"),
     ("soft_addr", ""),
     ("progress", "inline"),
     ("qp_override", ""),
@@ -273,6 +274,10 @@ fn booleans() {
             canonical == "true"
         );
     }
+    // soft_gso reaches the soft provider's settings (the QPs' TxOptions).
+    assert!(config.settings().unwrap().soft_gso);
+    config.set("soft_gso", "off").unwrap();
+    assert!(!config.settings().unwrap().soft_gso);
     for bad in ["", "2", "y", "maybe", "truee"] {
         assert_eq!(
             failure(config.set("separate_cqs", bad)),
