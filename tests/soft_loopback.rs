@@ -571,4 +571,26 @@ fn a_polling_receiver_sends_the_ack_with_its_answer() {
         sleeper_ack < Duration::from_millis(50),
         "ACK after the receiver armed its CQ: {sleeper_ack:?}"
     );
+
+    // 4. The receiver takes the message and closes at once: the held ACK leaves before its
+    // QP does, so the sender's SEND succeeds (not flushed by the close, nor retried into
+    // RETRY_EXC_ERR).
+    ca.post_send(&[send(5, WrOpcode::Send, sge(&ma, 0, 100), 0, 0)])
+        .unwrap();
+    assert!(
+        spin_for(&cb, next_rx + 2, &mut buf),
+        "b received the last SEND"
+    );
+    drop(cb);
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut last = None;
+    while last.is_none() && Instant::now() < end {
+        let k = ca.poll(&mut buf);
+        last = buf[..k].iter().find(|w| w.cookie == 5).map(|w| w.status);
+    }
+    assert_eq!(
+        last,
+        Some(WcStatus::Success),
+        "the SEND a closing receiver took"
+    );
 }

@@ -529,7 +529,10 @@ impl Qp {
     /// device (fault injection: the connection's side channel stays open).
     pub fn fail(&self, dev: &Device) {
         match (self, dev) {
-            (Qp::Soft(q), Device::Soft(d)) => q.qp.fail(d.mrs()),
+            (Qp::Soft(q), Device::Soft(d)) => {
+                d.send_held_acks(&q.qp);
+                q.qp.fail(d.mrs());
+            }
             #[cfg(feature = "verbs")]
             (Qp::Verbs(v), _) => v.fail(),
             #[cfg(feature = "verbs")]
@@ -542,6 +545,7 @@ impl Qp {
     pub fn close(&self, dev: &Device) {
         match (self, dev) {
             (Qp::Soft(q), Device::Soft(d)) => {
+                d.send_held_acks(&q.qp);
                 q.qp.fail(d.mrs());
                 d.destroy_qp(q.qp.qpn());
             }

@@ -631,8 +631,23 @@ impl SoftDevice {
         ))
     }
 
-    /// Forgets a QP (after it was drained): its packets are dropped from now on.
+    /// Sends the ACKs an application pass held back on `qp` (`held_acks`), before the QP
+    /// leaves RTS or the device: a NIC has acknowledged what the application saw complete,
+    /// and a peer that got no ACK for its last message would retry it into an error (an
+    /// application that received, then destroyed its QP or went to ERR).
+    pub fn send_held_acks(&self, qp: &SoftQp) {
+        if qp.acks_held.load(Ordering::Acquire) {
+            qp.drive(&self.shared.mrs, self.shared.now(), false, false);
+        }
+    }
+
+    /// Forgets a QP (after it was drained): its packets are dropped from now on. ACKs it
+    /// still held go first.
     pub fn destroy_qp(&self, qpn: u32) {
+        let qp = self.shared.qps.read().get(&qpn).cloned();
+        if let Some(qp) = qp {
+            self.send_held_acks(&qp);
+        }
         if let Some(qp) = self.shared.qps.write().remove(&qpn)
             && let Some(port) = self.shared.port_for(qp.local_udp().ip())
         {
@@ -795,6 +810,7 @@ impl SoftDevice {
 
 impl Drop for SoftDevice {
     fn drop(&mut self) {
+        self.shared.release_acks(self.shared.now(), 0);
         self.shared.stop.store(true, Ordering::Release);
         self.shared.timers.wake.signal();
         if let Some(t) = self.thread.take() {

@@ -338,6 +338,10 @@ impl Qp {
                 attr.pkey_index
             )));
         }
+        if mask & m::STATE != 0 && matches!(a.qp_state, QpState::Err | QpState::Reset) {
+            // ACKs held for the application's next post go before the QP stops sending.
+            dev.soft.send_held_acks(&self.soft);
+        }
         self.soft.modify(dev.soft.mrs(), &a, mask, peer)?;
         if mask & m::AV != 0 {
             *self.ah.lock() = attr.ah_attr;
