@@ -873,8 +873,8 @@ impl Shared {
         self.stall(now, late)
     }
 
-    /// Puts `qp` on the doorbell list (posted WRs or held ACKs to send): the next pass
-    /// drives it, or an application thread that stops polling.
+    /// Puts `qp` on the doorbell list (WRs posted while the application polls): the next
+    /// pass drives it, or an application thread that stops polling.
     fn ring(&self, qp: &Arc<SoftQp>) {
         if !qp.doorbell.swap(true, Ordering::AcqRel) {
             self.doorbells.lock().push(Arc::clone(qp));
@@ -934,10 +934,11 @@ impl Shared {
     /// channels. `wait` = block on the receive lock instead of skipping when it is busy.
     /// Returns the time the pass ran at, or None if it skipped (the lock was busy).
     /// `hold_acks`: the application's own pass (progress=inline), which is about to run
-    /// its callbacks: positive ACKs that are all a QP has to send wait on the doorbell
-    /// list, so the answer it posts carries them in the same `sendmmsg` (and the next pass
-    /// or the application going to sleep sends them otherwise). Measured, request/reply
-    /// paid a `sendmmsg` of its own for the ACK on both sides, before the answer.
+    /// its callbacks: positive ACKs that are all a QP has to send wait in `held_acks`, so
+    /// the answer it posts carries them in the same `sendmmsg` (a pass after
+    /// [`ACK_HOLD_NS`] or the application going to sleep sends them otherwise). Measured,
+    /// request/reply paid a `sendmmsg` of its own for the ACK on both sides, before the
+    /// answer.
     fn progress_once(&self, wait: bool, hold_acks: bool) -> Option<u64> {
         let rx = if wait {
             Some(self.rx.lock())
@@ -1139,13 +1140,14 @@ impl Shared {
     }
 }
 
+/// How long an application pass holds back positive ACKs at most (see `held_acks`): long
+/// enough for its callbacks to post the answer that carries them, and below every ACK
+/// timeout from code 4 (67 us) up (codes 1-3, 8-33 us, no userspace responder meets).
+const ACK_HOLD_NS: u64 = 50_000;
+
 /// How long after the application's last poll the thread takes over receiving
 /// (progress=inline): a passive side (e.g. a target only serving RDMA READs) that stops
 /// polling is still answered within this.
-/// How long an application pass holds back positive ACKs at most (see `held_acks`): long
-/// enough for its callbacks to post the answer that carries them, far below any ACK
-/// timeout (codes 1-3, 8-33 us, are below it: a userspace responder cannot meet those anyway).
-const ACK_HOLD_NS: u64 = 50_000;
 
 fn inline_handover(s: &Shared) -> Duration {
     Duration::from_micros(u64::from(s.settings.polling_us).max(1000))
