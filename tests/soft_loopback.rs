@@ -445,8 +445,9 @@ fn a_thread_sleeping_on_the_receiving_sockets_is_woken_and_receives() {
     assert!(none.is_empty(), "progress=thread: its thread receives");
 }
 
-/// progress=inline: a poll that receives a SEND holds its ACK back briefly (the soft
-/// device's `held_acks`), so that the answer the application posts next carries it in the
+/// progress=inline with `Context::set_ack_holding` (the messenger's setting): a poll that
+/// receives a SEND holds its ACK back briefly (the soft device's `held_acks`), so that the
+/// answer the application posts next carries it in the
 /// same `sendmmsg`; an application that keeps polling without answering, or that stops
 /// polling, still sends it, long before the peer's ACK timer.
 #[test]
@@ -465,7 +466,7 @@ fn a_polling_receiver_sends_the_ack_with_its_answer() {
         lkey: m.lkey,
     };
     let recvs = |m, base: u64| -> Vec<(u64, rdmx::rc::SgeList)> {
-        (0..8)
+        (0..12)
             .map(|i| (base + i, smallvec![sge(m, 4096, 4096)]))
             .collect()
     };
@@ -500,6 +501,27 @@ fn a_polling_receiver_sends_the_ack_with_its_answer() {
     };
     cb.poll(&mut buf); // b polls: its own passes receive from now on
 
+    // 0. Off by default (a verbs application, a raw connection): the ACK leaves on receipt,
+    // and the answer's post sends the answer alone.
+    ca.post_send(&[send(30, WrOpcode::Send, sge(&ma, 0, 100), 0, 0)])
+        .unwrap();
+    assert!(
+        spin_for(&cb, 200, &mut buf),
+        "b received the unheld request"
+    );
+    let before = cb.counters().tx_packets;
+    cb.post_send(&[send(31, WrOpcode::Send, sge(&mb, 0, 100), 0, 0)])
+        .unwrap();
+    assert_eq!(
+        cb.counters().tx_packets - before,
+        1,
+        "without ack holding the ACK left before the answer"
+    );
+    assert!(spin_for(&ca, 30, &mut buf) && spin_for(&ca, 100, &mut buf));
+    assert!(spin_for(&cb, 31, &mut buf));
+    a.set_ack_holding(true);
+    b.set_ack_holding(true);
+
     // 1. Request, then the answer: the ACK leaves with the answer. Up to 5 rounds: when this
     // thread is away for the handover time (1 ms) on a loaded host, b's progress thread
     // receives the request itself and acknowledges at once.
@@ -507,13 +529,13 @@ fn a_polling_receiver_sends_the_ack_with_its_answer() {
     for i in 0..5u64 {
         ca.post_send(&[send(10 + i, WrOpcode::Send, sge(&ma, 0, 100), 0, 0)])
             .unwrap();
-        assert!(spin_for(&cb, 200 + i, &mut buf), "b received request {i}");
+        assert!(spin_for(&cb, 201 + i, &mut buf), "b received request {i}");
         let before = cb.counters().tx_packets;
         cb.post_send(&[send(20 + i, WrOpcode::Send, sge(&mb, 0, 100), 0, 0)])
             .unwrap();
         let sent = cb.counters().tx_packets - before;
         assert!(spin_for(&ca, 10 + i, &mut buf), "request {i} acknowledged");
-        assert!(spin_for(&ca, 100 + i, &mut buf), "a received answer {i}");
+        assert!(spin_for(&ca, 101 + i, &mut buf), "a received answer {i}");
         assert!(spin_for(&cb, 20 + i, &mut buf), "answer {i} acknowledged");
         rounds.push(sent);
         if sent == 2 {
@@ -531,7 +553,7 @@ fn a_polling_receiver_sends_the_ack_with_its_answer() {
     // the hold bound.
     ca.post_send(&[send(3, WrOpcode::Send, sge(&ma, 0, 100), 0, 0)])
         .unwrap();
-    let next_rx = 200 + rounds.len() as u64;
+    let next_rx = 201 + rounds.len() as u64;
     assert!(
         spin_for(&cb, next_rx, &mut buf),
         "b received the one-way SEND"

@@ -154,6 +154,14 @@ impl Context {
         self.shared.dev.rx_fds(out);
     }
 
+    /// Soft provider, progress=inline: whether this caller's polls may hold RC ACKs back
+    /// so that the answer it posts next carries them (one `sendmmsg` for both). For callers
+    /// that answer from the thread that polls, as the messenger does (it turns this on);
+    /// off by default.
+    pub fn set_ack_holding(&self, on: bool) {
+        self.shared.dev.set_ack_holding(on);
+    }
+
     /// A thread starts (`true`) or stops (`false`) sleeping on [`Context::rx_fds`].
     pub fn app_watch(&self, on: bool) {
         self.shared.dev.app_watch(on);

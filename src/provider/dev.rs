@@ -61,6 +61,15 @@ impl Device {
         }
     }
 
+    /// See `SoftDevice::set_ack_holding` (soft provider; a NIC acknowledges by itself).
+    pub fn set_ack_holding(&self, on: bool) {
+        match self {
+            Device::Soft(d) => d.set_ack_holding(on),
+            #[cfg(feature = "verbs")]
+            Device::Verbs(_) => {}
+        }
+    }
+
     /// A caller starts or stops sleeping on [`Device::rx_fds`] (`SoftDevice::app_watch`).
     pub fn app_watch(&self, on: bool) {
         match self {

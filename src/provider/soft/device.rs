@@ -319,6 +319,8 @@ struct Shared {
     held_acks: Mutex<Vec<Arc<SoftQp>>>,
     /// Engine ns of the oldest hold in `held_acks`; 0 = none.
     held_since: AtomicU64,
+    /// Whether application passes hold ACKs at all ([`SoftDevice::set_ack_holding`]).
+    hold_acks: AtomicBool,
     /// Real time left out of the engine clock (`now`): the device was not listening.
     stalled_ns: AtomicU64,
     /// When the last progress pass ended (engine ns): up to then the device was listening.
@@ -463,6 +465,7 @@ impl SoftDevice {
             doorbells_rung: AtomicBool::new(false),
             held_acks: Mutex::new(Vec::new()),
             held_since: AtomicU64::new(0),
+            hold_acks: AtomicBool::new(false),
             stalled_ns: AtomicU64::new(0),
             last_pass: AtomicU64::new(0),
             stats: StatCounters::default(),
@@ -631,6 +634,18 @@ impl SoftDevice {
         ))
     }
 
+    /// Lets the application's passes (progress=inline) hold positive ACKs back until its
+    /// answer, a post on the same QP, carries them (`held_acks`): for a caller that answers
+    /// from the pass that received (the messenger, which turns it on). Off by default: a
+    /// verbs application or a raw connection user that receives and then stops polling
+    /// would delay its peer's completion by up to the handover time instead.
+    pub fn set_ack_holding(&self, on: bool) {
+        self.shared.hold_acks.store(on, Ordering::Relaxed);
+        if !on {
+            self.shared.release_acks(self.shared.now(), 0);
+        }
+    }
+
     /// Sends the ACKs an application pass held back on `qp` (`held_acks`), before the QP
     /// leaves RTS or the device: a NIC has acknowledged what the application saw complete,
     /// and a peer that got no ACK for its last message would retry it into an error (an
@@ -722,8 +737,9 @@ impl SoftDevice {
     pub fn progress_inline(&self) {
         // The pass reads the clock anyway; reuse its reading (a poll loop calls this
         // millions of times a second).
-        let inline = self.shared.settings.progress == Progress::Inline;
-        let now = match self.shared.progress_once(false, inline) {
+        let hold = self.shared.settings.progress == Progress::Inline
+            && self.shared.hold_acks.load(Ordering::Relaxed);
+        let now = match self.shared.progress_once(false, hold) {
             Some(now) => now,
             None => self.shared.now(),
         };
@@ -1148,7 +1164,6 @@ const ACK_HOLD_NS: u64 = 50_000;
 /// How long after the application's last poll the thread takes over receiving
 /// (progress=inline): a passive side (e.g. a target only serving RDMA READs) that stops
 /// polling is still answered within this.
-
 fn inline_handover(s: &Shared) -> Duration {
     Duration::from_micros(u64::from(s.settings.polling_us).max(1000))
 }
