@@ -271,15 +271,20 @@ impl Link {
         }
         self.writes_first();
         let n = self.conn.post_send(&self.unposted);
-        let all = matches!(n, Ok(k) if k == self.unposted.len());
+        let want = self.unposted.len();
         self.unposted.clear();
-        if all {
-            Ok(())
-        } else {
-            Err(Error::fixed(
+        // Why it refused (say, the side channel closed and the QP went to ERR): a pass posts
+        // before it polls, so this may be the first the session hears of the fault.
+        match n {
+            Ok(k) if k == want => Ok(()),
+            Ok(k) => Err(Error::new(
                 ErrorKind::Closed,
-                "messenger: the connection refused a send",
-            ))
+                format!("messenger: the connection took {k} of {want} sends"),
+            )),
+            Err(e) => Err(Error::new(
+                ErrorKind::Closed,
+                format!("messenger: the connection refused a send: {}", e.message()),
+            )),
         }
     }
 
