@@ -445,7 +445,7 @@ fn a_thread_sleeping_on_the_receiving_sockets_is_woken_and_receives() {
     assert!(none.is_empty(), "progress=thread: its thread receives");
 }
 
-/// progress=inline with `Context::set_ack_holding` (the messenger's setting): a poll that
+/// progress=inline with `Context::set_app_driven` (the messenger's setting): a poll that
 /// receives a SEND holds its ACK back briefly (the soft device's `held_acks`), so that the
 /// answer the application posts next carries it in the
 /// same `sendmmsg`; an application that keeps polling without answering, or that stops
@@ -519,8 +519,8 @@ fn a_polling_receiver_sends_the_ack_with_its_answer() {
     );
     assert!(spin_for(&ca, 30, &mut buf) && spin_for(&ca, 100, &mut buf));
     assert!(spin_for(&cb, 31, &mut buf));
-    a.set_ack_holding(true);
-    b.set_ack_holding(true);
+    a.set_app_driven(true);
+    b.set_app_driven(true);
 
     // 1. Request, then the answer: the ACK leaves with the answer. Up to 5 rounds: when this
     // thread is away for the handover time (1 ms) on a loaded host, b's progress thread

@@ -154,12 +154,13 @@ impl Context {
         self.shared.dev.rx_fds(out);
     }
 
-    /// Soft provider, progress=inline: whether this caller's polls may hold RC ACKs back
-    /// so that the answer it posts next carries them (one `sendmmsg` for both). For callers
-    /// that answer from the thread that polls, as the messenger does (it turns this on);
-    /// off by default.
-    pub fn set_ack_holding(&self, on: bool) {
-        self.shared.dev.set_ack_holding(on);
+    /// Soft provider, progress=inline: this caller drives the device from threads that
+    /// answer what they receive, as the messenger does (it turns this on; off by default):
+    /// its polls hold RC ACKs back so that the answer it posts next carries them (one
+    /// `sendmmsg` for both), and the provider's progress thread leaves receiving to it
+    /// while it polls (`SoftDevice::set_app_driven`).
+    pub fn set_app_driven(&self, on: bool) {
+        self.shared.dev.set_app_driven(on);
     }
 
     /// A thread starts (`true`) or stops (`false`) sleeping on [`Context::rx_fds`].

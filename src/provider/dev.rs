@@ -61,10 +61,10 @@ impl Device {
         }
     }
 
-    /// See `SoftDevice::set_ack_holding` (soft provider; a NIC acknowledges by itself).
-    pub fn set_ack_holding(&self, on: bool) {
+    /// See `SoftDevice::set_app_driven` (soft provider; a NIC receives by itself).
+    pub fn set_app_driven(&self, on: bool) {
         match self {
-            Device::Soft(d) => d.set_ack_holding(on),
+            Device::Soft(d) => d.set_app_driven(on),
             #[cfg(feature = "verbs")]
             Device::Verbs(_) => {}
         }

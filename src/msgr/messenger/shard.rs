@@ -195,8 +195,9 @@ impl Core {
         let config = adjust(config)?;
         let settings = MsgrSettings::from_config(&config)?;
         let ctx = Context::new(&config)?;
-        // Answers go from the thread that polled: they carry the RC ACKs of what it received.
-        ctx.set_ack_holding(true);
+        // Answers go from the thread that polled (they carry the RC ACKs of what it
+        // received), and that thread receives: the progress thread keeps out of its way.
+        ctx.set_app_driven(true);
         let bufs = Arc::new(Buffers::new(&ctx, settings.pool_chunks)?);
         let nshards = settings.threads.max(1);
         let mut shards = Vec::with_capacity(nshards);

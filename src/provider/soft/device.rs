@@ -319,7 +319,9 @@ struct Shared {
     held_acks: Mutex<Vec<Arc<SoftQp>>>,
     /// Engine ns of the oldest hold in `held_acks`; 0 = none.
     held_since: AtomicU64,
-    /// Whether application passes hold ACKs at all ([`SoftDevice::set_ack_holding`]).
+    /// The application drives the device from threads that answer what they receive
+    /// ([`SoftDevice::set_app_driven`]): its passes hold ACKs, and the progress thread
+    /// leaves receiving to it while it polls.
     hold_acks: AtomicBool,
     /// Real time left out of the engine clock (`now`): the device was not listening.
     stalled_ns: AtomicU64,
@@ -634,12 +636,17 @@ impl SoftDevice {
         ))
     }
 
-    /// Lets the application's passes (progress=inline) hold positive ACKs back until its
-    /// answer, a post on the same QP, carries them (`held_acks`): for a caller that answers
-    /// from the pass that received (the messenger, which turns it on). Off by default: a
-    /// verbs application or a raw connection user that receives and then stops polling
-    /// would delay its peer's completion by up to the handover time instead.
-    pub fn set_ack_holding(&self, on: bool) {
+    /// For an application that drives the device (progress=inline) from threads that
+    /// answer what they receive, as the messenger does (it turns this on; off by default):
+    /// - its passes hold positive ACKs back until its answer, a post on the same QP,
+    ///   carries them (`held_acks`);
+    /// - while it polls or watches the sockets, the progress thread runs passes only for a
+    ///   due timer or a side-channel event, instead of taking the receive lock it polls
+    ///   with (a messenger worker found it taken ~100,000 times a second at 60K rpc/s).
+    ///
+    /// A verbs application or a raw connection user keeps the plain behaviour: it may
+    /// receive and then stop polling, and its peer must not wait for its next poll.
+    pub fn set_app_driven(&self, on: bool) {
         self.shared.hold_acks.store(on, Ordering::Relaxed);
         if !on {
             self.shared.release_acks(self.shared.now(), 0);
@@ -1224,14 +1231,15 @@ fn progress_thread(s: &Shared) {
             s.watch_set.ready(&mut events, &mut readable);
         }
         let side_channel_event = !readable.is_empty();
-        // Inline while the caller polls: its passes receive and run the timers, so this
-        // thread steps in only for a due timer (the caller may be asleep on the sockets,
-        // which a timer does not wake) or a side-channel event. A pass of its own would
+        // Inline while an app-driven caller (the messenger) polls: its passes receive and
+        // run the timers, so this thread steps in only for a due timer (the caller may be
+        // asleep on the sockets, which a timer does not wake) or a side-channel event. A pass of its own would
         // hold the receive lock the caller's next poll needs: measured, a messenger worker
         // found it taken ~100,000 times a second at 60K rpc/s, each time a pass with nothing
         // and a poll(2) that returned at once on the still unread socket.
         let after = s.now();
         let still_polling = inline
+            && s.hold_acks.load(Ordering::Relaxed)
             && (s.app_watchers.load(Ordering::Acquire) > 0
                 || after.saturating_sub(s.last_app_poll.load(Ordering::Relaxed))
                     < handover.as_nanos() as u64);
