@@ -31,14 +31,7 @@ fn pair(extra: &[(&str, &str)]) -> (Context, Context, Connection, Connection) {
 /// Polls until `n` completions arrived (bounded: 10 s).
 fn wait(c: &Connection, n: usize) -> Vec<Wc> {
     let mut got = Vec::new();
-    let mut buf = [Wc {
-        cookie: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-    }; 16];
+    let mut buf = [support::empty_wc(); 16];
     let end = Instant::now() + Duration::from_secs(10);
     while got.len() < n && Instant::now() < end {
         let k = c.poll(&mut buf);
@@ -472,14 +465,7 @@ fn a_polling_receiver_sends_the_ack_with_its_answer() {
     };
     ca.post_recv(&recvs(&ma, 100)).unwrap();
     cb.post_recv(&recvs(&mb, 200)).unwrap();
-    let mut buf = [Wc {
-        cookie: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-    }; 16];
+    let mut buf = [support::empty_wc(); 16];
     // Cookies of the successful completions seen so far, both connections.
     let seen = std::cell::RefCell::new(std::collections::HashSet::new());
     // Polls `c` without sleeping until a completion with `cookie` (5 s bound).
