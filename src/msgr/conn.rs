@@ -842,8 +842,10 @@ impl Connection {
         self.closed = true;
         let dev = &self.ctx.shared.dev;
         self.qp.unwatch(dev, self.tcp.as_raw_fd());
-        let _ = self.tcp.shutdown(std::net::Shutdown::Both);
+        // The QP first: its held ACKs (soft) leave before the peer sees our EOF, which
+        // fails its QP and would flush a SEND we took but had not acknowledged yet.
         self.qp.close(dev);
+        let _ = self.tcp.shutdown(std::net::Shutdown::Both);
     }
 }
 

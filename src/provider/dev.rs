@@ -540,7 +540,7 @@ impl Qp {
         match (self, dev) {
             (Qp::Soft(q), Device::Soft(d)) => {
                 d.send_held_acks(&q.qp);
-                q.qp.fail(d.mrs());
+                q.qp.fail(d.mrs(), d.now());
             }
             #[cfg(feature = "verbs")]
             (Qp::Verbs(v), _) => v.fail(),
@@ -555,7 +555,7 @@ impl Qp {
         match (self, dev) {
             (Qp::Soft(q), Device::Soft(d)) => {
                 d.send_held_acks(&q.qp);
-                q.qp.fail(d.mrs());
+                q.qp.fail(d.mrs(), d.now());
                 d.destroy_qp(q.qp.qpn());
             }
             #[cfg(feature = "verbs")]

@@ -1149,7 +1149,7 @@ impl Shared {
         for (_, qpn) in dead {
             if let Some(qp) = self.qps.read().get(&qpn).cloned() {
                 log::info!(target: "rdmx::soft", "QP {qpn:#x}: peer closed the side channel; flushing");
-                qp.fail(&self.mrs);
+                qp.fail(&self.mrs, self.now());
                 qp.send_cq.wake_waiters();
             }
         }

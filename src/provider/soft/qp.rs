@@ -637,10 +637,17 @@ impl SoftQp {
         self.timer.publish(d, self.device_timers.get());
     }
 
-    /// The peer is gone (TCP EOF): ERR, which flushes every outstanding WR.
-    pub fn fail(&self, mrs: &MrTable) {
+    /// The peer is gone (TCP EOF) or the QP is closed: ERR, which flushes every
+    /// outstanding WR. `now`: the device clock.
+    pub fn fail(&self, mrs: &MrTable, now: u64) {
         self.peer_gone.store(true, Ordering::Release);
         let mut g = self.inner.lock();
+        // ACKs still queued (held by an application pass, see the device's `held_acks`,
+        // whose release may be racing this) leave first: a NIC had sent them already.
+        if g.backlog.is_empty() && g.qp.only_acks_to_send() {
+            let view = mrs.view();
+            self.drive_locked(&mut g, &view, now);
+        }
         let err = QpAttr {
             qp_state: QpState::Err,
             ..Default::default()
@@ -970,7 +977,7 @@ mod tests {
         let q = qp(); // CQs of 4
         q.connect(&remote(Some(0xc022)), &TIMERS).unwrap();
         let mrs = MrTable::default();
-        q.fail(&mrs);
+        q.fail(&mrs, 0);
         let wr = |cookie| SendReq {
             cookie,
             opcode: WrOpcode::Send,
