@@ -1,4 +1,7 @@
-/* Waiting on a connection, shared by test_conn.c and test_mem.c (include after check.h). */
+/* Waiting on a connection, shared by test_conn.c, test_mem.c and test_provider.c (include
+ * after check.h). wait_for pauses 200 us between empty polls: under valgrind, which runs
+ * one thread at a time, a caller spinning on rdmx_poll starved the other context's
+ * progress thread for the whole 10 s bound (test_provider, 2 runs in 4). */
 #ifndef RDMX_FFI_TESTS_CONN_WAIT_H
 #define RDMX_FFI_TESTS_CONN_WAIT_H
 
@@ -7,14 +10,14 @@
 #include <stdio.h>
 #include <time.h>
 
-static double now_s(void) {
+static inline double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
 /* Polls `c` until `want` completions arrived or 10 s passed; returns how many. */
-static size_t wait_for(rdmx_conn *c, rdmx_completion *out, size_t want) {
+static inline size_t wait_for(rdmx_conn *c, rdmx_completion *out, size_t want) {
   size_t got = 0;
   double end = now_s() + 10.0;
   while (got < want && now_s() < end) {
@@ -37,7 +40,7 @@ static size_t wait_for(rdmx_conn *c, rdmx_completion *out, size_t want) {
  * overtake what the QP still sends (the NAK of a failure case, which must reach the
  * client before the side channel's EOF). Each probe is a receive on a QP already in the
  * error state, flushed at once; returns how many were posted. */
-static int wait_peer_gone(rdmx_conn *c, rdmx_sge *r) {
+static inline int wait_peer_gone(rdmx_conn *c, rdmx_sge *r) {
   int probes = 0;
   double end = now_s() + 10.0;
   rdmx_status st;
