@@ -813,6 +813,11 @@ typedef struct {
    */
   uint64_t malformed;
   /**
+   * Times a progress loop stopped polling and slept because it had been preempted while
+   * it polled (a host with busy cores; see the `poll_mode` and `polling_us` keys).
+   */
+  uint64_t spin_backoffs;
+  /**
    * Counters summed over every session ever made (closed ones included).
    */
   rdmx_session_counters totals;

@@ -324,9 +324,8 @@ pub struct BlkClient {
     info: VolumeInfo,
     mode: Mode,
     caller_driven: bool,
-    /// Polling before sleeping (None: never sleep), from `poll_mode`/`polling_us`: rpc
-    /// mode, one-sided mode.
-    spin: Option<Duration>,
+    /// One-sided mode's polling before sleeping (None: never sleep), from
+    /// `poll_mode`/`polling_us` (rpc mode: the messenger's `poll` polls for its budget).
     spin_one: Option<Duration>,
     /// When the messenger last ran a pass (one-sided mode polls it about every ms, for
     /// keepalives and flushes).
@@ -399,7 +398,6 @@ impl BlkClient {
             }),
         )?;
         let caller_driven = msgr.settings().threads == 0;
-        let spin = super::spin_budget(config)?;
         let spin_one = super::one_sided_spin(config)?;
         let session = msgr.connect(&target.to_string(), Policy::Lossy)?;
         let mut c = BlkClient {
@@ -414,7 +412,6 @@ impl BlkClient {
             },
             mode,
             caller_driven,
-            spin,
             spin_one,
             last_msgr: Mutex::new(Instant::now()),
             next_id: 1,
@@ -923,29 +920,11 @@ impl BlkClient {
         k
     }
 
-    /// Drives progress for up to `timeout` while nothing is ready: polls (caller-driven
-    /// mode) for up to the spin budget, then sleeps.
+    /// Drives progress for up to `timeout` while nothing is ready: the messenger's `poll`
+    /// (caller-driven mode) polls for its spin budget, then sleeps.
     fn wait(&self, timeout: Duration) -> Result<()> {
         if self.one.is_some() {
             return self.wait_one_sided(timeout);
-        }
-        if self.caller_driven && !timeout.is_zero() {
-            let start = Instant::now();
-            let budget = self.spin.map_or(timeout, |s| s.min(timeout));
-            loop {
-                let got = self.reap_one_sided();
-                let n = self.msgr.poll(Duration::ZERO)?;
-                if got > 0 || (n > 0 && !self.sh.st.lock().done.is_empty()) {
-                    return Ok(());
-                }
-                if start.elapsed() >= budget {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
-            if self.spin.is_none() {
-                return Ok(());
-            }
         }
         let got = self.reap_one_sided();
         if self.caller_driven {

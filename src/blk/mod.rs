@@ -28,19 +28,6 @@ pub fn apply_defaults(cfg: &mut Config) -> crate::error::Result<()> {
     Ok(())
 }
 
-/// How long a caller-driven loop (the target's, a client's `poll`) keeps polling before it
-/// sleeps: `poll_mode` busy = always, event = never, adaptive = `polling_us`, but only when
-/// `poll_mode` or `polling_us` was set: left at their defaults the block path sleeps at
-/// once. Measured with fio on 2 shared cores under load (docs/block.md): spinning 1 ms on
-/// both sides gave 3-5K IOPS with p99 37-130 ms in rpc mode, sleeping at once 16-46K with
-/// p99 5-34 ms: a spinning side holds the core its peer needs.
-pub(crate) fn spin_budget(cfg: &Config) -> crate::error::Result<Option<std::time::Duration>> {
-    if cfg.source("poll_mode")? == Source::Default && cfg.source("polling_us")? == Source::Default {
-        return Ok(Some(std::time::Duration::ZERO));
-    }
-    one_sided_spin(cfg)
-}
-
 /// The one-sided path's polling before sleeping: `poll_mode`/`polling_us` as they are
 /// (adaptive, 1000 us by default), as `rdmx-perf read_bw` polls: the target's CPU is not in
 /// that loop (the provider's progress thread answers READs), and a client that slept

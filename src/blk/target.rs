@@ -292,7 +292,6 @@ impl Target {
         if own_loop {
             cfg.set("msgr_threads", "0")?;
         }
-        let spin = super::spin_budget(&cfg)?;
         let listen_ip = std::net::ToSocketAddrs::to_socket_addrs(listen)
             .ok()
             .and_then(|mut a| a.next())
@@ -388,7 +387,7 @@ impl Target {
             Some(
                 std::thread::Builder::new()
                     .name("rdmx-target".into())
-                    .spawn(move || serve_loop(&m, &stop, spin))
+                    .spawn(move || serve_loop(&m, &stop))
                     .map_err(|e| Error::new(ErrorKind::Io, format!("thread: {e}")))?,
             )
         } else {
@@ -470,23 +469,14 @@ impl Drop for Target {
     }
 }
 
-/// Drives the messenger: polls without sleeping while there is work and for `spin` after
-/// the last of it (None: always), then sleeps in `poll` (woken by the next arrival).
-fn serve_loop(m: &Messenger, stop: &AtomicBool, spin: Option<Duration>) {
-    let mut last = std::time::Instant::now();
+/// Drives the messenger: `poll` keeps polling while there is work and for the spin budget
+/// after the last of it (`poll_mode`/`polling_us`, backing off on a busy host; see
+/// `msgr::spin`), then sleeps until the next arrival.
+fn serve_loop(m: &Messenger, stop: &AtomicBool) {
     while !stop.load(Ordering::Acquire) {
-        let idle = last.elapsed();
-        let t = match spin {
-            Some(s) if idle >= s => Duration::from_millis(20),
-            _ => Duration::ZERO,
-        };
-        match m.poll(t) {
-            Ok(n) if n > 0 => last = std::time::Instant::now(),
-            Ok(_) => std::hint::spin_loop(),
-            Err(e) => {
-                log::error!("rdmx-target: poll: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
+        if let Err(e) = m.poll(Duration::from_millis(20)) {
+            log::error!("rdmx-target: poll: {e}");
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }

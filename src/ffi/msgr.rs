@@ -816,6 +816,9 @@ pub struct rdmx_msgr_stats {
     pub mem_registrations: u32,
     /// Malformed headers on connections that were not (yet) a session's.
     pub malformed: u64,
+    /// Times a progress loop stopped polling and slept because it had been preempted while
+    /// it polled (a host with busy cores; see the `poll_mode` and `polling_us` keys).
+    pub spin_backoffs: u64,
     /// Counters summed over every session ever made (closed ones included).
     pub totals: rdmx_session_counters,
 }
@@ -847,6 +850,7 @@ pub unsafe extern "C" fn rdmx_msgr_get_stats(
             chunks_lent: m.shared.chunks.lock().len() as u32,
             mem_registrations: m.shared.mems.lock().1.len() as u32,
             malformed: s.malformed,
+            spin_backoffs: s.spin_backoffs,
             totals: (&s.totals).into(),
         };
         // SAFETY: `out` checked non-NULL and writable.

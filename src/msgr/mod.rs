@@ -5,6 +5,7 @@ mod conn;
 mod context;
 pub mod messenger;
 pub(crate) mod setup;
+pub(crate) mod spin;
 
 pub use conn::{ConnectCancel, Connection, Listener};
 pub use context::{Context, MrInfo, OnConnect};

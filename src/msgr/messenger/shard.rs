@@ -7,6 +7,7 @@
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
+use crate::msgr::spin::Spinner;
 use crate::msgr::{ConnectCancel, Connection, Context, Listener};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -168,6 +169,10 @@ pub(crate) struct Core {
     attempts: Mutex<Vec<(Arc<ConnectCancel>, JoinHandle<()>)>>,
     totals: Mutex<SessionCounters>,
     malformed: AtomicU64,
+    /// Spins given up because the polling thread was preempted (`msgr::spin`).
+    spin_backoffs: AtomicU64,
+    /// The polling state of `poll` (the application's thread, msgr_threads = 0).
+    poll_spin: Mutex<Spinner>,
     next_shard: AtomicUsize,
     epoch: Instant,
 }
@@ -217,6 +222,7 @@ impl Core {
                 err.map_or(Ok(()), Err)
             })));
         }
+        let spin = settings.spin;
         let core = Arc::new(Core {
             settings,
             ctx,
@@ -235,6 +241,8 @@ impl Core {
             attempts: Mutex::new(Vec::new()),
             totals: Mutex::new(SessionCounters::default()),
             malformed: AtomicU64::new(0),
+            spin_backoffs: AtomicU64::new(0),
+            poll_spin: Mutex::new(Spinner::new(spin)),
             next_shard: AtomicUsize::new(0),
             epoch: Instant::now(),
         });
@@ -262,29 +270,37 @@ impl Core {
 
     fn worker(&self, i: usize) {
         WORKER_OF.with(|w| w.set((self as *const Core as usize, i)));
-        let mut idle_since: Option<Instant> = None;
+        let mut spin = Spinner::new(self.settings.spin);
         while !self.stopping.load(Ordering::Acquire) {
             let ev = self.pass(i);
             let n = ev.len();
             self.dispatch(ev);
             if n > 0 {
-                idle_since = None;
+                spin.work();
                 continue;
             }
-            // Nothing happened: poll on for the spin budget (`poll_mode`/`polling_us`),
-            // then sleep on the connections' event fds.
-            let now = Instant::now();
-            let since = *idle_since.get_or_insert(now);
-            match self.settings.spin {
-                None => std::hint::spin_loop(),
-                Some(b) if now.saturating_duration_since(since) < b => std::hint::spin_loop(),
-                Some(_) => {
-                    self.sleep(i, MAX_SLEEP);
-                    idle_since = None;
-                }
+            // Nothing happened: poll on for the spin budget (`poll_mode`/`polling_us`,
+            // backing off when preempted), then sleep on the connections' event fds.
+            if self.poll_again(&mut spin) {
+                std::hint::spin_loop();
+            } else {
+                self.sleep(i, MAX_SLEEP);
+                spin.slept();
             }
         }
         WORKER_OF.with(|w| w.set((0, 0)));
+    }
+
+    /// After an empty pass: whether to poll again rather than sleep (see `Spinner`).
+    fn poll_again(&self, spin: &mut Spinner) -> bool {
+        if spin.poll_again(Instant::now()) {
+            return true;
+        }
+        let backoffs = spin.take_preemptions();
+        if backoffs > 0 {
+            self.spin_backoffs.fetch_add(backoffs, Ordering::Relaxed);
+        }
+        false
     }
 
     /// Whether this thread is the worker of shard `i` of this messenger.
@@ -582,23 +598,37 @@ impl Core {
                 "poll: called from inside a messenger callback",
             ));
         }
-        let start = Instant::now();
-        let end = start + timeout;
-        // Polls for the spin budget (`poll_mode`/`polling_us`) before sleeping.
-        let spin_end = self.settings.spin.map_or(end, |b| start + b);
+        let end = Instant::now() + timeout;
+        // Polls for the spin budget (`poll_mode`/`polling_us`, backing off when
+        // preempted) before sleeping; the budget runs across calls (a caller polling with
+        // a zero timeout spins through it too). A second thread polling meanwhile keeps
+        // its own state rather than wait for the lock.
+        let mut shared = self.poll_spin.try_lock();
+        let mut own;
+        let spin: &mut Spinner = match shared.as_deref_mut() {
+            Some(s) => s,
+            None => {
+                own = Spinner::new(self.settings.spin);
+                &mut own
+            }
+        };
         loop {
             let ev = self.pass(0);
             let n = self.dispatch(ev);
-            let now = Instant::now();
-            let left = end.saturating_duration_since(now);
-            if n > 0 || left.is_zero() {
+            if n > 0 {
+                spin.work();
                 return Ok(n);
             }
-            if now < spin_end {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(0);
+            }
+            if self.poll_again(spin) {
                 std::hint::spin_loop();
                 continue;
             }
             self.sleep(0, left.min(MAX_SLEEP));
+            spin.slept();
         }
     }
 
@@ -1300,6 +1330,7 @@ impl Core {
             header_pool: self.bufs.slots.stats(),
             copy_chunks_in_use: self.bufs.copy_in_use(),
             malformed: self.malformed.load(Ordering::Relaxed),
+            spin_backoffs: self.spin_backoffs.load(Ordering::Relaxed),
             totals,
         }
     }
