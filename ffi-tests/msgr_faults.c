@@ -387,22 +387,6 @@ static int pump(uint64_t id, uint64_t upto, rdmx_status *why) {
 
 /* ---- messenger setup and pools ---- */
 
-/* A free UDP port (the messenger binds it: the black hole must know the ports; rdmx.h does
- * not tell a messenger's). A small race with other binders: msgr_new retries. */
-static uint16_t free_udp_port(void) {
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  socklen_t len = sizeof a;
-  uint16_t port = 0;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
-}
-
 typedef struct {
   const char *key, *value;
 } kv_t;
@@ -411,45 +395,44 @@ typedef struct {
  * 4 tries, so a 150 ms black hole exceeds it), keepalive 50 ms / 2 s, fast reconnects, one
  * worker thread; `kv` on top. Slow (valgrind): timeout 16 (268 ms; valgrind stalls would
  * exhaust 16.8 ms tries), keepalive timeout 30 s (lossy sessions would reset on a stall).
- * With `udp_port` non-NULL the UDP port is chosen here (retried if taken) and stored. */
+ * With `udp_port` non-NULL the messenger's UDP port is stored there. */
 
 static rdmx_msgr *new_msgr(const kv_t *kv, size_t nkv, rdmx_msgr_on_event cb,
                            uint16_t *udp_port) {
-  for (int attempt = 0; attempt < 5; attempt++) {
-    rdmx_config *cfg = NULL;
-    CHECK_STATUS(rdmx_config_new(&cfg), RDMX_OK);
-    if (cfg == NULL) return NULL;
-    char port[16] = "0";
-    uint16_t p = udp_port ? free_udp_port() : 0;
-    snprintf(port, sizeof port, "%u", (unsigned)p);
-    const kv_t base[] = {
-        {"soft_port", port},
-        {"timeout", slow ? "16" : "12"},
-        {"retry_cnt", "3"},
-        {"msgr_keepalive_ms", "50"},
-        {"msgr_keepalive_timeout_ms", slow ? "30000" : "2000"},
-        {"msgr_reconnect_min_ms", "5"},
-        {"msgr_reconnect_max_ms", "100"},
-        {"msgr_threads", "1"},
-        /* Slow: 8 receives posted per session, not 64: 64 x 4 KiB in flight overflow a
-         * valgrind-slowed receiver's UDP socket, and every loss costs a 268 ms timeout. */
-        {"msgr_recv_window", slow ? "8" : "64"},
-    };
-    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
-      CHECK_STATUS(rdmx_config_set(cfg, base[i].key, base[i].value), RDMX_OK);
-    for (size_t i = 0; i < nkv; i++) CHECK_STATUS(rdmx_config_set(cfg, kv[i].key, kv[i].value), RDMX_OK);
-    rdmx_msgr *m = NULL;
-    rdmx_status st = rdmx_msgr_new(cfg, cb, NULL, &m);
-    rdmx_config_free(cfg);
-    if (st == RDMX_OK) {
-      if (udp_port) *udp_port = p;
-      return m;
-    }
+  rdmx_config *cfg = NULL;
+  CHECK_STATUS(rdmx_config_new(&cfg), RDMX_OK);
+  if (cfg == NULL) return NULL;
+  const kv_t base[] = {
+      {"soft_port", "0"},
+      {"timeout", slow ? "16" : "12"},
+      {"retry_cnt", "3"},
+      {"msgr_keepalive_ms", "50"},
+      {"msgr_keepalive_timeout_ms", slow ? "30000" : "2000"},
+      {"msgr_reconnect_min_ms", "5"},
+      {"msgr_reconnect_max_ms", "100"},
+      {"msgr_threads", "1"},
+      /* Slow: 8 receives posted per session, not 64: 64 x 4 KiB in flight overflow a
+       * valgrind-slowed receiver's UDP socket, and every loss costs a 268 ms timeout. */
+      {"msgr_recv_window", slow ? "8" : "64"},
+  };
+  for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+    CHECK_STATUS(rdmx_config_set(cfg, base[i].key, base[i].value), RDMX_OK);
+  for (size_t i = 0; i < nkv; i++) CHECK_STATUS(rdmx_config_set(cfg, kv[i].key, kv[i].value), RDMX_OK);
+  rdmx_msgr *m = NULL;
+  rdmx_status st = rdmx_msgr_new(cfg, cb, NULL, &m);
+  rdmx_config_free(cfg);
+  if (st != RDMX_OK) {
     fprintf(stderr, "[%d] rdmx_msgr_new: %s\n", (int)getpid(), rdmx_last_error());
-    if (!udp_port || strstr(rdmx_last_error(), "cannot bind UDP") == NULL) break;
+    check_failures++;
+    return NULL;
   }
-  check_failures++;
-  return NULL;
+  if (udp_port) {
+    /* The kernel chose it (soft_port 0): the black hole names it. */
+    *udp_port = rdmx_msgr_udp_port(m);
+    CHECK(*udp_port != 0);
+  }
+  CHECK(rdmx_msgr_udp_port(NULL) == 0);
+  return m;
 }
 
 /* Registers the ring of slots the RDMX_SEG_MEM sends use. */

@@ -1611,6 +1611,16 @@ rdmx_status rdmx_msgr_poll(rdmx_msgr *m,
 int32_t rdmx_msgr_event_fd(const rdmx_msgr *m);
 
 /**
+ * The UDP port the messenger's RDMA traffic uses (the soft provider's RoCEv2 port, chosen
+ * by the kernel when `soft_port` is 0, or the verbs device's): what a firewall rule or a
+ * fault injection must name. 0 for a NULL messenger.
+ *
+ * # Safety
+ * `m` NULL or live.
+ */
+uint16_t rdmx_msgr_udp_port(const rdmx_msgr *m);
+
+/**
  * Takes a chunk of the messenger's data pool (4 KiB, page-aligned, registered) to fill
  * and send as an RDMX_SEG_CHUNK segment without copy or registration. The messenger owns
  * it again once a send accepted it (it returns to the pool when the send completes);

@@ -573,6 +573,20 @@ pub unsafe extern "C" fn rdmx_msgr_event_fd(m: *const rdmx_msgr) -> i32 {
     })
 }
 
+/// The UDP port the messenger's RDMA traffic uses (the soft provider's RoCEv2 port, chosen
+/// by the kernel when `soft_port` is 0, or the verbs device's): what a firewall rule or a
+/// fault injection must name. 0 for a NULL messenger.
+///
+/// # Safety
+/// `m` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_msgr_udp_port(m: *const rdmx_msgr) -> u16 {
+    boundary::call_value("rdmx_msgr_udp_port", 0, || {
+        // SAFETY: forwarded contract.
+        unsafe { m.as_ref() }.map_or(0, |m| m.inner.udp_port())
+    })
+}
+
 /// Takes a chunk of the messenger's data pool (4 KiB, page-aligned, registered) to fill
 /// and send as an RDMX_SEG_CHUNK segment without copy or registration. The messenger owns
 /// it again once a send accepted it (it returns to the pool when the send completes);
