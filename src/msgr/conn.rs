@@ -852,5 +852,6 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         self.close();
+        self.qp.settle();
     }
 }

@@ -559,9 +559,28 @@ impl Qp {
                 d.destroy_qp(q.qp.qpn());
             }
             #[cfg(feature = "verbs")]
-            (Qp::Verbs(v), _) => v.fail(),
+            (Qp::Verbs(v), Device::Verbs(d)) => {
+                v.fail();
+                d.forget(v);
+            }
             #[cfg(feature = "verbs")]
             _ => unreachable!("a QP is made by its own device"),
+        }
+    }
+
+    /// After `close` and `unwatch`: waits (up to 1 s) until the connection holds its verbs
+    /// QP alone, so that dropping it destroys the QP now and the regions its flushed WRs
+    /// named are free when the drop returns. The device's watcher thread holds a QP for a
+    /// moment while it handles a side-channel EOF or an async event; a drop that raced it
+    /// left the QP to the watcher, and a region deregistered right after dropping both ends
+    /// of a connection was still `Busy` (5 runs in 40 beside two busy loops).
+    pub fn settle(&self) {
+        #[cfg(feature = "verbs")]
+        if let Qp::Verbs(v) = self {
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(1);
+            while Arc::strong_count(v) > 1 && std::time::Instant::now() < end {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
         }
     }
 

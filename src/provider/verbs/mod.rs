@@ -124,6 +124,15 @@ impl VerbsDevice {
     pub fn unwatch(&self, fd: RawFd) {
         self.watch.remove(fd);
     }
+
+    /// Forgets a closing QP: async events no longer reach it, so (once unwatched) nothing
+    /// but its connection takes it, and dropping the connection destroys it at once.
+    pub fn forget(&self, qp: &Arc<VerbsQp>) {
+        let p = Arc::as_ptr(qp);
+        ALL_QPS
+            .lock()
+            .retain(|w| w.strong_count() > 0 && w.as_ptr() != p);
+    }
 }
 
 /// Every verbs QP of the process, for async events (which name a `struct ibv_qp *` or
