@@ -8,9 +8,11 @@ use super::qp::Qp;
 use super::verbs::access;
 use crate::wire::ICRC_LEN;
 
-/// One outgoing packet in up to three parts: `buf[..head_len]`, then `payload`, then
-/// `tail_len` zero bytes (pad and the ICRC field). When the payload was copied into the
-/// buffer, `payload` is empty, `tail_len` is 0 and `head_len` is the whole packet.
+/// One outgoing packet in up to three parts: `buf[..head_len]` (the headers, then any
+/// payload bytes copied: those before the lent piece of a payload spanning SGEs), then
+/// `payload`, then `tail_len` zero bytes (pad and the ICRC field). When the payload was
+/// copied whole into the buffer, `payload` is empty, `tail_len` is 0 and `head_len` is the
+/// whole packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TxParts<'m> {
     pub head_len: usize,
@@ -33,6 +35,23 @@ impl TxParts<'_> {
     pub fn is_empty(&self) -> bool {
         false
     }
+}
+
+/// The shortest last piece of a payload spanning SGEs that is lent rather than copied
+/// (one cache line: below it the extra iovec costs about what the copy does).
+const MIN_LENT_PIECE: usize = 64;
+
+/// How a packet's payload is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TxMode {
+    /// Copied into the caller's buffer after the headers.
+    Copy,
+    /// Lent when it lies in one region that can lend it, else copied: the parts can be
+    /// handed as they are to a receiver's `handle_packet_vectored`.
+    Lend,
+    /// As `Lend`, and a payload spanning SGEs copies the pieces before the last after the
+    /// headers and lends the last: for a sender that gathers the parts (`sendmsg`).
+    Gather,
 }
 
 /// Where a packet's payload comes from.
@@ -61,8 +80,8 @@ pub(super) enum EmitError {
 }
 
 impl Qp {
-    /// Writes `hdr` and `len` payload bytes from `src`: borrowed when `vectored` and the
-    /// bytes are contiguous in memory that can lend them, copied into `buf` otherwise.
+    /// Writes `hdr` and `len` payload bytes from `src`: borrowed (as `mode` allows) when
+    /// the bytes are contiguous in memory that can lend them, copied into `buf` otherwise.
     pub(super) fn emit_from<'m>(
         &self,
         hdr: &Hdr,
@@ -70,11 +89,11 @@ impl Qp {
         src: PayloadSrc<'_>,
         mem: &'m dyn Memory,
         buf: &mut [u8],
-        vectored: bool,
+        mode: TxMode,
     ) -> Result<TxParts<'m>, EmitError> {
         let pad = crate::wire::pad_len(len);
         let hlen = packet::emit_header(hdr, pad as u8, buf).ok_or(EmitError::Buffer)?;
-        if vectored && len > 0 {
+        if mode != TxMode::Copy && len > 0 {
             let lent = match src {
                 PayloadSrc::None => None,
                 PayloadSrc::Local { sges, off } => memory::contiguous(sges, off, len as u64)
@@ -86,6 +105,23 @@ impl Qp {
             if let Some(payload) = lent {
                 return Ok(TxParts {
                     head_len: hlen,
+                    payload,
+                    tail_len: pad + ICRC_LEN,
+                });
+            }
+            // Across SGEs: the pieces before the last are copied after the header, the last
+            // (when it is worth an iovec) is lent.
+            if mode == TxMode::Gather
+                && let PayloadSrc::Local { sges, off } = src
+                && let Some((split, lkey, addr)) = memory::last_piece(sges, off, len as u64)
+                && len - split as usize >= MIN_LENT_PIECE
+                && let Some(payload) = mem.slice(Key::Local(lkey), addr, len - split as usize, 0)
+            {
+                let end = hlen + split as usize;
+                let dst = buf.get_mut(hlen..end).ok_or(EmitError::Buffer)?;
+                memory::gather(mem, sges, off, dst).map_err(EmitError::Memory)?;
+                return Ok(TxParts {
+                    head_len: end,
                     payload,
                     tail_len: pad + ICRC_LEN,
                 });

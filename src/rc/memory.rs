@@ -105,6 +105,29 @@ pub fn contiguous(sges: &[Sge], mut offset: u64, len: u64) -> Option<(u32, u64)>
     None
 }
 
+/// For `[offset, offset + len)` of an SGE list that spans SGEs: where its last SGE's piece
+/// starts (relative to `offset`) and that piece's (lkey, address). A packet's payload
+/// copies what lies before and lends that piece: a messenger SEND is a small header SGE
+/// then a 4 KiB data SGE, and its first packet (header + most of the data) was copied whole.
+/// None when the range lies in one SGE or runs past the list.
+pub fn last_piece(sges: &[Sge], mut offset: u64, len: u64) -> Option<(u64, u32, u64)> {
+    let mut pos = 0;
+    for s in sges {
+        let sl = u64::from(s.length);
+        if offset >= sl {
+            offset -= sl;
+            continue;
+        }
+        let n = (sl - offset).min(len - pos);
+        if pos + n == len {
+            return (pos > 0).then_some((pos, s.lkey, s.addr + offset));
+        }
+        pos += n;
+        offset = 0;
+    }
+    None
+}
+
 /// Gathers `out.len()` bytes starting `offset` bytes into the SGE list.
 pub fn gather(mem: &dyn Memory, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
     let len = out.len();

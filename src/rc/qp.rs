@@ -13,7 +13,7 @@ use std::fmt;
 
 use super::attr::{QpAttr, check_modify};
 use super::counters::Counters;
-use super::emit::TxParts;
+use super::emit::{TxMode, TxParts};
 use super::memory::{Memory, sge_total};
 use super::packet::{self, Hdr, Opcode};
 use super::requester::Requester;
@@ -509,20 +509,37 @@ impl Qp {
     /// bytes) and returns its length, or None if nothing is ready. Responses (ACKs, NAKs,
     /// READ responses) go before new requests.
     pub fn poll_transmit(&mut self, now: u64, mem: &dyn Memory, buf: &mut [u8]) -> Option<usize> {
-        self.transmit(now, mem, buf, false).map(|t| t.head_len)
+        self.transmit(now, mem, buf, TxMode::Copy)
+            .map(|t| t.head_len)
     }
 
     /// As `poll_transmit`, but a payload that lies contiguously in memory that can lend it
     /// (`Memory::slice`) is borrowed instead of copied: the packet is `buf[..head_len]`,
     /// `payload`, then `tail_len` zero bytes. A driver sends the three parts as one datagram
-    /// (an iovec), so the payload is copied once, by the link, not twice.
+    /// (an iovec), so the payload is copied once, by the link, not twice. `buf[..head_len]`
+    /// holds only headers when `payload` is not empty: the parts can be handed to a
+    /// receiver's `handle_packet_vectored`.
     pub fn poll_transmit_vectored<'m>(
         &mut self,
         now: u64,
         mem: &'m dyn Memory,
         buf: &mut [u8],
     ) -> Option<TxParts<'m>> {
-        self.transmit(now, mem, buf, true)
+        self.transmit(now, mem, buf, TxMode::Lend)
+    }
+
+    /// As `poll_transmit_vectored`, and a payload spanning SGEs is copied only up to its
+    /// last SGE's piece, which is lent: `buf[..head_len]` is the headers then the copied
+    /// bytes. For a sender that gathers the parts into one datagram (the soft provider's
+    /// `sendmmsg`): a messenger SEND (header SGE, then a 4 KiB data SGE) no longer copies
+    /// its first packet whole.
+    pub fn poll_transmit_gather<'m>(
+        &mut self,
+        now: u64,
+        mem: &'m dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<TxParts<'m>> {
+        self.transmit(now, mem, buf, TxMode::Gather)
     }
 
     fn transmit<'m>(
@@ -530,11 +547,11 @@ impl Qp {
         now: u64,
         mem: &'m dyn Memory,
         buf: &mut [u8],
-        vectored: bool,
+        mode: TxMode,
     ) -> Option<TxParts<'m>> {
-        let t = match self.next_response(mem, buf, vectored) {
+        let t = match self.next_response(mem, buf, mode) {
             Some(t) => t,
-            None => self.next_request(now, mem, buf, vectored)?,
+            None => self.next_request(now, mem, buf, mode)?,
         };
         self.counters.tx_packets += 1;
         self.counters.tx_bytes += t.len() as u64;

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use super::emit::{EmitError, PayloadSrc, TxParts};
+use super::emit::{EmitError, PayloadSrc, TxMode, TxParts};
 use super::memory::{self, Memory, sge_total};
 use super::packet::{Hdr, Opcode, RethRepr};
 use super::psn;
@@ -155,7 +155,7 @@ impl Qp {
         now: u64,
         mem: &'m dyn Memory,
         buf: &mut [u8],
-        vectored: bool,
+        mode: TxMode,
     ) -> Option<TxParts<'m>> {
         if self.state != QpState::Rts || !self.req.has_sendable() {
             return None;
@@ -208,7 +208,7 @@ impl Qp {
                 dma_len: remaining as u32,
             });
             let pkts = packets_for(remaining, mtu);
-            let t = match self.emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored) {
+            let t = match self.emit_from(&h, 0, PayloadSrc::None, mem, buf, mode) {
                 Ok(t) => t,
                 Err(e) => return self.request_not_built(idx, e),
             };
@@ -246,7 +246,7 @@ impl Qp {
                 off,
             };
             let ack_req = h.ack_req;
-            let n = match self.emit_from(&h, take as usize, src, mem, buf, vectored) {
+            let n = match self.emit_from(&h, take as usize, src, mem, buf, mode) {
                 Ok(n) => n,
                 Err(e) => return self.request_not_built(idx, e),
             };
@@ -407,6 +407,61 @@ mod tests {
             assert!(qp.poll_transmit(0, &mem, &mut buf).is_some());
             assert_eq!(qp.state(), QpState::Rts);
         }
+    }
+
+    /// A SEND of a small SGE then a large one (a messenger header, then its data), sent by
+    /// a gathering driver: the packet spanning both copies the small piece after its
+    /// headers and lends the large one; the next packet, inside one SGE, is lent whole; the
+    /// bytes are the message's. `poll_transmit_vectored` (whose parts a receiver may take
+    /// as they are) copies the spanning packet whole.
+    #[test]
+    fn a_packet_spanning_sges_lends_its_last_piece() {
+        let mut mem = VecMemory::new();
+        mem.add_region(0x1000, 4096, LKEY, 0x200, access::LOCAL_WRITE);
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        mem.write(Key::Local(LKEY), 0x1000, &data, access::LOCAL_WRITE)
+            .unwrap();
+        let mut qp = rts();
+        let mut w = wr(1, WrOpcode::Send, 0);
+        w.sges = smallvec::smallvec![
+            Sge {
+                addr: 0x1000,
+                length: 40,
+                lkey: LKEY,
+            },
+            Sge {
+                addr: 0x1800,
+                length: 400,
+                lkey: LKEY,
+            },
+        ];
+        qp.post_send(w.clone()).unwrap();
+        let mut lending = rts();
+        lending.post_send(w).unwrap();
+        let want: Vec<u8> = [&data[..40], &data[0x800..0x800 + 400]].concat();
+        let mut buf = vec![0u8; max_packet_len(MTU)];
+        let mut got = Vec::new();
+        let mut heads = Vec::new();
+        while let Some(t) = qp.poll_transmit_gather(0, &mem, &mut buf) {
+            heads.push((t.head_len, t.payload.len(), t.payload.as_ptr()));
+            // The BTH (12 bytes) is a SEND FIRST/LAST's only header.
+            got.extend_from_slice(&buf[12..t.head_len]);
+            got.extend_from_slice(t.payload);
+        }
+        assert_eq!(heads.len(), 2, "{heads:?}");
+        // Packet 1: BTH + 40 copied bytes, then 216 bytes lent from the second SGE.
+        assert_eq!((heads[0].0, heads[0].1), (12 + 40, 216), "{heads:?}");
+        assert_eq!(
+            heads[0].2,
+            mem.slice(Key::Local(LKEY), 0x1800, 216, 0)
+                .unwrap()
+                .as_ptr()
+        );
+        // Packet 2: the remaining 184 bytes, lent.
+        assert_eq!((heads[1].0, heads[1].1), (12, 184), "{heads:?}");
+        assert_eq!(got, want);
+        let t = lending.poll_transmit_vectored(0, &mem, &mut buf).unwrap();
+        assert!(t.is_contiguous() && t.head_len == 12 + 256 + 4, "{t:?}");
     }
 
     /// Memory that refuses reads once `fail` is set (a region deregistered mid-message).

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use super::emit::{EmitError, PayloadSrc, TxParts};
+use super::emit::{EmitError, PayloadSrc, TxMode, TxParts};
 use super::memory::{self, Key, Memory, sge_total};
 use super::packet::{AethRepr, Hdr, NakCode, Opcode, Syndrome};
 use super::psn;
@@ -539,7 +539,7 @@ impl Qp {
         &mut self,
         mem: &'m dyn Memory,
         buf: &mut [u8],
-        vectored: bool,
+        mode: TxMode,
     ) -> Option<TxParts<'m>> {
         let item = *self.resp.out.front()?;
         let dest_qp = self.attr.dest_qp_num;
@@ -550,7 +550,7 @@ impl Qp {
                 let mut h = Hdr::new(Opcode::Acknowledge, dest_qp, p);
                 h.aeth = Some(AethRepr { syndrome: syn, msn });
                 let t = self
-                    .emit_from(&h, 0, PayloadSrc::None, mem, buf, vectored)
+                    .emit_from(&h, 0, PayloadSrc::None, mem, buf, mode)
                     .ok()?;
                 // Counted as sent, not as queued: a queued NAK may be coalesced away.
                 match syn {
@@ -581,7 +581,7 @@ impl Qp {
                     rkey: res.rkey,
                     va: res.va + off,
                 };
-                let t = match self.emit_from(&h, n, src, mem, buf, vectored) {
+                let t = match self.emit_from(&h, n, src, mem, buf, mode) {
                     Ok(t) => t,
                     Err(EmitError::Buffer) => return None,
                     Err(EmitError::Memory(_)) => {
@@ -589,7 +589,7 @@ impl Qp {
                         self.resp.out.pop_front();
                         self.resp.push_ack(NAK_REM_ACCESS, p);
                         self.enter_error();
-                        return self.next_response(mem, buf, vectored);
+                        return self.next_response(mem, buf, mode);
                     }
                 };
                 if last {

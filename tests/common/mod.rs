@@ -196,26 +196,34 @@ impl Sim {
     }
 
     /// Lets every node transmit what it has, through the faulty network. Each packet is
-    /// taken at random through the copying or the zero-copy (vectored) path, and delivered
-    /// as a whole or in parts, so both paths of the engine are exercised.
+    /// taken at random through the copying, the zero-copy (vectored) or the gathering
+    /// path, and delivered as a whole or (vectored) in parts, so every path of the engine is
+    /// exercised.
     fn transmit_all(&mut self) {
         for from in 0..self.nodes.len() {
             let to = 1 - from;
             let dst = self.dst_addr(to);
             loop {
                 let vectored = self.rng.chance(0.5);
+                let gather = vectored && self.rng.chance(0.5);
                 let node = &mut self.nodes[from];
                 let (mut pkt, split) = if vectored {
-                    let Some(t) =
+                    let polled = if gather {
+                        node.qp
+                            .poll_transmit_gather(self.now, &node.mem, &mut self.buf)
+                    } else {
                         node.qp
                             .poll_transmit_vectored(self.now, &node.mem, &mut self.buf)
-                    else {
+                    };
+                    let Some(t) = polled else {
                         break;
                     };
                     let mut pkt = self.buf[..t.head_len].to_vec();
                     pkt.extend_from_slice(t.payload);
                     pkt.resize(t.len(), 0);
-                    let split = (!t.is_contiguous()).then_some((t.head_len, t.payload.len()));
+                    // Gathered parts are one datagram on the wire (its head may hold payload).
+                    let split =
+                        (!gather && !t.is_contiguous()).then_some((t.head_len, t.payload.len()));
                     (pkt, split)
                 } else {
                     let Some(n) = node.qp.poll_transmit(self.now, &node.mem, &mut self.buf) else {

@@ -682,7 +682,7 @@ impl SoftQp {
                 if head.is_empty() {
                     head.resize(max_packet_len(4096), 0);
                 }
-                let Some(t) = qp.poll_transmit_vectored(now, view, head) else {
+                let Some(t) = qp.poll_transmit_gather(now, view, head) else {
                     break;
                 };
                 pkts.push((t.head_len, t.payload, t.tail_len, true));
