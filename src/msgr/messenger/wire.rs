@@ -1,9 +1,12 @@
 //! The messenger's wire format: a fixed 64-byte header at the start of a [`SLOT`]-byte
 //! header slot, then (eager) the data segment or (rendezvous) a descriptor block.
 //!
-//! Every SEND is `[header slot: SLOT bytes][payload: 0..=4096 bytes]`, and every posted
-//! receive is `[header slot][one 4 KiB pool chunk]`, so the payload lands at the start of
-//! the chunk, page-aligned. The payload is one of:
+//! Every SEND with a payload is `[header slot: SLOT bytes][payload: 1..=4096 bytes]`, and
+//! every posted receive is `[header slot][one 4 KiB pool chunk]`, so the payload lands at
+//! the start of the chunk, page-aligned. A SEND without one is only the header and the
+//! inline front (`HDR_LEN + front_len` bytes; version 2: version 1 sent the whole slot, 448
+//! bytes of it unused by a 64-byte request, on the wire, through two kernel copies and the
+//! ICRC). The payload is one of:
 //! - nothing (control messages, and messages without data whose front fits the slot);
 //! - eager: the single data segment (`data_len` bytes, at most 4096);
 //! - rendezvous (`RNDV`): a descriptor block: the front (when it did not fit the slot),
@@ -37,7 +40,7 @@ pub const PART_ENTRY: usize = 16;
 pub const MAX_SEG_LEN: usize = 16 << 20;
 
 const MAGIC: u16 = 0x4d58; // "XM"
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,8 +163,8 @@ impl Header {
     /// Parses the slot of a received message whose total length was `byte_len` and checks
     /// the header against it.
     pub fn parse(slot: &[u8], byte_len: usize) -> Result<Header, Malformed> {
-        if slot.len() < HDR_LEN || byte_len < SLOT {
-            return Err(Malformed("message shorter than the header slot"));
+        if slot.len() < HDR_LEN || byte_len < HDR_LEN {
+            return Err(Malformed("message shorter than its header"));
         }
         if u16::from_le_bytes(get(slot, 0)) != MAGIC {
             return Err(Malformed("bad magic in message header"));
@@ -184,7 +187,11 @@ impl Header {
             aux3: u64::from_le_bytes(get(slot, 56)),
         };
         let kind = h.kind().ok_or(Malformed("unknown message kind"))?;
-        if byte_len - SLOT != h.payload_len as usize || h.payload_len as usize > PAYLOAD_MAX {
+        // A payload follows a whole slot; a message without one may end after its front.
+        if byte_len.saturating_sub(SLOT) != h.payload_len as usize
+            || (byte_len < SLOT && h.payload_len != 0)
+            || h.payload_len as usize > PAYLOAD_MAX
+        {
             return Err(Malformed(
                 "payload length disagrees with the received length",
             ));
@@ -209,6 +216,10 @@ impl Header {
             }
             if h.nsegs == 0 && h.payload_len != 0 {
                 return Err(Malformed("eager message with a payload and no segment"));
+            }
+            // The inline front must have arrived (the rest of the slot holds old bytes).
+            if byte_len < HDR_LEN + h.front_len as usize {
+                return Err(Malformed("message shorter than its front"));
             }
         }
         Ok(h)
@@ -335,6 +346,25 @@ mod tests {
         // The length on the wire must match.
         assert!(Header::parse(&slot, SLOT + 4095).is_err());
         assert!(Header::parse(&slot[..10], SLOT).is_err());
+        // With a payload the whole slot comes first.
+        assert!(Header::parse(&slot, HDR_LEN + 100).is_err());
+    }
+
+    /// A message without payload is its header and front only; one that ends before its
+    /// front is malformed; a control message may be its header alone.
+    #[test]
+    fn a_message_without_payload_ends_after_its_front() {
+        let mut h = msg(Kind::Msg);
+        h.front_len = 24;
+        let mut slot = [0u8; SLOT];
+        h.emit(&mut slot);
+        assert_eq!(Header::parse(&slot, HDR_LEN + 24), Ok(h));
+        assert_eq!(Header::parse(&slot, SLOT), Ok(h));
+        assert!(Header::parse(&slot, HDR_LEN + 23).is_err());
+        assert!(Header::parse(&slot, HDR_LEN - 1).is_err());
+        let c = msg(Kind::Ack);
+        c.emit(&mut slot);
+        assert_eq!(Header::parse(&slot, HDR_LEN), Ok(c));
     }
 
     #[test]
