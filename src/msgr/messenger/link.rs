@@ -427,7 +427,7 @@ impl Link {
         h.emit(out);
         let n = front.len().min(SLOT - HDR_LEN);
         out[HDR_LEN..HDR_LEN + n].copy_from_slice(&front[..n]);
-        if sges.len() == 1 {
+        if h.payload_len == 0 {
             // No payload: the header and front only (the wire format's version 2).
             sges[0].length = (HDR_LEN + n) as u32;
         }

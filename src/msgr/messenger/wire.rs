@@ -187,9 +187,9 @@ impl Header {
             aux3: u64::from_le_bytes(get(slot, 56)),
         };
         let kind = h.kind().ok_or(Malformed("unknown message kind"))?;
-        // A payload follows a whole slot; a message without one may end after its front.
+        // A payload follows a whole slot; a message without one may end after its front
+        // (shorter than the slot: no payload counted).
         if byte_len.saturating_sub(SLOT) != h.payload_len as usize
-            || (byte_len < SLOT && h.payload_len != 0)
             || h.payload_len as usize > PAYLOAD_MAX
         {
             return Err(Malformed(
