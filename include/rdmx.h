@@ -770,6 +770,11 @@ typedef struct {
    * Messages received again after a reconnect and dropped (already delivered).
    */
   uint64_t duplicates_dropped;
+  /**
+   * Of the eager segments received, those the sender RDMA WROTE into a chunk this side
+   * granted (`msgr_eager_write`).
+   */
+  uint64_t written_segments;
 } rdmx_session_counters;
 
 /**

@@ -398,6 +398,7 @@ fn run(a: &Args, cfg: &Config) -> Result<Run, String> {
     r.int("credit_stalls", c.credit_stalls);
     r.int("full_refusals", c.full_refusals);
     r.int("eager_segments", c.eager_segments);
+    r.int("written_segments", c.written_segments);
     r.int("read_segments", c.read_segments);
     r.int("copied_bytes", c.copied_bytes);
     r.int("replays", c.replays);

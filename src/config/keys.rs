@@ -392,6 +392,12 @@ pub static KEYS: &[KeySpec] = &[
         "4096",
         "largest single data segment sent eagerly (SEND into the receiver's posted chunk); larger ones are RDMA READ by the receiver",
     ),
+    key(
+        "msgr_eager_write",
+        Kind::Bool,
+        "true",
+        "eager data goes as an RDMA WRITE into the data chunk of the receive the receiver granted (with its credits), then a short SEND of the header: a 4 KiB message is one full packet plus a small one, and a batch of them two runs of equal packets (one GSO message each with the soft provider); the data pool is then registered with remote write. false = the data rides in the SEND after the 512-byte header slot",
+    ),
     // --- profiles ---
     key(
         "profile",

@@ -780,6 +780,9 @@ pub struct rdmx_session_counters {
     pub rnr_naks: u64,
     /// Messages received again after a reconnect and dropped (already delivered).
     pub duplicates_dropped: u64,
+    /// Of the eager segments received, those the sender RDMA WROTE into a chunk this side
+    /// granted (`msgr_eager_write`).
+    pub written_segments: u64,
 }
 
 impl From<&SessionCounters> for rdmx_session_counters {
@@ -801,6 +804,7 @@ impl From<&SessionCounters> for rdmx_session_counters {
             keepalives_sent: c.keepalives_sent,
             rnr_naks: c.rnr_naks,
             duplicates_dropped: c.duplicates_dropped,
+            written_segments: c.written_segments,
         }
     }
 }

@@ -54,6 +54,7 @@ msgr_recv_window = 64  # default
 msgr_recv_window_min = 4  # default
 msgr_pool_chunks = 16384  # default
 msgr_eager_max = 4096  # default
+msgr_eager_write = true  # default
 profile = none  # default
 ";
 

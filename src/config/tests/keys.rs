@@ -92,6 +92,7 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("progress", "inline"),
     ("qp_override", ""),
     ("msgr_policy", "lossless"),
+    ("msgr_eager_write", "true"),
 ];
 
 fn range_message(key: &str, value: &str, min: u64, max: u64, note: &str) -> String {

@@ -1,7 +1,8 @@
 //! The messenger's registered memory and the preparation of outgoing data.
 //!
 //! Three pools, all carved from 2 MiB arenas registered once:
-//! - `data`: 4 KiB chunks, local write + remote read: receive payload areas (and so the
+//! - `data`: 4 KiB chunks, local write + remote read (+ remote write with
+//!   `msgr_eager_write`, for the granted receive chunks): receive payload areas (and so the
 //!   received segments handed to the application), rendezvous READ targets, descriptor
 //!   blocks, `alloc_chunk`, copies of small unregistered segments;
 //! - `slots`: 512-byte header slots, local write: one per posted receive and per SEND;
@@ -35,12 +36,14 @@ pub struct Buffers {
 }
 
 impl Buffers {
-    pub fn new(ctx: &Context, pool_chunks: u32) -> Result<Buffers> {
-        let data = ctx.pool(
-            PAYLOAD_MAX,
-            pool_chunks,
-            access::LOCAL_WRITE | access::REMOTE_READ,
-        )?;
+    /// `remote_write`: peers may RDMA WRITE eager data into the receive chunks they were
+    /// granted (`msgr_eager_write`), so the data pool is registered with remote write.
+    pub fn new(ctx: &Context, pool_chunks: u32, remote_write: bool) -> Result<Buffers> {
+        let mut rights = access::LOCAL_WRITE | access::REMOTE_READ;
+        if remote_write {
+            rights |= access::REMOTE_WRITE;
+        }
+        let data = ctx.pool(PAYLOAD_MAX, pool_chunks, rights)?;
         // A header slot per posted receive and per SEND in flight: as many as data chunks
         // covers every case (each receive also holds a data chunk).
         let slots = ctx.pool(SLOT, pool_chunks, access::LOCAL_WRITE)?;

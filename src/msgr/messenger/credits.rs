@@ -52,10 +52,11 @@ impl Credits {
         self.tx >= 1
     }
 
-    /// Takes a credit for a send and returns the credits to announce in its header.
-    pub fn on_send(&mut self) -> u32 {
+    /// Takes a credit for a send whose header announced `announced` of the credits owed
+    /// (as many as its slot had room to grant; the rest wait for a later header).
+    pub fn on_send(&mut self, announced: u32) {
         self.tx = self.tx.saturating_sub(1);
-        std::mem::take(&mut self.owed)
+        self.owed = self.owed.saturating_sub(announced);
     }
 
     /// The peer announced `n` more credits.
@@ -112,12 +113,13 @@ mod tests {
         assert_eq!(c.owed, 3);
         assert!(!c.can_send_data());
         assert!(c.can_send_control());
-        assert_eq!(c.on_send(), 3); // the hello announces the rest
+        c.on_send(3); // the hello announces the rest
+        assert_eq!(c.owed, 0);
         assert_eq!(c.tx, 0);
         c.on_grant(3);
         assert!(c.can_send_data());
-        c.on_send();
-        c.on_send();
+        c.on_send(0);
+        c.on_send(0);
         assert!(!c.can_send_data());
         assert!(c.can_send_control());
     }

@@ -19,7 +19,7 @@ use std::time::Instant;
 use super::buffers::TxSeg;
 use super::credits::Credits;
 use super::keepalive::Liveness;
-use super::wire::{self, HDR_LEN, Header, Malformed, Part, SLOT, SegDesc};
+use super::wire::{self, GRANT_LEN, Grant, HDR_LEN, Header, Malformed, Part, SLOT, SegDesc};
 
 /// One posted receive.
 pub struct RecvSlot {
@@ -131,7 +131,21 @@ pub struct Link {
     /// SENDs built by [`Link::queue`] and not yet handed to the connection: a pass posts
     /// them in one call ([`Link::flush`]), so the provider sends them in one batch.
     unposted: SmallVec<[SendReq; 8]>,
+    /// The data chunks of the receives the peer posted for us, in the order our SENDs will
+    /// consume them (see `wire.rs`); None for a receive announced without a grant.
+    grants: VecDeque<Option<Grant>>,
+    /// SENDs queued on this link (the first, the hello, takes the one receive each side
+    /// posts before the handshake, which has no grant).
+    sends: u64,
+    /// Eager data goes as an RDMA WRITE into the granted chunk, and our receives are
+    /// granted (`msgr_eager_write`; set before the first send: the pool must take remote
+    /// writes).
+    pub eager_write: bool,
 }
+
+/// Most grants a link keeps: more than any receive window (`msgr_recv_window` <= 32,768),
+/// so a peer that announces more is malformed, and the queue stays bounded.
+const MAX_GRANTS: usize = 65_536;
 
 impl Link {
     /// A link over `conn`, whose on-connect hook posted `slots`.
@@ -167,6 +181,9 @@ impl Link {
             sent_in_pass: false,
             rnr_seen: 0,
             unposted: SmallVec::new(),
+            grants: VecDeque::new(),
+            sends: 0,
+            eager_write: false,
         }
     }
 
@@ -343,11 +360,18 @@ impl Link {
         writes: &[TxWrite],
     ) -> Result<()> {
         let nw: usize = writes.iter().map(|w| w.wrs(self.max_sge)).sum();
-        if self.sq_room() < nw + 1 {
+        // Eager data goes into the chunk of the receive this SEND consumes when the peer
+        // granted it (every SEND after the hello's).
+        let write_data = self.eager_write
+            && self.sends > 0
+            && self.grants.front().is_some_and(Option::is_some)
+            && matches!(body, Body::Eager(parts, _) if !parts.is_empty());
+        if self.sq_room() < nw + 1 + usize::from(write_data) {
             return Err(Error::fixed(ErrorKind::Full, "messenger: send queue full"));
         }
         let slot = self.spare_hdr.pop().map_or_else(|| self.slots.get(), Ok)?;
         let mut block_chunk = None;
+        let mut data_write = None;
         let mut sges: SgeList = SgeList::new();
         sges.push(Sge {
             addr: slot.addr_u64(),
@@ -358,8 +382,9 @@ impl Link {
             Body::None => h.payload_len = 0,
             Body::Eager(parts, lkeys) => {
                 let mut n = 0;
+                let mut data = SgeList::new();
                 for (p, &lkey) in parts.iter().zip(lkeys) {
-                    sges.push(Sge {
+                    data.push(Sge {
                         addr: p.addr,
                         length: p.len,
                         lkey,
@@ -367,6 +392,11 @@ impl Link {
                     n += p.len;
                 }
                 h.payload_len = n;
+                if write_data {
+                    data_write = Some(data);
+                } else {
+                    sges.extend(data);
+                }
             }
             Body::Block(bytes) => {
                 let c = match self.spare_data.pop().map_or_else(|| self.data.get(), Ok) {
@@ -421,15 +451,62 @@ impl Link {
                 off += n;
             }
         }
-        h.credits = self.credits.owed;
+        // The receive this SEND consumes: the hello's has no grant.
+        let grant = if self.sends > 0 {
+            self.grants.pop_front().flatten()
+        } else {
+            None
+        };
+        self.sends += 1;
+        if let (Some(data), Some(g)) = (data_write, grant) {
+            let cookie = self.next_cookie;
+            self.next_cookie += 1;
+            self.unposted.push(SendReq {
+                cookie,
+                opcode: WrOpcode::RdmaWrite,
+                flags: send_flags::SIGNALED,
+                sges: data,
+                remote_addr: g.addr,
+                rkey: g.rkey,
+                imm: 0,
+            });
+            self.sq.push_back(SqEntry {
+                cookie,
+                work: SqWork::Write,
+            });
+            h.flags |= wire::flags::WRITTEN;
+        }
+        // Grant the receives posted since the last announcement, oldest first, as many as
+        // the slot holds after the front.
+        let at = h.grants_at();
+        let owed = self.credits.owed as usize;
+        let first = self.recvs.len().saturating_sub(owed);
+        if self.eager_write {
+            // Our receive chunks take remote writes: grant them.
+            h.flags |= wire::flags::GRANTS;
+            let room = SLOT.saturating_sub(at) / GRANT_LEN;
+            h.credits = owed.min(room).min(self.recvs.len() - first) as u32;
+        } else {
+            h.credits = owed as u32;
+        }
         // SAFETY: the slot is ours (from the pool or our spares, not posted); SLOT bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(slot.addr, SLOT) };
         h.emit(out);
         let n = front.len().min(SLOT - HDR_LEN);
         out[HDR_LEN..HDR_LEN + n].copy_from_slice(&front[..n]);
-        if h.payload_len == 0 {
-            // No payload: the header and front only (the wire format's version 2).
-            sges[0].length = (HDR_LEN + n) as u32;
+        let n_grants = if self.eager_write { h.credits } else { 0 };
+        let granted = self.recvs.range(first..).take(n_grants as usize);
+        wire::emit_grants(
+            out,
+            at,
+            granted.map(|(_, r)| Grant {
+                addr: r.data.addr_u64(),
+                rkey: r.data.rkey,
+            }),
+        );
+        if h.payload_len == 0 || h.has(wire::flags::WRITTEN) {
+            // No payload in the SEND: the header, front and grants only (wire version 2+).
+            sges[0].length = h.grants_end().min(SLOT) as u32;
         }
         let cookie = self.next_cookie;
         self.next_cookie += 1;
@@ -443,7 +520,7 @@ impl Link {
             imm: 0,
         };
         self.unposted.push(wr);
-        self.credits.on_send();
+        self.credits.on_send(h.credits);
         self.sq.push_back(SqEntry {
             cookie,
             work: SqWork::Send {
@@ -584,6 +661,12 @@ impl Link {
                 // `byte_len` bytes of which the first SLOT are the header slot.
                 let bytes = unsafe { std::slice::from_raw_parts(slot.hdr.addr, SLOT) };
                 let parsed = Header::parse(bytes, wc.byte_len as usize);
+                let parsed = parsed.and_then(|h| {
+                    if self.grants.len() + h.credits as usize > MAX_GRANTS {
+                        return Err(Malformed("more credits than any receive window"));
+                    }
+                    Ok(h)
+                });
                 let h = match parsed {
                     Ok(h) => h,
                     Err(m) => {
@@ -592,6 +675,14 @@ impl Link {
                         return Err(m.into());
                     }
                 };
+                // The credits and the chunks behind them, in one place (a sender's WRITE
+                // targets the grant its SEND's receive was announced with).
+                if h.has(wire::flags::GRANTS) {
+                    self.grants.extend(h.grants(bytes).map(Some));
+                } else {
+                    self.grants.extend((0..h.credits).map(|_| None));
+                }
+                self.credits.on_grant(h.credits);
                 let front = if h.has(wire::flags::RNDV) {
                     Vec::new()
                 } else {

@@ -51,9 +51,11 @@ impl OutMsg {
             }
     }
 
-    /// Send-queue entries the message takes: its WRITEs and the SEND.
+    /// Send-queue entries the message takes: its WRITEs, the WRITE of an eager segment
+    /// (`msgr_eager_write`) and the SEND.
     pub fn sq_need(&self, max_sge: usize) -> usize {
-        1 + self.writes.iter().map(|w| w.wrs(max_sge)).sum::<usize>()
+        1 + usize::from(self.segs.len() == 1)
+            + self.writes.iter().map(|w| w.wrs(max_sge)).sum::<usize>()
     }
 
     fn descs(&self) -> Vec<SegDesc> {
@@ -222,7 +224,6 @@ impl Session {
     /// Handles the header fields every message carries.
     fn on_header(&mut self, h: &Header, s: &MsgrSettings, ev: &mut Vec<Event>) {
         if let Some(l) = self.link.as_mut() {
-            l.credits.on_grant(h.credits);
             if h.has(flags::STARVED) {
                 l.credits.grow();
             }
@@ -351,6 +352,9 @@ impl Session {
                 None => entry.eager = None,
             }
             self.counters.eager_segments += 1;
+            if r.h.has(flags::WRITTEN) {
+                self.counters.written_segments += 1;
+            }
         } else if let Some(c) = r.data {
             link.give_back(c);
         }

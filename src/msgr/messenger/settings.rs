@@ -25,6 +25,8 @@ pub struct MsgrSettings {
     pub recv_window_min: u32,
     pub pool_chunks: u32,
     pub eager_max: usize,
+    /// Eager data as an RDMA WRITE into the receiver's granted chunk + a short SEND.
+    pub eager_write: bool,
     /// From the transport keys: receives a connection can hold, SGEs per send WR, WRs.
     pub max_recv_wr: u32,
     pub max_send_wr: u32,
@@ -62,6 +64,7 @@ impl MsgrSettings {
             recv_window_min: c.get_u64("msgr_recv_window_min")? as u32,
             pool_chunks: c.get_u64("msgr_pool_chunks")? as u32,
             eager_max: c.get_u64("msgr_eager_max")? as usize,
+            eager_write: c.get_bool("msgr_eager_write")?,
             max_recv_wr: c.get_u64("max_recv_wr")? as u32,
             max_send_wr: c.get_u64("max_send_wr")? as u32,
             max_send_sge: c.get_u64("max_send_sge")? as u32,

@@ -203,7 +203,11 @@ impl Core {
         // Answers go from the thread that polled (they carry the RC ACKs of what it
         // received), and that thread receives: the progress thread keeps out of its way.
         ctx.set_app_driven(true);
-        let bufs = Arc::new(Buffers::new(&ctx, settings.pool_chunks)?);
+        let bufs = Arc::new(Buffers::new(
+            &ctx,
+            settings.pool_chunks,
+            settings.eager_write,
+        )?);
         let nshards = settings.threads.max(1);
         let mut shards = Vec::with_capacity(nshards);
         for _ in 0..nshards {
@@ -870,7 +874,7 @@ impl Core {
     fn link_from(&self, conn: Connection, slots: Vec<RecvSlot>) -> Link {
         let s = &self.settings;
         let credits = Credits::new(slots.len() as u32, s.recv_window_min, s.recv_window);
-        Link::new(
+        let mut link = Link::new(
             conn,
             slots,
             Arc::clone(&self.bufs.data),
@@ -878,7 +882,9 @@ impl Core {
             credits,
             s.max_send_wr as usize,
             s.max_send_sge as usize,
-        )
+        );
+        link.eager_write = s.eager_write;
+        link
     }
 
     /// Accepted links waiting for their hello.
@@ -908,7 +914,6 @@ impl Core {
                 }
             }
             if let Some(h) = hello {
-                p.link.credits.on_grant(h.credits);
                 let owner = self.by_peer.lock().get(&h.aux).copied();
                 match owner {
                     Some(id) if (id & 0xff) as usize != shard => {
@@ -1385,6 +1390,7 @@ fn add_counters(t: &mut SessionCounters, c: &SessionCounters) {
     t.copied_bytes += c.copied_bytes;
     t.read_segments += c.read_segments;
     t.eager_segments += c.eager_segments;
+    t.written_segments += c.written_segments;
     t.remote_writes += c.remote_writes;
     t.remote_write_bytes += c.remote_write_bytes;
     t.keepalives_sent += c.keepalives_sent;

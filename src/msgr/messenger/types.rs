@@ -420,6 +420,9 @@ pub struct SessionCounters {
     /// Data segments moved by RDMA READ (rendezvous) / eagerly in the SEND.
     pub read_segments: u64,
     pub eager_segments: u64,
+    /// Of the eager segments received, those the sender RDMA WROTE into the chunk this
+    /// side granted (`msgr_eager_write`); the others came in the SEND.
+    pub written_segments: u64,
     /// RDMA WRITEs posted into the peer's memory ([`OutMessage::writes`]) and their bytes.
     pub remote_writes: u64,
     pub remote_write_bytes: u64,

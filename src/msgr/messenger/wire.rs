@@ -1,6 +1,16 @@
 //! The messenger's wire format: a fixed 64-byte header at the start of a [`SLOT`]-byte
 //! header slot, then (eager) the data segment or (rendezvous) a descriptor block.
 //!
+//! Credits come with grants: a header that announces `credits` new receives lists (with
+//! [`flags::GRANTS`]), after its inline front (padded to 8), one [`GRANT_LEN`]-byte entry
+//! per receive, in posting order: the address and rkey of the receive's data chunk
+//! (`addr: u64, rkey: u32`). The
+//! sender then may RDMA WRITE an eager segment into the chunk of the receive its next SEND
+//! consumes (receives are consumed in order) and send the header alone with
+//! [`flags::WRITTEN`] (version 3): a 4 KiB message is a 4 KiB WRITE (one packet at MTU 4096)
+//! and a short SEND instead of a SEND of 512 + 4096 bytes (two packets), and a batch of them
+//! leaves as a run of equal WRITEs and a run of equal SENDs (`Link::flush`).
+//!
 //! Every SEND with a payload is `[header slot: SLOT bytes][payload: 1..=4096 bytes]`, and
 //! every posted receive is `[header slot][one 4 KiB pool chunk]`, so the payload lands at
 //! the start of the chunk, page-aligned. A SEND without one is only the header and the
@@ -39,8 +49,11 @@ pub const PART_ENTRY: usize = 16;
 /// peer can make us allocate for one segment).
 pub const MAX_SEG_LEN: usize = 16 << 20;
 
+/// Bytes per grant (the data chunk of a receive posted for the peer).
+pub const GRANT_LEN: usize = 12;
+
 const MAGIC: u16 = 0x4d58; // "XM"
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +99,20 @@ pub mod flags {
     pub const STARVED: u16 = 2;
     /// Hello: the sender's session is lossy.
     pub const LOSSY: u16 = 4;
+    /// Eager: the data segment (`payload_len` bytes) was RDMA WRITTEN into the data chunk
+    /// of the receive this message consumed (granted by the receiver); the SEND is the
+    /// header, front and grants only.
+    pub const WRITTEN: u16 = 8;
+    /// The credits this header announces come with grants (the sender's receive chunks
+    /// take remote writes: its `msgr_eager_write` is on); without it, none follow.
+    pub const GRANTS: u16 = 16;
+}
+
+/// A receive's data chunk, granted to the peer (it may WRITE eager data there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub addr: u64,
+    pub rkey: u32,
 }
 
 /// The fixed header.
@@ -187,20 +214,30 @@ impl Header {
             aux3: u64::from_le_bytes(get(slot, 56)),
         };
         let kind = h.kind().ok_or(Malformed("unknown message kind"))?;
-        // A payload follows a whole slot; a message without one may end after its front
-        // (shorter than the slot: no payload counted).
-        if byte_len.saturating_sub(SLOT) != h.payload_len as usize
-            || h.payload_len as usize > PAYLOAD_MAX
-        {
+        // A payload follows a whole slot; a message without one may end after its grants
+        // (shorter than the slot: no payload counted). Written data is not in the SEND.
+        let on_wire = if h.has(flags::WRITTEN) {
+            0
+        } else {
+            h.payload_len as usize
+        };
+        if byte_len.saturating_sub(SLOT) != on_wire || h.payload_len as usize > PAYLOAD_MAX {
             return Err(Malformed(
                 "payload length disagrees with the received length",
             ));
         }
+        if h.has(flags::GRANTS) && h.credits as usize > (SLOT - HDR_LEN) / GRANT_LEN {
+            return Err(Malformed("more credits than a header slot can grant"));
+        }
         if kind != Kind::Msg {
-            if h.payload_len != 0 || h.nsegs != 0 || h.front_len != 0 {
+            if h.payload_len != 0
+                || h.nsegs != 0
+                || h.front_len != 0
+                || h.flags & flags::WRITTEN != 0
+            {
                 return Err(Malformed("control message with a payload"));
             }
-            return Ok(h);
+            return h.check_grants(byte_len);
         }
         if h.seq == 0 {
             return Err(Malformed("message without a sequence number"));
@@ -222,12 +259,80 @@ impl Header {
                 return Err(Malformed("message shorter than its front"));
             }
         }
-        Ok(h)
+        if h.has(flags::WRITTEN) && (h.has(flags::RNDV) || h.nsegs != 1 || h.payload_len == 0) {
+            return Err(Malformed("written data that is not one eager segment"));
+        }
+        h.check_grants(byte_len)
+    }
+
+    /// Where the grants start in the slot: after the inline front, padded to 8.
+    pub fn grants_at(&self) -> usize {
+        HDR_LEN + self.inline_front().next_multiple_of(8)
+    }
+
+    /// The end of the grants: the shortest the message may be (SEND without payload).
+    pub fn grants_end(&self) -> usize {
+        if !self.has(flags::GRANTS) || self.credits == 0 {
+            // No grants: the header and the inline front, unpadded.
+            return HDR_LEN + self.inline_front();
+        }
+        self.grants_at() + self.credits as usize * GRANT_LEN
+    }
+
+    fn inline_front(&self) -> usize {
+        if self.kind == Kind::Msg as u8 && !self.has(flags::RNDV) {
+            self.front_len as usize
+        } else {
+            0
+        }
+    }
+
+    fn check_grants(self, byte_len: usize) -> Result<Header, Malformed> {
+        let end = self.grants_end();
+        if end > SLOT {
+            return Err(Malformed("grants do not fit the header slot"));
+        }
+        if byte_len < end {
+            return Err(Malformed("message shorter than its grants"));
+        }
+        Ok(self)
+    }
+
+    /// The grants of a parsed header, from its slot (none without [`flags::GRANTS`]).
+    pub fn grants<'a>(&self, slot: &'a [u8]) -> impl Iterator<Item = Grant> + 'a {
+        let at = self.grants_at();
+        let n = if self.has(flags::GRANTS) {
+            self.credits as usize
+        } else {
+            0
+        };
+        slot.get(at..at + n * GRANT_LEN)
+            .unwrap_or(&[])
+            .chunks_exact(GRANT_LEN)
+            .map(|e| Grant {
+                addr: u64::from_le_bytes(get(e, 0)),
+                rkey: u32::from_le_bytes(get(e, 8)),
+            })
     }
 
     pub fn has(&self, flag: u16) -> bool {
         self.flags & flag != 0
     }
+}
+
+/// Writes grants into a slot at `at` (the header's [`Header::grants_at`]); returns how
+/// many fit (the rest wait for a later header).
+pub fn emit_grants(slot: &mut [u8], at: usize, grants: impl Iterator<Item = Grant>) -> usize {
+    let mut n = 0;
+    for g in grants {
+        let Some(e) = slot.get_mut(at + n * GRANT_LEN..at + (n + 1) * GRANT_LEN) else {
+            break;
+        };
+        e[0..8].copy_from_slice(&g.addr.to_le_bytes());
+        e[8..12].copy_from_slice(&g.rkey.to_le_bytes());
+        n += 1;
+    }
+    n
 }
 
 /// One part of a rendezvous segment: the sender's memory to READ.
@@ -365,6 +470,59 @@ mod tests {
         let c = msg(Kind::Ack);
         c.emit(&mut slot);
         assert_eq!(Header::parse(&slot, HDR_LEN), Ok(c));
+    }
+
+    /// Grants follow the inline front (padded to 8) and must have arrived; written data
+    /// is one eager segment that is not in the SEND.
+    #[test]
+    fn grants_follow_the_front_and_written_data_is_not_on_the_wire() {
+        let mut h = msg(Kind::Msg);
+        h.front_len = 20;
+        h.nsegs = 1;
+        h.payload_len = 4096;
+        h.credits = 2;
+        h.flags = flags::GRANTS | flags::WRITTEN;
+        assert_eq!(h.grants_at(), HDR_LEN + 24);
+        assert_eq!(h.grants_end(), HDR_LEN + 24 + 2 * GRANT_LEN);
+        let mut slot = [0u8; SLOT];
+        h.emit(&mut slot);
+        let g = [
+            Grant {
+                addr: 0x7f00_0000_1000,
+                rkey: 7,
+            },
+            Grant {
+                addr: 0x7f00_0000_2000,
+                rkey: 8,
+            },
+        ];
+        assert_eq!(emit_grants(&mut slot, h.grants_at(), g.iter().copied()), 2);
+        let end = h.grants_end();
+        assert_eq!(Header::parse(&slot, end), Ok(h));
+        assert_eq!(h.grants(&slot).collect::<Vec<_>>(), g);
+        // The grants must have arrived; the written data is not in the SEND.
+        assert!(Header::parse(&slot, end - 1).is_err());
+        assert!(Header::parse(&slot, SLOT + 4096).is_err());
+        // Without the flag the credits carry no grants.
+        let mut plain = h;
+        plain.flags = flags::WRITTEN;
+        plain.emit(&mut slot);
+        assert_eq!(Header::parse(&slot, HDR_LEN + 20), Ok(plain));
+        assert_eq!(plain.grants(&slot).count(), 0);
+        // Written data must be one eager segment.
+        let mut two = h;
+        two.nsegs = 2;
+        two.emit(&mut slot);
+        assert!(Header::parse(&slot, SLOT).is_err());
+        // More grants than the slot holds after the front.
+        let mut many = h;
+        many.front_len = 400;
+        many.credits = 10;
+        many.emit(&mut slot);
+        assert!(Header::parse(&slot, SLOT).is_err());
+        // emit_grants stops at the end of the slot.
+        let lots = std::iter::repeat_n(g[0], 100);
+        assert_eq!(emit_grants(&mut slot, 400, lots), (SLOT - 400) / GRANT_LEN);
     }
 
     #[test]
