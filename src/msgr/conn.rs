@@ -340,6 +340,24 @@ impl Listener {
         v
     }
 
+    /// [`Listener::accept`] without waiting, for a caller that looks often (a busy
+    /// messenger shard, every millisecond): None when nothing is ready, found by a
+    /// zero-timeout poll of [`Listener::wait_fds`]. A failing accept(2) allocates and frees
+    /// a file, and the `Timeout` error formats the local address (a getsockname): 2% of a
+    /// messenger server's CPU at 150K requests/s before.
+    pub fn try_accept(&self) -> Result<Option<Connection>> {
+        let mut ready = Vec::new();
+        sys::poll_readable(&self.wait_fds(), Duration::ZERO, &mut ready)?;
+        if ready.is_empty() {
+            return Ok(None);
+        }
+        match self.accept(Some(Duration::ZERO)) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if e.kind() == ErrorKind::Timeout => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Waits up to `timeout` (None = forever) for a connection that completed its setup
     /// and returns it, after running the on-connect hook and telling the peer it may send.
     /// Handshakes run concurrently (see [`Listener`]); `Timeout` when none completed in

@@ -438,7 +438,7 @@ impl Link {
                 self.unposted.push(SendReq {
                     cookie,
                     opcode: WrOpcode::RdmaWrite,
-                    flags: send_flags::SIGNALED,
+                    flags: 0, // completes with the SEND after it (see `complete`)
                     sges,
                     remote_addr: w.addr.wrapping_add(off),
                     rkey: w.rkey,
@@ -464,7 +464,7 @@ impl Link {
             self.unposted.push(SendReq {
                 cookie,
                 opcode: WrOpcode::RdmaWrite,
-                flags: send_flags::SIGNALED,
+                flags: 0, // completes with the SEND after it (see `complete`)
                 sges: data,
                 remote_addr: g.addr,
                 rkey: g.rkey,
@@ -699,6 +699,17 @@ impl Link {
                 out.push(LinkEvent::Recv(Received { h, front, data }));
             }
             _ => {
+                // WRITEs are unsignaled: a later WR's completion means they completed (a
+                // send queue completes in order; a failed WRITE completes with its error,
+                // which faulted above). Every WRITE precedes the signaled SEND of its
+                // message.
+                while self
+                    .sq
+                    .front()
+                    .is_some_and(|e| matches!(e.work, SqWork::Write) && e.cookie != wc.cookie)
+                {
+                    self.sq.pop_front();
+                }
                 let e = self.sq.pop_front().ok_or_else(mismatch)?;
                 if e.cookie != wc.cookie {
                     self.sq.push_front(e);

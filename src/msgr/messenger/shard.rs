@@ -846,10 +846,11 @@ impl Core {
         let Some(l) = g.as_ref() else { return false };
         let mut found = false;
         for _ in 0..16 {
-            let r = l.accept(Some(Duration::ZERO));
-            let slots = take_hooked(&self.bufs, r.as_ref().ok());
+            let r = l.try_accept();
+            let slots = take_hooked(&self.bufs, r.as_ref().ok().and_then(Option::as_ref));
             match r {
-                Ok(conn) => {
+                Ok(None) => break,
+                Ok(Some(conn)) => {
                     found = true;
                     let Some(slots) = slots else { continue };
                     let link = Some(self.link_from(conn, slots));
@@ -860,7 +861,6 @@ impl Core {
                         });
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::Timeout => break,
                 Err(e) => {
                     log::debug!(target: "rdmx::msgr", "messenger: accept: {e}");
                     found = true; // others may have ended too: look again next pass
