@@ -262,7 +262,7 @@ pub static KEYS: &[KeySpec] = &[
         "polling_us",
         uint(0, 1_000_000),
         "1000",
-        "adaptive mode: microseconds of empty polls before sleeping (Ceph's default too). On a host whose cores are busy, 1000 kept read_bw at 0.75x the UDP loop where 100 fell to 0.25x: an answer often takes longer than 100 us, and a thread that slept waits for a core to wake (docs/busy-hosts.md). The messenger (and the block path on it) polls 50 us unless poll_mode or polling_us is set, and backs off for 100 ms when preempted while polling (docs/messenger.md)",
+        "adaptive mode: microseconds of empty polls before sleeping (Ceph's default too). On a host whose cores are busy, 1000 kept read_bw at 0.75x the UDP loop where 100 fell to 0.25x: an answer often takes longer than 100 us, and a thread that slept waits for a core to wake (docs/busy-hosts.md). The messenger (and the block path on it) polls 200 us unless poll_mode or polling_us is set, and backs off for 100 ms when preempted while polling (docs/messenger.md)",
     ),
     key(
         "poll_batch",

@@ -130,11 +130,17 @@ fn spin(c: &Config) -> Result<Option<Duration>> {
 }
 
 /// The messenger's polling after its last event when `poll_mode`/`polling_us` are left at
-/// their defaults: long enough to catch the next request of a request/reply stream
-/// (rpc_lat's round trip is ~20-35 us here), short enough that an idle messenger costs
-/// little. Measured against sleeping at once (`bench/msgr.sh`-style A/B, 2 cores): rpc_lat
-/// p50 22-34 vs 32-40 us, rpc_bw qd32 within the noise.
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// their defaults: long enough to catch the next request of a request/reply stream and the
+/// next batch of a pipelined one, short enough that an idle messenger costs little.
+/// Measured against sleeping at once (`bench/msgr.sh`-style A/B, 2 cores): rpc_lat p50
+/// 22-34 vs 32-40 us. 50 us was too short for batches: fio rpc mode (4K randread QD32,
+/// fio and rdmx-target both polling this long), 4 alternating rounds: 50 us 81-126K IOPS
+/// (median ~110K), 200 us 104-151K (~138K), 1,000 us 115-145K (~127K); `poll_mode=busy` on
+/// both 145-150K. Each side sleeps between batches that come more than 50 us apart, and a
+/// wake-up costs both (15% of the target's and fio's CPU in the scheduler). rdmx-perf
+/// rpc_bw/rpc_lat (whose client always polls) did not move (3 pairs). Under two busy loops
+/// the backoff keeps 200 us from collapsing: 53-62K against 56-71K with 50 us.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 
 /// The transport keys the messenger needs, raised where they were left at their defaults
 /// (an explicit value too small is refused by `from_config` or by posting).
