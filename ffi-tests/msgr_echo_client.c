@@ -378,6 +378,9 @@ int main(int argc, char **argv) {
   CHECK(c.msgs_received == count);
   CHECK(c.copied_bytes == copied_expected);
   CHECK(c.eager_segments > 0);
+  /* The server echoes 4 KiB segments eagerly, as RDMA WRITEs into the chunks this side
+     granted (msgr_eager_write, on by default on both). */
+  CHECK(c.written_segments > 0 && c.written_segments <= c.eager_segments);
   CHECK(c.read_segments > 0 || count < 50);
   CHECK(c.full_refusals >= 1);
   CHECK(c.rnr_naks == 0);
@@ -387,11 +390,12 @@ int main(int argc, char **argv) {
     CHECK(c.faults >= 1);
   }
   printf("client (%s): %llu echoes verified, sent %llu B, received %llu B, copied %llu B, "
-         "eager %llu, read %llu, credit stalls %llu, full %llu, faults %llu, reconnects %llu, "
-         "replays %llu\n",
+         "eager %llu (written %llu), read %llu, credit stalls %llu, full %llu, faults %llu, "
+         "reconnects %llu, replays %llu\n",
          argv[2], (unsigned long long)echoed, (unsigned long long)c.bytes_sent,
          (unsigned long long)c.bytes_received, (unsigned long long)c.copied_bytes,
-         (unsigned long long)c.eager_segments, (unsigned long long)c.read_segments,
+         (unsigned long long)c.eager_segments, (unsigned long long)c.written_segments,
+         (unsigned long long)c.read_segments,
          (unsigned long long)c.credit_stalls, (unsigned long long)c.full_refusals,
          (unsigned long long)c.faults, (unsigned long long)c.reconnects,
          (unsigned long long)c.replays);
