@@ -1,6 +1,8 @@
 //! Messenger messages end to end on loopback (two messengers in one process, caller-driven
 //! progress): front + 0..n data segments of every kind up to 4 MiB, content checked; eager
-//! and rendezvous paths; send completions; the pools back to their baseline afterwards.
+//! (written into granted chunks, or inline) and rendezvous paths; send completions; the
+//! pools back to their baseline afterwards. On the soft provider, and again on the verbs
+//! provider under `rdmx-ibv exec` (`messenger_cases_on_verbs_under_rdmx_ibv`).
 
 use rdmx::config::Config;
 use rdmx::msgr::messenger::{
@@ -9,6 +11,8 @@ use rdmx::msgr::messenger::{
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+mod support;
 
 #[derive(Default)]
 struct Log {
@@ -32,6 +36,7 @@ impl Dispatcher for Log {
 fn config(kv: &[(&str, &str)]) -> Config {
     let mut c = Config::new();
     c.set("soft_port", "0").unwrap();
+    support::apply_provider(&mut c);
     for (k, v) in kv {
         c.set(k, v).unwrap();
     }
@@ -257,4 +262,19 @@ fn eager_data_is_written_into_granted_chunks_or_sent_inline() {
             base_b.data_pool.chunks_in_use
         );
     }
+}
+
+/// The cases above on the verbs provider: this binary again under `rdmx-ibv exec`
+/// (libibverbs -> rdmx's device -> the soft transport), so registration with remote write,
+/// unsignaled WRITEs and READs go through `ibv_*` calls.
+#[test]
+fn messenger_cases_on_verbs_under_rdmx_ibv() {
+    support::rerun_under_rdmx_ibv(
+        "127.0.0.2",
+        &[
+            "messages_of_every_shape_arrive_intact_and_pools_return_to_baseline",
+            "eager_data_is_written_into_granted_chunks_or_sent_inline",
+        ],
+        Duration::from_secs(120),
+    );
 }
