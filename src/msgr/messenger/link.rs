@@ -433,21 +433,7 @@ impl Link {
                     });
                     n += u64::from(p.len);
                 }
-                let cookie = self.next_cookie;
-                self.next_cookie += 1;
-                self.unposted.push(SendReq {
-                    cookie,
-                    opcode: WrOpcode::RdmaWrite,
-                    flags: 0, // completes with the SEND after it (see `complete`)
-                    sges,
-                    remote_addr: w.addr.wrapping_add(off),
-                    rkey: w.rkey,
-                    imm: 0,
-                });
-                self.sq.push_back(SqEntry {
-                    cookie,
-                    work: SqWork::Write,
-                });
+                self.queue_write(sges, w.addr.wrapping_add(off), w.rkey);
                 off += n;
             }
         }
@@ -459,21 +445,7 @@ impl Link {
         };
         self.sends += 1;
         if let (Some(data), Some(g)) = (data_write, grant) {
-            let cookie = self.next_cookie;
-            self.next_cookie += 1;
-            self.unposted.push(SendReq {
-                cookie,
-                opcode: WrOpcode::RdmaWrite,
-                flags: 0, // completes with the SEND after it (see `complete`)
-                sges: data,
-                remote_addr: g.addr,
-                rkey: g.rkey,
-                imm: 0,
-            });
-            self.sq.push_back(SqEntry {
-                cookie,
-                work: SqWork::Write,
-            });
+            self.queue_write(data, g.addr, g.rkey);
             h.flags |= wire::flags::WRITTEN;
         }
         // Grant the receives posted since the last announcement, oldest first, as many as
@@ -494,8 +466,7 @@ impl Link {
         h.emit(out);
         let n = front.len().min(SLOT - HDR_LEN);
         out[HDR_LEN..HDR_LEN + n].copy_from_slice(&front[..n]);
-        let n_grants = if self.eager_write { h.credits } else { 0 };
-        let granted = self.recvs.range(first..).take(n_grants as usize);
+        let granted = self.recvs.range(first..).take(h.granted());
         wire::emit_grants(
             out,
             at,
@@ -531,6 +502,26 @@ impl Link {
         self.live.last_sent = Instant::now();
         self.sent_in_pass = true;
         Ok(())
+    }
+
+    /// Queues an RDMA WRITE for the next [`Link::flush`], unsignaled: the signaled SEND of
+    /// its message, queued after it, completes it (see `complete`).
+    fn queue_write(&mut self, sges: SgeList, remote_addr: u64, rkey: u32) {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        self.unposted.push(SendReq {
+            cookie,
+            opcode: WrOpcode::RdmaWrite,
+            flags: 0,
+            sges,
+            remote_addr,
+            rkey,
+            imm: 0,
+        });
+        self.sq.push_back(SqEntry {
+            cookie,
+            work: SqWork::Write,
+        });
     }
 
     /// Posts READs for entry `e` (rendezvous) while the send queue has room; allocates the

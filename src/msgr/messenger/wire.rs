@@ -272,11 +272,20 @@ impl Header {
 
     /// The end of the grants: the shortest the message may be (SEND without payload).
     pub fn grants_end(&self) -> usize {
-        if !self.has(flags::GRANTS) || self.credits == 0 {
+        match self.granted() {
             // No grants: the header and the inline front, unpadded.
-            return HDR_LEN + self.inline_front();
+            0 => HDR_LEN + self.inline_front(),
+            n => self.grants_at() + n * GRANT_LEN,
         }
-        self.grants_at() + self.credits as usize * GRANT_LEN
+    }
+
+    /// How many grants follow the front: one per credit with [`flags::GRANTS`], else none.
+    pub fn granted(&self) -> usize {
+        if self.has(flags::GRANTS) {
+            self.credits as usize
+        } else {
+            0
+        }
     }
 
     fn inline_front(&self) -> usize {
@@ -301,11 +310,7 @@ impl Header {
     /// The grants of a parsed header, from its slot (none without [`flags::GRANTS`]).
     pub fn grants<'a>(&self, slot: &'a [u8]) -> impl Iterator<Item = Grant> + 'a {
         let at = self.grants_at();
-        let n = if self.has(flags::GRANTS) {
-            self.credits as usize
-        } else {
-            0
-        };
+        let n = self.granted();
         slot.get(at..at + n * GRANT_LEN)
             .unwrap_or(&[])
             .chunks_exact(GRANT_LEN)
