@@ -818,8 +818,8 @@ typedef struct {
    */
   uint64_t malformed;
   /**
-   * Times a progress loop stopped polling and slept because it had been preempted while
-   * it polled (a host with busy cores; see the `poll_mode` and `polling_us` keys).
+   * Times a progress loop slept at once instead of polling because its thread had been
+   * waiting for a CPU (a host with busy cores; see the `poll_mode` and `polling_us` keys).
    */
   uint64_t spin_backoffs;
   /**

@@ -834,8 +834,8 @@ pub struct rdmx_msgr_stats {
     pub mem_registrations: u32,
     /// Malformed headers on connections that were not (yet) a session's.
     pub malformed: u64,
-    /// Times a progress loop stopped polling and slept because it had been preempted while
-    /// it polled (a host with busy cores; see the `poll_mode` and `polling_us` keys).
+    /// Times a progress loop slept at once instead of polling because its thread had been
+    /// waiting for a CPU (a host with busy cores; see the `poll_mode` and `polling_us` keys).
     pub spin_backoffs: u64,
     /// Counters summed over every session ever made (closed ones included).
     pub totals: rdmx_session_counters,

@@ -114,7 +114,7 @@ impl MsgrSettings {
 /// How long a progress loop polls after its last event before it sleeps: `poll_mode` busy
 /// = always (None), event = not at all, adaptive = `polling_us`. Left at their defaults
 /// (the transport's adaptive 1000 us) the messenger polls [`DEFAULT_SPIN`] instead. Every
-/// adaptive budget backs off while the thread is preempted (`msgr::spin`): measured on 2
+/// adaptive budget backs off while the thread waits for a CPU (`msgr::spin`): measured on 2
 /// cores shared with builds (load 4-6), a server worker spinning 1 ms without backing off
 /// gave rpc_bw 5-14K ops/s against 26-36K sleeping at once, because a thread that spins is
 /// time-sliced with the other runnable ones, while one that sleeps is woken at once.

@@ -169,7 +169,7 @@ pub(crate) struct Core {
     attempts: Mutex<Vec<(Arc<ConnectCancel>, JoinHandle<()>)>>,
     totals: Mutex<SessionCounters>,
     malformed: AtomicU64,
-    /// Spins given up because the polling thread was preempted (`msgr::spin`).
+    /// Spins given up because the polling thread was waiting for a CPU (`msgr::spin`).
     spin_backoffs: AtomicU64,
     /// The polling state of `poll` (the application's thread, msgr_threads = 0).
     poll_spin: Mutex<Spinner>,
@@ -284,7 +284,7 @@ impl Core {
                 continue;
             }
             // Nothing happened: poll on for the spin budget (`poll_mode`/`polling_us`,
-            // backing off when preempted), then sleep on the connections' event fds.
+            // not while the thread waits for a CPU), then sleep on the connections' event fds.
             if self.poll_again(&mut spin) {
                 std::hint::spin_loop();
             } else {
@@ -300,7 +300,7 @@ impl Core {
         if spin.poll_again(Instant::now()) {
             return true;
         }
-        let backoffs = spin.take_preemptions();
+        let backoffs = spin.take_backoffs();
         if backoffs > 0 {
             self.spin_backoffs.fetch_add(backoffs, Ordering::Relaxed);
         }
@@ -603,8 +603,8 @@ impl Core {
             ));
         }
         let end = Instant::now() + timeout;
-        // Polls for the spin budget (`poll_mode`/`polling_us`, backing off when
-        // preempted) before sleeping; the budget runs across calls (a caller polling with
+        // Polls for the spin budget (`poll_mode`/`polling_us`, not while the thread
+        // waits for a CPU) before sleeping; the budget runs across calls (a caller polling with
         // a zero timeout spins through it too). A second thread polling meanwhile keeps
         // its own state rather than wait for the lock.
         let mut shared = self.poll_spin.try_lock();

@@ -469,8 +469,8 @@ pub struct MsgrStats {
     pub copy_chunks_in_use: u32,
     /// Malformed headers on connections that were not (yet) a session's.
     pub malformed: u64,
-    /// Times a progress loop stopped polling and slept because it had been preempted while
-    /// it polled (a busy host; see `poll_mode`/`polling_us`).
+    /// Times a progress loop slept at once instead of polling because its thread had been
+    /// waiting for a CPU (a busy host; see `poll_mode`/`polling_us` and `msgr::spin`).
     pub spin_backoffs: u64,
     /// Counters summed over every session ever made (closed ones included).
     pub totals: SessionCounters,
