@@ -264,6 +264,71 @@ fn eager_data_is_written_into_granted_chunks_or_sent_inline() {
     }
 }
 
+/// `msgr_rx_batch`: a pass takes at most that many messages from a session's link, so the
+/// answers sent from their callbacks leave before the next ones are taken; 0 takes all.
+#[test]
+fn a_pass_takes_at_most_rx_batch_messages() {
+    for (batch, n) in [("4", 32usize), ("0", 32)] {
+        let la = Arc::new(Log::default());
+        let lb = Arc::new(Log::default());
+        // A window of 64 from the start: the sender may send all 32 before the
+        // receiver polls.
+        let window = [("msgr_recv_window_min", "64"), ("msgr_rx_batch", batch)];
+        let a = Messenger::new(&config(&window), la.clone()).unwrap();
+        let b = Messenger::new(&config(&window), lb.clone()).unwrap();
+        let addr = b.listen("127.0.0.1:0").unwrap();
+        let s = a.connect(&addr.to_string(), Policy::Lossless).unwrap();
+        drive(&a, &b, || {
+            !la.connected.lock().unwrap().is_empty() && !lb.connected.lock().unwrap().is_empty()
+        });
+        for i in 0..n {
+            a.send(s, OutMessage::new(7, pattern(i as u64, 32)))
+                .unwrap();
+        }
+        let end = Instant::now() + Duration::from_secs(20);
+        while a.session_info(s).unwrap().counters.msgs_sent < n as u64 {
+            assert!(
+                Instant::now() < end,
+                "the sender never posted them all: {:?}",
+                a.session_info(s).unwrap().counters
+            );
+            a.poll(Duration::ZERO).unwrap();
+        }
+        // All of them are on their way (loopback); the receiver polls only now.
+        std::thread::sleep(Duration::from_millis(50));
+        let mut passes = Vec::new();
+        while lb.msgs.lock().unwrap().len() < n {
+            assert!(Instant::now() < end, "timed out");
+            let k = b.poll(Duration::from_micros(100)).unwrap();
+            if k > 0 {
+                passes.push(k);
+            }
+        }
+        let got = std::mem::take(&mut *lb.msgs.lock().unwrap());
+        for (i, (_, m)) in got.iter().enumerate() {
+            assert_eq!(
+                m.front,
+                pattern(i as u64, 32),
+                "message {i} in order, intact"
+            );
+        }
+        println!("msgr_rx_batch {batch}: messages per pass {passes:?}");
+        let most = *passes.iter().max().unwrap();
+        if batch == "4" {
+            assert!(most <= 4, "a pass took {most} messages: {passes:?}");
+        } else {
+            assert!(
+                most > 4,
+                "no pass took more than 4 without a limit: {passes:?}"
+            );
+        }
+        a.close_session(s).unwrap();
+        drive(&a, &b, || {
+            b.sessions().is_empty() && a.sessions().is_empty()
+        });
+    }
+}
+
 /// The cases above on the verbs provider: this binary again under `rdmx-ibv exec`
 /// (libibverbs -> rdmx's device -> the soft transport), so registration with remote write,
 /// unsignaled WRITEs and READs go through `ibv_*` calls.

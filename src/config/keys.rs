@@ -398,6 +398,12 @@ pub static KEYS: &[KeySpec] = &[
         "true",
         "eager data goes as an RDMA WRITE into the data chunk of the receive the receiver granted (with its credits), then a short SEND of the header: a 4 KiB message is one full packet plus a small one, and a batch of them two runs of equal packets (one GSO message each with the soft provider); the data pool is then registered with remote write. false = the data rides in the SEND after the 512-byte header slot",
     ),
+    key(
+        "msgr_rx_batch",
+        uint_note(0, 65_536, "0 = no limit"),
+        "16",
+        "messages a session takes from its connection per progress pass: the answers its callbacks send leave before the next ones are taken, so a peer with many requests outstanding gets the first replies while the rest are served and both sides work at once, instead of one batch of every request going back and forth between sides that take turns",
+    ),
     // --- profiles ---
     key(
         "profile",

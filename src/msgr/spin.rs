@@ -356,12 +356,23 @@ mod tests {
         assert_eq!(parse_schedstat("12\n"), None);
         assert_eq!(parse_schedstat("x 1 2"), None);
         // The kernels this project runs on keep them (CONFIG_SCHED_INFO), and a thread
-        // that spins for a while has been on a CPU.
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_millis(2) {
+        // that computes for 10 ms of its CPU time shows most of it (the kernel brings the
+        // figure up to date at its ticks and switches).
+        let t0 = thread_sched_times().expect("/proc/thread-self/schedstat");
+        let cpu = || {
+            let mut t = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: a valid timespec to write into.
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+            Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+        };
+        let (c0, wall) = (cpu(), Instant::now());
+        while cpu() - c0 < Duration::from_millis(10) && wall.elapsed() < Duration::from_secs(5) {
             std::hint::spin_loop();
         }
-        let t = thread_sched_times().expect("/proc/thread-self/schedstat");
-        assert!(t.on_cpu >= 1_000_000, "{t:?}");
+        let t1 = thread_sched_times().expect("/proc/thread-self/schedstat");
+        assert!(t1.on_cpu - t0.on_cpu >= 5_000_000, "{t0:?} -> {t1:?}");
     }
 }

@@ -74,6 +74,7 @@ const UINT_KEYS: &[(&str, &str, u64, u64, &str)] = &[
     ("msgr_recv_window_min", "4", 2, 32768, ""),
     ("msgr_pool_chunks", "16384", 64, 16777216, ""),
     ("msgr_eager_max", "4096", 0, 4096, ""),
+    ("msgr_rx_batch", "16", 0, 65536, "0 = no limit"),
 ];
 
 /// Keys with other kinds, and their defaults.

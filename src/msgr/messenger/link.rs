@@ -612,18 +612,24 @@ impl Link {
         Ok(all)
     }
 
-    /// Takes up to `max` completions. An error completion, or one that does not match
-    /// what was posted, is a fault (returned as the error).
-    pub fn poll(&mut self, max: usize, out: &mut Vec<LinkEvent>) -> Result<usize> {
+    /// Takes up to `max` completions, of which at most `max_recv` receives (it asks the
+    /// CQ for no more entries than receives may still come). An error completion, or one
+    /// that does not match what was posted, is a fault (returned as the error).
+    pub fn poll(&mut self, max: usize, max_recv: usize, out: &mut Vec<LinkEvent>) -> Result<usize> {
         let mut wcs = [empty_wc(); 32];
         let mut total = 0;
-        while total < max {
-            let n = self.conn.poll(&mut wcs[..(max - total).min(32)]);
+        let mut recvs = 0;
+        while total < max && recvs < max_recv {
+            let want = (max - total).min(max_recv - recvs).min(32);
+            let n = self.conn.poll(&mut wcs[..want]);
             if n == 0 {
                 break;
             }
             total += n;
             for wc in &wcs[..n] {
+                if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                    recvs += 1;
+                }
                 self.complete(wc, out)?;
             }
         }

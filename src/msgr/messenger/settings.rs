@@ -27,6 +27,9 @@ pub struct MsgrSettings {
     pub eager_max: usize,
     /// Eager data as an RDMA WRITE into the receiver's granted chunk + a short SEND.
     pub eager_write: bool,
+    /// Messages a session takes from its link per pass (`msgr_rx_batch`; 0 = no limit but
+    /// the pass's fairness budget).
+    pub rx_batch: usize,
     /// From the transport keys: receives a connection can hold, SGEs per send WR, WRs.
     pub max_recv_wr: u32,
     pub max_send_wr: u32,
@@ -65,6 +68,10 @@ impl MsgrSettings {
             pool_chunks: c.get_u64("msgr_pool_chunks")? as u32,
             eager_max: c.get_u64("msgr_eager_max")? as usize,
             eager_write: c.get_bool("msgr_eager_write")?,
+            rx_batch: match c.get_u64("msgr_rx_batch")? {
+                0 => usize::MAX,
+                n => n as usize,
+            },
             max_recv_wr: c.get_u64("max_recv_wr")? as u32,
             max_send_wr: c.get_u64("max_send_wr")? as u32,
             max_send_sge: c.get_u64("max_send_sge")? as u32,

@@ -814,7 +814,7 @@ impl Core {
         st.closing.retain_mut(|(l, until)| {
             now < *until && l.sq_room() < self.settings.max_send_wr as usize && {
                 let mut sink = Vec::new();
-                l.poll(POLL_BUDGET, &mut sink).is_ok()
+                l.poll(POLL_BUDGET, POLL_BUDGET, &mut sink).is_ok()
             }
         });
         drop(st);
@@ -899,7 +899,7 @@ impl Core {
         let pending = std::mem::take(&mut st.pending);
         for mut p in pending {
             let mut out = Vec::new();
-            let polled = p.link.poll(POLL_BUDGET, &mut out);
+            let polled = p.link.poll(POLL_BUDGET, POLL_BUDGET, &mut out);
             let mut hello = None;
             for e in out {
                 match e {
@@ -1087,7 +1087,9 @@ impl Core {
             result = sess
                 .link
                 .as_mut()
-                .map_or(Ok(0), |l| l.poll(POLL_BUDGET, &mut out))
+                .map_or(Ok(0), |l| {
+                    l.poll(POLL_BUDGET, self.settings.rx_batch, &mut out)
+                })
                 .map(|_| ());
         }
         for e in out {
