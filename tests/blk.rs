@@ -709,3 +709,73 @@ fn stray_and_duplicate_replies_are_ignored() {
     assert_eq!(k.copied_bytes, 4 * 4096, "{k:?}");
     assert_eq!(k.stray_replies, 16, "{k:?}");
 }
+
+/// Waits up to `ms` for `fd` to be readable.
+fn readable(fd: i32, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 }
+}
+
+/// With worker threads (`msgr_threads` 1) the client's event fd becomes readable when a
+/// completion is queued and stops being so once `poll` took them all; a caller-driven
+/// client never signals it (its completions are queued inside `poll`, on the caller's
+/// thread) and still completes everything.
+#[test]
+fn event_fd_signals_completions_with_worker_threads_only() {
+    let t = target(&["e0=mem:1M"]);
+    let mut workers = cfg();
+    workers.set("msgr_threads", "1").unwrap();
+    let mut c = BlkClient::open(&workers, &t.addr().to_string(), "e0", Mode::Rpc, T).unwrap();
+    let fd = c.event_fd();
+    let mut buf = Buf::new(8192);
+    buf.slice().fill(0x5A);
+    for round in 0..3u64 {
+        assert!(
+            !readable(fd, 0),
+            "round {round}: readable with nothing queued"
+        );
+        let reqs = [
+            io(Op::Write, 0, 4096, buf.at(0), round * 2),
+            io(Op::Read, 0, 4096, buf.at(4096), round * 2 + 1),
+        ];
+        // SAFETY: `buf` outlives the requests, which complete below.
+        assert_eq!(unsafe { c.submit(&reqs[..1]) }.unwrap(), 1);
+        assert!(
+            readable(fd, 10_000),
+            "round {round}: no signal for the write"
+        );
+        let mut done = Vec::new();
+        while done.is_empty() {
+            c.poll(&mut done, 0, 8, Duration::ZERO).unwrap();
+        }
+        assert_eq!(done[0].status, 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { c.submit(&reqs[1..]) }.unwrap(), 1);
+        assert!(
+            readable(fd, 10_000),
+            "round {round}: no signal for the read"
+        );
+        let mut done = Vec::new();
+        c.poll(&mut done, 1, 8, T).unwrap();
+        assert_eq!((done[0].cookie, done[0].status), (round * 2 + 1, 0));
+    }
+    assert!(
+        !readable(fd, 0),
+        "readable after every completion was taken"
+    );
+    assert!(buf.slice()[4096..].iter().all(|&b| b == 0x5A));
+    drop(c);
+
+    let mut c = open(&t, "e0", Mode::Rpc);
+    let fd = c.event_fd();
+    write_read_check(&mut c, 64 * 1024, 4096, 9);
+    assert!(
+        !readable(fd, 0),
+        "a caller-driven client signalled its event fd"
+    );
+}

@@ -30,10 +30,12 @@ use crate::provider::soft::qp::SendReq;
 use crate::rc::memory::Sge;
 use crate::rc::verbs::{WcStatus, WrOpcode, access, send_flags};
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::proto::{INFO_ONE_SIDED, Info, MAX_IO, MSG_REPLY, MSG_REQ, Op, Reply, ReqHdr};
@@ -139,6 +141,10 @@ struct Shared {
     st: Mutex<State>,
     /// Signalled when a completion is queued by a worker thread.
     efd: RawFd,
+    /// The messenger runs worker threads: completions are signalled on `efd`. A
+    /// caller-driven client queues them on the caller's own thread, inside `poll`, and
+    /// saves the write (and the read that resets it) per completion.
+    signal: AtomicBool,
 }
 
 impl Drop for Shared {
@@ -163,9 +169,11 @@ impl Shared {
             if let Some(h) = st.inflight.remove(&req_id).and_then(|p| p.reg) {
                 st.to_put.push(h);
             }
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-            let _ = unsafe { libc::write(self.efd, (&one as *const u64).cast(), 8) };
+            if self.signal.load(Ordering::Relaxed) {
+                let one: u64 = 1;
+                // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
+                let _ = unsafe { libc::write(self.efd, (&one as *const u64).cast(), 8) };
+            }
         }
     }
 
@@ -387,6 +395,7 @@ impl BlkClient {
         let sh = Arc::new(Shared {
             st: Mutex::new(State::default()),
             efd,
+            signal: AtomicBool::new(false),
         });
         let mut cfg = config.clone();
         super::apply_defaults(&mut cfg)?;
@@ -398,6 +407,7 @@ impl BlkClient {
             }),
         )?;
         let caller_driven = msgr.settings().threads == 0;
+        sh.signal.store(!caller_driven, Ordering::Relaxed);
         let spin_one = super::one_sided_spin(config)?;
         let session = msgr.connect(&target.to_string(), Policy::Lossy)?;
         let mut c = BlkClient {
@@ -491,7 +501,7 @@ impl BlkClient {
             conn,
             region_addr: region.addr,
             rkey: region.rkey,
-            inflight: HashMap::new(),
+            inflight: HashMap::default(),
             next: 1,
             wcs,
         })
@@ -1043,7 +1053,7 @@ impl BlkClient {
                     out.push(c);
                     n += 1;
                 }
-                if st.done.is_empty() {
+                if st.done.is_empty() && self.sh.signal.load(Ordering::Relaxed) {
                     let mut v: u64 = 0;
                     // SAFETY: reads 8 bytes into a valid u64 from our non-blocking eventfd.
                     let _ = unsafe { libc::read(self.sh.efd, (&mut v as *mut u64).cast(), 8) };

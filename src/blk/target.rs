@@ -27,7 +27,8 @@ use crate::msgr::messenger::{
 use crate::msgr::{Connection, Context, Listener};
 use crate::rc::verbs::{QpState, access};
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -371,8 +372,8 @@ impl Target {
         }
         let inner = Arc::new(Inner {
             volumes,
-            backlog: Mutex::new(HashMap::new()),
-            bufs_out: Mutex::new(HashMap::new()),
+            backlog: Mutex::new(HashMap::default()),
+            bufs_out: Mutex::new(HashMap::default()),
             bufs_free: Mutex::new(Vec::new()),
             msgr_ctx: Mutex::new(Some(msgr.context().clone())),
             rdma_port,

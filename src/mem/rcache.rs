@@ -45,7 +45,8 @@
 use super::{MrKeys, Registrar};
 use crate::error::{Error, ErrorKind, Result};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

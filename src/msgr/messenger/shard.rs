@@ -10,6 +10,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::msgr::spin::Spinner;
 use crate::msgr::{ConnectCancel, Connection, Context, Listener};
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -82,7 +83,8 @@ struct Pending {
 
 #[derive(Default)]
 struct ShardState {
-    sessions: HashMap<u64, Session>,
+    /// By our session id (FxHash: looked up per send; the ids are ours, not a peer's).
+    sessions: FxHashMap<u64, Session>,
     pending: Vec<Pending>,
     closing: Vec<(Link, Instant)>,
     /// Accepted links whose hello names a session of this shard (moved from another).
