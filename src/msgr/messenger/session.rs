@@ -481,6 +481,9 @@ impl Session {
         // control credit. (Announcing at once cost request/reply a control message each
         // way per round trip, and each consumed a receive whose repost was owed again:
         // twice the SENDs of the exchange itself.)
+        if link.sent_in_pass {
+            link.live.last_sent = now;
+        }
         let ping = link.live.ping_due(now, s.keepalive);
         let mut ack = self.delivered > self.acked_to_peer && !link.sent_in_pass;
         let mut announce = link.credits.announce_due();

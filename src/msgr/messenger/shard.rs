@@ -287,7 +287,7 @@ impl Core {
             }
             // Nothing happened: poll on for the spin budget (`poll_mode`/`polling_us`,
             // not while the thread waits for a CPU), then sleep on the connections' event fds.
-            if self.poll_again(&mut spin) {
+            if self.poll_again(&mut spin, Instant::now()) {
                 std::hint::spin_loop();
             } else {
                 self.sleep(i, MAX_SLEEP);
@@ -297,9 +297,10 @@ impl Core {
         WORKER_OF.with(|w| w.set((0, 0)));
     }
 
-    /// After an empty pass: whether to poll again rather than sleep (see `Spinner`).
-    fn poll_again(&self, spin: &mut Spinner) -> bool {
-        if spin.poll_again(Instant::now()) {
+    /// After an empty pass at `now`: whether to poll again rather than sleep (see
+    /// `Spinner`).
+    fn poll_again(&self, spin: &mut Spinner, now: Instant) -> bool {
+        if spin.poll_again(now) {
             return true;
         }
         let backoffs = spin.take_backoffs();
@@ -625,11 +626,12 @@ impl Core {
                 spin.work();
                 return Ok(n);
             }
-            let left = end.saturating_duration_since(Instant::now());
+            let t = Instant::now();
+            let left = end.saturating_duration_since(t);
             if left.is_zero() {
                 return Ok(0);
             }
-            if self.poll_again(spin) {
+            if self.poll_again(spin, t) {
                 std::hint::spin_loop();
                 continue;
             }
