@@ -53,6 +53,9 @@ impl TxWrite {
     }
 }
 
+/// A WR not yet posted and the send-queue entry that tracks it.
+type Queued = (SendReq, SqEntry);
+
 struct SqEntry {
     cookie: u64,
     work: SqWork,
@@ -131,6 +134,9 @@ pub struct Link {
     /// SENDs built by [`Link::queue`] and not yet handed to the connection: a pass posts
     /// them in one call ([`Link::flush`]), so the provider sends them in one batch.
     unposted: SmallVec<[SendReq; 8]>,
+    /// Scratch lists of [`Link::writes_first`] (WRITEs, others), kept with their capacity:
+    /// it runs for every batch of answers.
+    reorder: (Vec<Queued>, Vec<Queued>),
     /// The data chunks of the receives the peer posted for us, in the order our SENDs will
     /// consume them (see `wire.rs`); None for a receive announced without a grant.
     grants: VecDeque<Option<Grant>>,
@@ -181,6 +187,7 @@ impl Link {
             sent_in_pass: false,
             rnr_seen: 0,
             unposted: SmallVec::new(),
+            reorder: (Vec::new(), Vec::new()),
             grants: VecDeque::new(),
             sends: 0,
             eager_write: false,
@@ -322,24 +329,20 @@ impl Link {
         let Some(at) = self.sq.len().checked_sub(k) else {
             return; // not the entries of `unposted` (cannot happen): keep the order
         };
-        let tail: Vec<SqEntry> = self.sq.drain(at..).collect();
-        let wrs = std::mem::take(&mut self.unposted);
-        let (mut wr_w, mut wr_o): (Vec<SendReq>, Vec<SendReq>) =
-            (Vec::with_capacity(k), Vec::with_capacity(k));
-        let (mut sq_w, mut sq_o) = (Vec::with_capacity(k), Vec::with_capacity(k));
-        for (w, e) in wrs.into_iter().zip(tail) {
+        // A stable partition through the scratch lists: the containers keep their
+        // capacity, so a batch allocates nothing here.
+        let (writes, others) = &mut self.reorder;
+        for (w, e) in self.unposted.drain(..).zip(self.sq.drain(at..)) {
             if is_write(&w) {
-                wr_w.push(w);
-                sq_w.push(e);
+                writes.push((w, e));
             } else {
-                wr_o.push(w);
-                sq_o.push(e);
+                others.push((w, e));
             }
         }
-        wr_w.append(&mut wr_o);
-        self.unposted = wr_w.into_iter().collect();
-        self.sq.extend(sq_w);
-        self.sq.extend(sq_o);
+        for (w, e) in writes.drain(..).chain(others.drain(..)) {
+            self.unposted.push(w);
+            self.sq.push_back(e);
+        }
     }
 
     /// Builds one message's SEND and queues it for the next [`Link::flush`]: `h` gets the
@@ -625,6 +628,8 @@ impl Link {
             if n == 0 {
                 break;
             }
+            // One allocation for the chunk rather than a growth per doubling.
+            out.reserve(n);
             total += n;
             for wc in &wcs[..n] {
                 if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {

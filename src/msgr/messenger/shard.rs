@@ -59,7 +59,13 @@ thread_local! {
     /// after the hook dropped its connection: the chunks are free again).
     static HOOKED: std::cell::RefCell<Vec<(RawFd, Vec<RecvSlot>)>> =
         const { std::cell::RefCell::new(Vec::new()) };
+    /// The event list of this thread's last dispatch, emptied, for its next pass (a pass
+    /// with messages otherwise grows a new one by doublings).
+    static SPARE_EVENTS: Cell<Vec<Event>> = const { Cell::new(Vec::new()) };
 }
+
+/// The largest event list kept for reuse (a burst's list is freed).
+const SPARE_EVENTS_MAX: usize = 1024;
 
 /// Takes the receives the hook posted on this thread: those of `conn` (if any), the rest
 /// (of connections that failed their setup) released.
@@ -752,7 +758,18 @@ impl Core {
     }
 
     /// Runs the callbacks for `ev`, with no lock held. Returns how many ran.
-    fn dispatch(&self, ev: Vec<Event>) -> usize {
+    fn dispatch(&self, mut ev: Vec<Event>) -> usize {
+        let n = self.run_callbacks(&mut ev);
+        // The emptied list serves this thread's next pass.
+        if ev.capacity() <= SPARE_EVENTS_MAX {
+            ev.clear();
+            SPARE_EVENTS.set(ev);
+        }
+        n
+    }
+
+    /// Runs the callbacks of `ev` (taking them out), with no lock held.
+    fn run_callbacks(&self, ev: &mut Vec<Event>) -> usize {
         if ev.is_empty() {
             return 0;
         }
@@ -766,7 +783,7 @@ impl Core {
         let d = &self.dispatcher;
         let n = ev.len();
         let was = IN_CALLBACK.with(|c| c.replace(true));
-        for e in ev {
+        for e in ev.drain(..) {
             match e {
                 Event::Connect(s, peer, incoming) => d.on_connect(&m, s, peer, incoming),
                 Event::Message(s, msg) => d.on_message(&m, s, msg),
@@ -786,6 +803,9 @@ impl Core {
         let mut moves: Vec<(usize, Link, Header)> = Vec::new();
         let mut st = shard.st.lock();
         let mut ev = std::mem::take(&mut st.queued);
+        if ev.capacity() == 0 {
+            ev = SPARE_EVENTS.take();
+        }
         if i == 0 && st.next_accept.is_none_or(|t| now >= t) {
             let found = self.accept_new(&mut st, now);
             st.next_accept = (!found).then(|| now + ACCEPT_EVERY);
