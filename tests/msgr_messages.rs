@@ -329,6 +329,54 @@ fn a_pass_takes_at_most_rx_batch_messages() {
     }
 }
 
+/// A receiver that only acknowledges (one-way traffic) is not silent: it sends no
+/// keepalive while messages flow, and the sender keeps its whole window (a keepalive
+/// shrinks the window it announces). 300 ms of traffic against a 20 ms keepalive.
+#[test]
+fn a_busy_one_way_session_sends_no_keepalives() {
+    let la = Arc::new(Log::default());
+    let lb = Arc::new(Log::default());
+    let kv = [
+        ("msgr_keepalive_ms", "20"),
+        ("msgr_keepalive_timeout_ms", "5000"),
+    ];
+    let a = Messenger::new(&config(&kv), la.clone()).unwrap();
+    let b = Messenger::new(&config(&kv), lb.clone()).unwrap();
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    let s = a.connect(&addr.to_string(), Policy::Lossless).unwrap();
+    drive(&a, &b, || {
+        !la.connected.lock().unwrap().is_empty() && !lb.connected.lock().unwrap().is_empty()
+    });
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while start.elapsed() < Duration::from_millis(300) {
+        // Keep the queue fed: a few messages per round, both sides polled.
+        for _ in 0..4 {
+            if a.send(s, OutMessage::new(3, pattern(sent, 16))).is_ok() {
+                sent += 1;
+            }
+        }
+        a.poll(Duration::ZERO).unwrap();
+        b.poll(Duration::ZERO).unwrap();
+    }
+    drive(&a, &b, || lb.msgs.lock().unwrap().len() as u64 == sent);
+    let bs = lb.msgs.lock().unwrap()[0].0;
+    let rb = b.session_info(bs).unwrap().counters;
+    println!("{sent} messages in 300 ms; receiver {rb:?}");
+    assert!(sent > 1000, "only {sent} messages in 300 ms");
+    // The traffic itself (the receiver's acknowledgements) shows it alive; a keepalive or
+    // two around the start and the end at most.
+    assert!(
+        rb.keepalives_sent <= 2,
+        "the receiver sent {} keepalives during traffic",
+        rb.keepalives_sent
+    );
+    a.close_session(s).unwrap();
+    drive(&a, &b, || {
+        b.sessions().is_empty() && a.sessions().is_empty()
+    });
+}
+
 /// The cases above on the verbs provider: this binary again under `rdmx-ibv exec`
 /// (libibverbs -> rdmx's device -> the soft transport), so registration with remote write,
 /// unsignaled WRITEs and READs go through `ibv_*` calls.

@@ -508,6 +508,9 @@ impl Session {
         }
         if link.sent_in_pass {
             self.ack_deferred = false;
+            // Stamped here too: the acknowledgement or keepalive just queued counts (a
+            // receiver that only acknowledges must not look silent and ping every pass).
+            link.live.last_sent = now;
         }
         link.sent_in_pass = false;
         link.flush()?;
