@@ -174,7 +174,11 @@ cmd_smoke() {
   # with verify on reads): 10 s of randread with verify = back-to-back passes (stonewall).
   local passes=() n
   for n in $(seq 1 "${SMOKE_PASSES:-12}"); do passes+=(--name="verify$n" --stonewall); done
-  run_fio "$RUN_OUT/randread.json" 60 --rw=randread --bs=4k --iodepth=16 --verify=crc32c \
+  # Deadline 120 s: the kill stalls IO for the OSD grace (20 s; detected after ~22 s), and
+  # the 12 passes took 17 s after it on a quiet host but twice that in one CI run on a slow
+  # one (1.1-1.3K op/s instead of 2.2K), which overran the 60 s this had (fio killed, no
+  # JSON). The smoke step's own limit in scripts/test.sh is 240 s.
+  run_fio "$RUN_OUT/randread.json" 120 --rw=randread --bs=4k --iodepth=16 --verify=crc32c \
     --continue_on_error=none "${passes[@]}" &
   local fio=$!
   BG_PIDS=$fio
