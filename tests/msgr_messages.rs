@@ -264,23 +264,30 @@ fn eager_data_is_written_into_granted_chunks_or_sent_inline() {
     }
 }
 
+/// Two messengers made with `kv`, `a` connected to `b` (both saw the connect): the logs,
+/// the messengers and `a`'s session.
+fn connected_pair(kv: &[(&str, &str)]) -> (Arc<Log>, Arc<Log>, Messenger, Messenger, SessionId) {
+    let la = Arc::new(Log::default());
+    let lb = Arc::new(Log::default());
+    let a = Messenger::new(&config(kv), la.clone()).unwrap();
+    let b = Messenger::new(&config(kv), lb.clone()).unwrap();
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    let s = a.connect(&addr.to_string(), Policy::Lossless).unwrap();
+    drive(&a, &b, || {
+        !la.connected.lock().unwrap().is_empty() && !lb.connected.lock().unwrap().is_empty()
+    });
+    (la, lb, a, b, s)
+}
+
 /// `msgr_rx_batch`: a pass takes at most that many messages from a session's link, so the
 /// answers sent from their callbacks leave before the next ones are taken; 0 takes all.
 #[test]
 fn a_pass_takes_at_most_rx_batch_messages() {
     for (batch, n) in [("4", 32usize), ("0", 32)] {
-        let la = Arc::new(Log::default());
-        let lb = Arc::new(Log::default());
         // A window of 64 from the start: the sender may send all 32 before the
         // receiver polls.
         let window = [("msgr_recv_window_min", "64"), ("msgr_rx_batch", batch)];
-        let a = Messenger::new(&config(&window), la.clone()).unwrap();
-        let b = Messenger::new(&config(&window), lb.clone()).unwrap();
-        let addr = b.listen("127.0.0.1:0").unwrap();
-        let s = a.connect(&addr.to_string(), Policy::Lossless).unwrap();
-        drive(&a, &b, || {
-            !la.connected.lock().unwrap().is_empty() && !lb.connected.lock().unwrap().is_empty()
-        });
+        let (_la, lb, a, b, s) = connected_pair(&window);
         for i in 0..n {
             a.send(s, OutMessage::new(7, pattern(i as u64, 32)))
                 .unwrap();
@@ -334,19 +341,11 @@ fn a_pass_takes_at_most_rx_batch_messages() {
 /// shrinks the window it announces). 300 ms of traffic against a 20 ms keepalive.
 #[test]
 fn a_busy_one_way_session_sends_no_keepalives() {
-    let la = Arc::new(Log::default());
-    let lb = Arc::new(Log::default());
     let kv = [
         ("msgr_keepalive_ms", "20"),
         ("msgr_keepalive_timeout_ms", "5000"),
     ];
-    let a = Messenger::new(&config(&kv), la.clone()).unwrap();
-    let b = Messenger::new(&config(&kv), lb.clone()).unwrap();
-    let addr = b.listen("127.0.0.1:0").unwrap();
-    let s = a.connect(&addr.to_string(), Policy::Lossless).unwrap();
-    drive(&a, &b, || {
-        !la.connected.lock().unwrap().is_empty() && !lb.connected.lock().unwrap().is_empty()
-    });
+    let (_la, lb, a, b, s) = connected_pair(&kv);
     let start = Instant::now();
     let mut sent = 0u64;
     while start.elapsed() < Duration::from_millis(300) {

@@ -59,8 +59,15 @@ fn thread_sched_times() -> Option<SchedTimes> {
 /// The calling thread's id (a spinner may be used by more than one thread over time; a
 /// window spans one thread only).
 fn thread_id() -> u64 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() as u64 }
+    thread_local! {
+        // Read once per thread: `poll_again` asks on every empty poll, and gettid is a
+        // system call.
+        static TID: u64 = {
+            // SAFETY: gettid has no preconditions.
+            unsafe { libc::gettid() as u64 }
+        };
+    }
+    TID.with(|t| *t)
 }
 
 /// Whether a thread is contended, from its scheduler times measured every [`WINDOW`].
