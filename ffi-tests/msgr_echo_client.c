@@ -384,6 +384,8 @@ int main(int argc, char **argv) {
   CHECK(c.read_segments > 0 || count < 50);
   CHECK(c.full_refusals >= 1);
   CHECK(c.rnr_naks == 0);
+  /* Send-queue completions are counted (one per batch of sends: only its last is signaled). */
+  CHECK(c.send_completions > 0);
   CHECK(c.duplicates_dropped == info.counters.duplicates_dropped);
   if (faulted) {
     CHECK(c.reconnects >= 1);

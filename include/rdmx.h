@@ -775,6 +775,11 @@ typedef struct {
    * granted (`msgr_eager_write`).
    */
   uint64_t written_segments;
+  /**
+   * Send-queue completions polled: one per batch of sends posted together (only the
+   * batch's last work request is signaled) and one per rendezvous READ.
+   */
+  uint64_t send_completions;
 } rdmx_session_counters;
 
 /**

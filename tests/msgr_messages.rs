@@ -336,6 +336,36 @@ fn a_pass_takes_at_most_rx_batch_messages() {
     }
 }
 
+/// A batch of SENDs posted together asks for one completion, its last (selective
+/// signaling): 32 messages sent in one pass cost the sender a handful of send-queue
+/// completions, not 32, and still arrive in order and intact.
+#[test]
+fn a_batch_of_sends_takes_one_completion() {
+    let n = 32usize;
+    let (_la, lb, a, b, s) = connected_pair(&[("msgr_recv_window_min", "64")]);
+    let before = a.session_info(s).unwrap().counters.send_completions;
+    for i in 0..n {
+        a.send(s, OutMessage::new(7, pattern(i as u64, 32)))
+            .unwrap();
+    }
+    drive(&a, &b, || {
+        lb.msgs.lock().unwrap().len() == n && a.session_info(s).unwrap().unacked == 0
+    });
+    let c = a.session_info(s).unwrap().counters;
+    let got = std::mem::take(&mut *lb.msgs.lock().unwrap());
+    for (i, (_, m)) in got.iter().enumerate() {
+        assert_eq!(
+            m.front,
+            pattern(i as u64, 32),
+            "message {i} in order, intact"
+        );
+    }
+    let wcs = c.send_completions - before;
+    println!("{} messages sent, {wcs} send completions", c.msgs_sent);
+    assert!(wcs >= 1, "the batch's last SEND is signaled: {c:?}");
+    assert!(wcs <= 4, "{wcs} send completions for {n} messages: {c:?}");
+}
+
 /// A receiver that only acknowledges (one-way traffic) is not silent: it sends no
 /// keepalive while messages flow, and the sender keeps its whole window (a keepalive
 /// shrinks the window it announces). 300 ms of traffic against a 20 ms keepalive.

@@ -783,6 +783,9 @@ pub struct rdmx_session_counters {
     /// Of the eager segments received, those the sender RDMA WROTE into a chunk this side
     /// granted (`msgr_eager_write`).
     pub written_segments: u64,
+    /// Send-queue completions polled: one per batch of sends posted together (only the
+    /// batch's last work request is signaled) and one per rendezvous READ.
+    pub send_completions: u64,
 }
 
 impl From<&SessionCounters> for rdmx_session_counters {
@@ -805,6 +808,7 @@ impl From<&SessionCounters> for rdmx_session_counters {
             rnr_naks: c.rnr_naks,
             duplicates_dropped: c.duplicates_dropped,
             written_segments: c.written_segments,
+            send_completions: c.send_completions,
         }
     }
 }

@@ -131,6 +131,8 @@ pub struct Link {
     pub sent_in_pass: bool,
     /// RNR NAKs of the connection already added to the session's counters.
     pub rnr_seen: u64,
+    /// Send-queue completions polled and not yet counted by the session.
+    pub send_wcs: u64,
     /// SENDs built by [`Link::queue`] and not yet handed to the connection: a pass posts
     /// them in one call ([`Link::flush`]), so the provider sends them in one batch.
     unposted: SmallVec<[SendReq; 8]>,
@@ -186,6 +188,7 @@ impl Link {
             hello_done: false,
             sent_in_pass: false,
             rnr_seen: 0,
+            send_wcs: 0,
             unposted: SmallVec::new(),
             reorder: (Vec::new(), Vec::new()),
             grants: VecDeque::new(),
@@ -294,6 +297,17 @@ impl Link {
             return Ok(());
         }
         self.writes_first();
+        // Only the batch's last WR asks for a completion: one completion returns every
+        // entry before it (a send queue completes in order, and an error completes with its
+        // error whatever the flag), so a batch costs one CQ entry, not one per message.
+        let last = self.unposted.len() - 1;
+        for (i, w) in self.unposted.iter_mut().enumerate() {
+            if i == last {
+                w.flags |= send_flags::SIGNALED;
+            } else {
+                w.flags &= !send_flags::SIGNALED;
+            }
+        }
         let n = self.conn.post_send(&self.unposted);
         let want = self.unposted.len();
         self.unposted.clear();
@@ -704,16 +718,24 @@ impl Link {
                 out.push(LinkEvent::Recv(Received { h, front, data }));
             }
             _ => {
-                // WRITEs are unsignaled: a later WR's completion means they completed (a
-                // send queue completes in order; a failed WRITE completes with its error,
-                // which faulted above). Every WRITE precedes the signaled SEND of its
-                // message.
-                while self
-                    .sq
-                    .front()
-                    .is_some_and(|e| matches!(e.work, SqWork::Write) && e.cookie != wc.cookie)
-                {
-                    self.sq.pop_front();
+                self.send_wcs += 1;
+                // WRITEs and all but a flush's last SEND are unsignaled: a later WR's
+                // completion means they completed (a send queue completes in order; a
+                // failed WR completes with its error, which faulted above). READs are
+                // signaled, each completing before anything posted after it.
+                while self.sq.front().is_some_and(|e| {
+                    matches!(e.work, SqWork::Write | SqWork::Send { .. }) && e.cookie != wc.cookie
+                }) {
+                    if let Some(SqEntry {
+                        work: SqWork::Send { slot, block },
+                        ..
+                    }) = self.sq.pop_front()
+                    {
+                        self.spare_hdr.push(slot);
+                        if let Some(b) = block {
+                            self.spare_data.push(b);
+                        }
+                    }
                 }
                 let e = self.sq.pop_front().ok_or_else(mismatch)?;
                 if e.cookie != wc.cookie {

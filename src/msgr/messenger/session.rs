@@ -515,6 +515,7 @@ impl Session {
         link.sent_in_pass = false;
         link.flush()?;
         self.counters.rnr_naks += link.take_rnr();
+        self.counters.send_completions += std::mem::take(&mut link.send_wcs);
         if link.live.dead(now, s.keepalive, s.keepalive_timeout) {
             return Err(Error::new(
                 ErrorKind::Timeout,

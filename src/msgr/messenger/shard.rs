@@ -1269,6 +1269,7 @@ impl Core {
         sess.counters.faults += 1;
         if let Some(l) = sess.link.as_mut() {
             sess.counters.rnr_naks += l.take_rnr();
+            sess.counters.send_completions += std::mem::take(&mut l.send_wcs);
         }
         log::debug!(target: "rdmx::msgr", "session {:#x}: fault: {e}", sess.id);
         sess.drop_link();
@@ -1422,4 +1423,5 @@ fn add_counters(t: &mut SessionCounters, c: &SessionCounters) {
     t.keepalives_sent += c.keepalives_sent;
     t.rnr_naks += c.rnr_naks;
     t.duplicates_dropped += c.duplicates_dropped;
+    t.send_completions += c.send_completions;
 }

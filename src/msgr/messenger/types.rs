@@ -432,6 +432,10 @@ pub struct SessionCounters {
     pub rnr_naks: u64,
     /// Messages received again after a reconnect and dropped (already delivered).
     pub duplicates_dropped: u64,
+    /// Send-queue completions the session's links polled: one per batch of SENDs and
+    /// WRITEs posted together (only a batch's last work request is signaled), plus one per
+    /// rendezvous READ; far fewer than `msgs_sent` under load.
+    pub send_completions: u64,
 }
 
 /// What a session is now.
