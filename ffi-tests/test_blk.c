@@ -162,6 +162,8 @@ int main(int argc, char **argv) {
   CHECK_STATUS(rdmx_blk_get_counters(b, &kc), RDMX_OK);
   CHECK(kc.copied_bytes == 0 && kc.copied_reads == 0);
   CHECK(kc.placed_bytes == 2u * SPAN && kc.placed_reads == 2u * (SPAN / 4096));
+  /* Each answered by the WRITE's immediate value alone: no reply message. */
+  CHECK(kc.imm_replies == kc.placed_reads);
   CHECK_STATUS(rdmx_blk_get_counters(b, NULL), RDMX_INVALID_ARGUMENT);
   CHECK_STATUS(rdmx_blk_get_counters(NULL, &kc), RDMX_INVALID_ARGUMENT);
   bad_requests(b, buf, info.size);

@@ -341,6 +341,11 @@ typedef struct {
    * Replies for requests no longer in flight (answered twice, never sent): ignored.
    */
   uint64_t stray_replies;
+  /**
+   * Of the placed reads, those answered by the WRITE's immediate value alone (no reply
+   * message; what this client asks of an `rdmx-target` of this version).
+   */
+  uint64_t imm_replies;
 } rdmx_blk_counters;
 
 /**
@@ -780,6 +785,12 @@ typedef struct {
    * batch's last work request is signaled) and one per rendezvous READ.
    */
   uint64_t send_completions;
+  /**
+   * Immediate messages (RDMA WRITE WITH IMMEDIATE, no SEND) sent and received; the
+   * block target answers placed reads with them when the client asks.
+   */
+  uint64_t imm_sent;
+  uint64_t imm_received;
 } rdmx_session_counters;
 
 /**

@@ -7,7 +7,7 @@ use rdmx::blk::target::{Target, VolumeSpec};
 use rdmx::blk::{BlkClient, Completion, Mode, Req};
 use rdmx::config::Config;
 use rdmx::msgr::messenger::{
-    Dispatcher, InMessage, Messenger, OutMessage, Payload, Policy, SessionId,
+    Dispatcher, InMessage, MSG_TYPE_IMM, Messenger, OutMessage, Payload, Policy, SessionId,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -256,9 +256,15 @@ fn bad_requests_get_error_replies() {
             offset: 0,
             len,
             place: None,
+            imm_reply: false,
             name: Vec::new(),
         }
         .encode()
+    };
+    let imm = |op: u8, id: u64| {
+        let mut b = hdr(op, 0, id, 4096);
+        b[2..4].copy_from_slice(&proto::REQ_IMM_REPLY.to_le_bytes());
+        b
     };
     let msgs = [
         OutMessage::new(MSG_REQ, vec![1, 3, 0]),
@@ -266,12 +272,15 @@ fn bad_requests_get_error_replies() {
         OutMessage::new(MSG_REQ, hdr(Op::Read as u8, 42, 12, 4096)),
         OutMessage::new(0x1234, hdr(Op::Read as u8, 0, 13, 4096)),
         OutMessage::new(MSG_REQ, hdr(Op::Write as u8, 0, 14, 4096)),
+        // An immediate answer asked for a read that names no buffer, or for a write.
+        OutMessage::new(MSG_REQ, imm(Op::Read as u8, 15)),
+        OutMessage::new(MSG_REQ, imm(Op::Write as u8, 16)),
     ];
     for msg in msgs {
         m.send(s, msg).unwrap();
     }
     let end = Instant::now() + T;
-    while sink.0.lock().len() < 5 {
+    while sink.0.lock().len() < 7 {
         assert!(Instant::now() < end, "replies: {}", sink.0.lock().len());
         m.poll(Duration::from_millis(20)).unwrap();
     }
@@ -292,7 +301,9 @@ fn bad_requests_get_error_replies() {
             (11, libc::EOPNOTSUPP as u32),
             (12, libc::ENODEV as u32),
             (13, libc::EPROTO as u32),
-            (14, libc::EINVAL as u32)
+            (14, libc::EINVAL as u32),
+            (15, libc::EINVAL as u32),
+            (16, libc::EINVAL as u32)
         ]
     );
     // Still serving.
@@ -510,13 +521,22 @@ fn rpc_reads_are_placed_without_a_copy() {
         assert_eq!(k.copied_bytes, 0, "{vol}: {k:?}");
         assert_eq!(k.copied_reads, 0, "{vol}: {k:?}");
         assert_eq!((k.placed_reads, k.placed_bytes), (reads, bytes), "{vol}");
+        // Every placed read was answered by the WRITE's immediate value alone (4 KiB to
+        // 1 MiB: the value rides on the last WRITE), no reply message.
+        assert_eq!(k.imm_replies, reads, "{vol}: {k:?}");
         let sc = c.messenger().session_info(c.session()).unwrap().counters;
+        assert_eq!(sc.imm_received, reads, "{vol}: {sc:?}");
         assert_eq!(sc.copied_bytes, 0, "{vol}: client messenger copies");
         // Reads brought no data segment (neither eager nor READ): only writes' replies
         // and control replies arrived, all without data.
         assert_eq!(sc.read_segments, 0, "{vol}: {sc:?}");
     }
     assert!(t.stats().placed_reads.load(Ordering::Relaxed) >= 2 * (128 + 16 + 4));
+    assert_eq!(
+        t.stats().imm_replies.load(Ordering::Relaxed),
+        t.stats().placed_reads.load(Ordering::Relaxed)
+    );
+    assert!(t.messenger().stats().totals.imm_sent >= 2 * (128 + 16 + 4));
     let tc = t.messenger().stats().totals;
     assert!(tc.remote_writes >= 2 * (128 + 16 + 4), "{tc:?}");
     assert_eq!(tc.copied_bytes, 0, "target copies: {tc:?}");
@@ -582,6 +602,7 @@ fn bad_rkey_ends_the_session_not_the_target() {
             offset: 0,
             len: if op == Op::Read { 4096 } else { 0 },
             place,
+            imm_reply: false,
             name: name.to_vec(),
         };
         m.send(
@@ -708,6 +729,112 @@ fn stray_and_duplicate_replies_are_ignored() {
     assert_eq!((k.placed_reads, k.copied_reads), (4, 4), "{k:?}");
     assert_eq!(k.copied_bytes, 4 * 4096, "{k:?}");
     assert_eq!(k.stray_replies, 16, "{k:?}");
+}
+
+/// A fake target answering every read with immediate messages (RDMA WRITE WITH IMMEDIATE,
+/// as the client asks: `REQ_IMM_REPLY`): one naming no request, the real one, and the
+/// real one again. Each read completes once with the bytes its WRITE placed; the others
+/// are counted as strays. An immediate without a WRITE, or a type 0xffff message that is
+/// not one, is refused by `send`.
+#[test]
+fn immediate_replies_complete_each_read_once() {
+    struct Fake;
+    fn pattern(off: u64) -> Vec<u8> {
+        (0..4096).map(|i| byte(off, i, 0x3c)).collect()
+    }
+    impl Dispatcher for Fake {
+        fn on_message(&self, m: &Messenger, s: SessionId, msg: InMessage) {
+            let h = ReqHdr::decode(&msg.front).unwrap();
+            if h.op == Op::Open as u8 {
+                let info = proto::Info {
+                    vol: 0,
+                    block_size: 4096,
+                    size: 1 << 20,
+                    ..Default::default()
+                };
+                let r = proto::Reply {
+                    op: h.op,
+                    status: 0,
+                    req_id: h.req_id,
+                    len: 0,
+                    info: Some(info),
+                };
+                m.send(s, OutMessage::new(proto::MSG_REPLY, r.encode()))
+                    .unwrap();
+                return;
+            }
+            assert_eq!(h.op, Op::Read as u8);
+            assert!(h.imm_reply, "the client asks for immediate answers");
+            let (addr, rkey) = h.place.expect("placed");
+            let tag = h.req_id as u32;
+            for t in [tag.wrapping_add(1000), tag, tag] {
+                let im = OutMessage::immediate(t).with_write(
+                    Payload::Copy(pattern(h.offset)),
+                    addr,
+                    rkey,
+                );
+                m.send(s, im).unwrap();
+            }
+        }
+    }
+    let mut mc = cfg();
+    rdmx::blk::apply_defaults(&mut mc).unwrap();
+    let fake = Messenger::new(&mc, Arc::new(Fake)).unwrap();
+    let addr = fake.listen("127.0.0.1:0").unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let driver = {
+        let (f, stop) = (fake.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                f.poll(Duration::from_millis(5)).unwrap();
+            }
+        })
+    };
+    let mut c = BlkClient::open(&cfg(), &addr.to_string(), "x", Mode::Rpc, T).unwrap();
+    let mut b = Buf::new(8 * 4096);
+    let mut got = Vec::new();
+    for i in 0..8u64 {
+        let r = io(Op::Read, i * 4096, 4096, b.at(i as usize * 4096), i);
+        got.extend(run_all(&mut c, &[r]));
+        let mut extra = Vec::new();
+        std::thread::sleep(Duration::from_millis(20));
+        c.poll(&mut extra, 0, 8, Duration::from_millis(20)).unwrap();
+        assert!(extra.is_empty(), "a second completion: {extra:?}");
+    }
+    // What `send` refuses: an immediate without a WRITE, with a front, and the reserved
+    // type without an immediate value.
+    let s = fake.sessions()[0];
+    for bad in [
+        OutMessage::immediate(1),
+        OutMessage {
+            front: vec![1],
+            ..OutMessage::immediate(1).with_write(Payload::Copy(vec![0; 8]), 0x1000, 5)
+        },
+        OutMessage::new(MSG_TYPE_IMM, vec![]),
+    ] {
+        let r = fake.send(s, bad).unwrap_err();
+        assert_eq!(r.kind(), rdmx::error::ErrorKind::InvalidArgument, "{r}");
+    }
+    stop.store(true, Ordering::SeqCst);
+    driver.join().unwrap();
+    got.sort_by_key(|d| d.cookie);
+    assert_eq!(got.len(), 8);
+    for d in &got {
+        assert_eq!((d.status, d.len), (0, 4096), "{d:?}");
+    }
+    for i in 0..8u64 {
+        let s = &b.slice()[i as usize * 4096..][..4096];
+        assert!(s == &pattern(i * 4096)[..], "read {i}: wrong bytes");
+    }
+    let k = c.counters();
+    assert_eq!(
+        (k.placed_reads, k.imm_replies, k.copied_reads),
+        (8, 8, 0),
+        "{k:?}"
+    );
+    assert_eq!(k.stray_replies, 16, "{k:?}");
+    let sc = c.messenger().session_info(c.session()).unwrap().counters;
+    assert_eq!(sc.imm_received, 24, "{sc:?}");
 }
 
 /// Waits up to `ms` for `fd` to be readable.

@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::mem::rcache::Handle;
 use crate::msgr::messenger::{
-    Dispatcher, InMessage, Messenger, OutMessage, Payload, Policy, SendId, SessionId,
+    Dispatcher, InMessage, MSG_TYPE_IMM, Messenger, OutMessage, Payload, Policy, SendId, SessionId,
 };
 use crate::msgr::{Connection, Context};
 use crate::provider::soft::cq::Wc;
@@ -119,6 +119,9 @@ struct State {
     /// Registrations of finished requests, put back after the lock is released.
     to_put: Vec<Handle>,
     counters: BlkCounters,
+    /// The newest request id sent: an immediate reply names its request by the low 32
+    /// bits, and the ids in flight span far less than 2^32.
+    last_id: u64,
 }
 
 /// What the client moved and how (rpc mode).
@@ -135,6 +138,9 @@ pub struct BlkCounters {
     /// Replies that named no request in flight (already finished, or never sent):
     /// ignored.
     pub stray_replies: u64,
+    /// Of the placed reads, those the target answered by the WRITE's immediate value
+    /// alone (`REQ_IMM_REPLY`, asked for every placed read): no reply message.
+    pub imm_replies: u64,
 }
 
 struct Shared {
@@ -205,12 +211,49 @@ fn put_back(m: &Messenger, st: &mut State) {
     }
 }
 
+impl Disp {
+    /// A placed read answered by the target's WRITE WITH IMMEDIATE (`REQ_IMM_REPLY`): the
+    /// value is the low half of the request id; the data is in the caller's buffer (the
+    /// WRITE landed before the messenger delivered this, RC order).
+    fn on_imm_reply(&self, m: &Messenger, front: &[u8]) {
+        let Ok(tag) = <[u8; 4]>::try_from(front) else {
+            return;
+        };
+        let tag = u64::from(u32::from_le_bytes(tag));
+        let mut st = self.sh.st.lock();
+        // The newest id with these low bits, not newer than the newest sent.
+        let mut id = (st.last_id & !0xffff_ffff) | tag;
+        if id > st.last_id {
+            id = id.wrapping_sub(1 << 32);
+        }
+        let Some(p) = st
+            .inflight
+            .get_mut(&id)
+            .filter(|p| p.op == Op::Read && p.reg.is_some() && p.replied.is_none())
+        else {
+            st.counters.stray_replies += 1;
+            return;
+        };
+        p.replied = Some(0);
+        p.acked = true;
+        let len = p.len;
+        st.counters.placed_reads += 1;
+        st.counters.placed_bytes += u64::from(len);
+        st.counters.imm_replies += 1;
+        self.sh.finish(&mut st, id);
+        put_back(m, &mut st);
+    }
+}
+
 impl Dispatcher for Disp {
     fn on_connect(&self, _m: &Messenger, _s: SessionId, _peer: SocketAddr, _incoming: bool) {
         self.sh.st.lock().connected = true;
     }
 
     fn on_message(&self, m: &Messenger, _s: SessionId, msg: InMessage) {
+        if msg.msg_type == MSG_TYPE_IMM {
+            return self.on_imm_reply(m, &msg.front);
+        }
         if msg.msg_type != MSG_REPLY {
             return;
         }
@@ -518,6 +561,7 @@ impl BlkClient {
             offset: 0,
             len: 0,
             place: None,
+            imm_reply: false,
             name: name.to_vec(),
         };
         self.msgr
@@ -718,6 +762,7 @@ impl BlkClient {
             offset: r.offset,
             len: if r.op == Op::Flush { 0 } else { r.len },
             place: reg.as_ref().map(|h| (r.buf as u64, h.rkey())),
+            imm_reply: reg.is_some(),
             name: Vec::new(),
         };
         let mut msg = OutMessage::new(MSG_REQ, hdr.encode());
@@ -728,6 +773,7 @@ impl BlkClient {
         }
         // Held across `send` so that a worker thread's callbacks for this request find it.
         let mut st = self.sh.st.lock();
+        st.last_id = id;
         st.inflight.insert(
             id,
             Pending {

@@ -6,7 +6,10 @@
 //! [`REQ_PLACE`] names the caller's buffer in 16 more bytes, `buf_addr u64 | buf_rkey u32
 //! | rsvd u32` (registered by the client with remote write access): the target RDMA WRITEs
 //! the data there, right before the reply's SEND on the same connection, and the reply
-//! carries no data.
+//! carries no data. With [`REQ_IMM_REPLY`] as well, a read that succeeds is answered by
+//! that WRITE alone, as an RDMA WRITE WITH IMMEDIATE whose 32-bit value is the low half of
+//! `req_id` (a messenger immediate message, type `MSG_TYPE_IMM`): no reply message. Errors
+//! still get a reply.
 //!
 //! Reply (`MSG_REPLY`, 24 bytes, 56 for `Open`/`Query`):
 //! `version u8 | op u8 | rsvd u16 | status u32 (0 or an errno) | req_id u64 | len u32 | rsvd u32`
@@ -30,6 +33,10 @@ pub const REQ_PLACE_LEN: usize = 48;
 /// Request flag: the read's data goes to the buffer the request names (RDMA WRITE), not
 /// into the reply.
 pub const REQ_PLACE: u16 = 1;
+/// Request flag (reads with [`REQ_PLACE`] only): answer success with the WRITE's immediate
+/// value (`req_id as u32`) instead of a reply message: one packet per 4 KiB read, and no
+/// reply SEND, header or parse on either side.
+pub const REQ_IMM_REPLY: u16 = 2;
 pub const REPLY_LEN: usize = 24;
 pub const INFO_LEN: usize = 56;
 /// `Info::flags`: the volume's region is open to one-sided READ/WRITE at `rdma_port`.
@@ -72,6 +79,8 @@ pub struct ReqHdr {
     pub len: u32,
     /// `Read` with [`REQ_PLACE`]: the caller's buffer (address, rkey) the target WRITEs.
     pub place: Option<(u64, u32)>,
+    /// [`REQ_IMM_REPLY`]: a successful placed read is answered by an immediate message.
+    pub imm_reply: bool,
     /// `Open`: the volume's name.
     pub name: Vec<u8>,
 }
@@ -93,7 +102,10 @@ impl ReqHdr {
         let mut v = Vec::with_capacity(REQ_LEN + self.name.len());
         v.push(VERSION);
         v.push(self.op);
-        let flags = if self.place.is_some() { REQ_PLACE } else { 0 };
+        let mut flags = if self.place.is_some() { REQ_PLACE } else { 0 };
+        if self.imm_reply {
+            flags |= REQ_IMM_REPLY;
+        }
         v.extend_from_slice(&flags.to_le_bytes());
         v.extend_from_slice(&self.vol.to_le_bytes());
         v.extend_from_slice(&self.req_id.to_le_bytes());
@@ -118,7 +130,8 @@ impl ReqHdr {
         if b[0] != VERSION {
             return Err(Some(u64_at(b, 8)));
         }
-        let placed = u16_at(b, 2) & REQ_PLACE != 0;
+        let flags = u16_at(b, 2);
+        let placed = flags & REQ_PLACE != 0;
         if placed && b.len() < REQ_PLACE_LEN {
             return Err(Some(u64_at(b, 8)));
         }
@@ -134,6 +147,7 @@ impl ReqHdr {
             offset: u64_at(b, 16),
             len: u32_at(b, 24),
             place,
+            imm_reply: flags & REQ_IMM_REPLY != 0,
             name: b[rest..].to_vec(),
         })
     }
@@ -234,6 +248,7 @@ mod tests {
             offset: 4096,
             len: 8192,
             place: None,
+            imm_reply: false,
             name: b"vol0".to_vec(),
         };
         assert_eq!(ReqHdr::decode(&r.encode()), Ok(r.clone()));
@@ -245,9 +260,16 @@ mod tests {
         };
         let b = placed.encode();
         assert_eq!(b.len(), REQ_PLACE_LEN);
-        assert_eq!(ReqHdr::decode(&b), Ok(placed));
+        assert_eq!(ReqHdr::decode(&b), Ok(placed.clone()));
         // The flag without the 16 bytes it announces: refused, the id kept for the reply.
         assert_eq!(ReqHdr::decode(&b[..REQ_LEN]), Err(Some(99)));
+        let imm = ReqHdr {
+            imm_reply: true,
+            ..placed.clone()
+        };
+        let b = imm.encode();
+        assert_eq!(&b[2..4], &(REQ_PLACE | REQ_IMM_REPLY).to_le_bytes());
+        assert_eq!(ReqHdr::decode(&b), Ok(imm));
         let p = Reply {
             op: 1,
             status: 0,

@@ -184,6 +184,8 @@ pub struct TargetStats {
     /// Reads whose data went into the client's buffer by RDMA WRITE (the request named
     /// it), not in the reply.
     pub placed_reads: AtomicU64,
+    /// Of those, answered by an immediate message (the client asked: `REQ_IMM_REPLY`).
+    pub imm_replies: AtomicU64,
     pub bytes_written: AtomicU64,
     /// Clients (sessions) that ended by a fault (reset), e.g. a client killed mid-IO.
     pub resets: AtomicU64,
@@ -579,7 +581,9 @@ impl Inner {
                 None => fail(libc::ENOENT),
             };
         }
-        if hdr.place.is_some() && o != Op::Read {
+        if (hdr.place.is_some() || hdr.imm_reply) && o != Op::Read
+            || hdr.imm_reply && hdr.place.is_none()
+        {
             return fail(libc::EINVAL);
         }
         let Some(vol) = self.volumes.get(hdr.vol as usize) else {
@@ -682,16 +686,23 @@ impl Inner {
                 self.stats
                     .bytes_read
                     .fetch_add(u64::from(hdr.len), Ordering::Relaxed);
-                let reply = OutMessage::new(MSG_REPLY, ok(hdr.len).encode());
                 let reply = match hdr.place {
+                    // Asked for: the WRITE WITH IMMEDIATE is the whole answer (the value
+                    // names the request), one packet for 4 KiB and no reply SEND.
+                    Some((addr, rkey)) if hdr.imm_reply => {
+                        self.stats.placed_reads.fetch_add(1, Ordering::Relaxed);
+                        self.stats.imm_replies.fetch_add(1, Ordering::Relaxed);
+                        OutMessage::immediate(hdr.req_id as u32).with_write(payload, addr, rkey)
+                    }
                     // Into the client's buffer: one RDMA WRITE right before the reply's
                     // SEND (a bad address or rkey is the client QP's access error: the
                     // session faults and ends on both sides, nothing else).
                     Some((addr, rkey)) => {
                         self.stats.placed_reads.fetch_add(1, Ordering::Relaxed);
-                        reply.with_write(payload, addr, rkey)
+                        OutMessage::new(MSG_REPLY, ok(hdr.len).encode())
+                            .with_write(payload, addr, rkey)
                     }
-                    None => reply.with(payload),
+                    None => OutMessage::new(MSG_REPLY, ok(hdr.len).encode()).with(payload),
                 };
                 (reply, buf)
             }

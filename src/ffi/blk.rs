@@ -158,6 +158,9 @@ pub struct rdmx_blk_counters {
     pub copied_bytes: u64,
     /// Replies for requests no longer in flight (answered twice, never sent): ignored.
     pub stray_replies: u64,
+    /// Of the placed reads, those answered by the WRITE's immediate value alone (no reply
+    /// message; what this client asks of an `rdmx-target` of this version).
+    pub imm_replies: u64,
 }
 
 /// The client's counters.
@@ -182,6 +185,7 @@ pub unsafe extern "C" fn rdmx_blk_get_counters(
                 copied_reads: k.copied_reads,
                 copied_bytes: k.copied_bytes,
                 stray_replies: k.stray_replies,
+                imm_replies: k.imm_replies,
             })
         };
         Ok(())

@@ -786,6 +786,10 @@ pub struct rdmx_session_counters {
     /// Send-queue completions polled: one per batch of sends posted together (only the
     /// batch's last work request is signaled) and one per rendezvous READ.
     pub send_completions: u64,
+    /// Immediate messages (RDMA WRITE WITH IMMEDIATE, no SEND) sent and received; the
+    /// block target answers placed reads with them when the client asks.
+    pub imm_sent: u64,
+    pub imm_received: u64,
 }
 
 impl From<&SessionCounters> for rdmx_session_counters {
@@ -809,6 +813,8 @@ impl From<&SessionCounters> for rdmx_session_counters {
             duplicates_dropped: c.duplicates_dropped,
             written_segments: c.written_segments,
             send_completions: c.send_completions,
+            imm_sent: c.imm_sent,
+            imm_received: c.imm_received,
         }
     }
 }

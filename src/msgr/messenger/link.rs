@@ -74,6 +74,8 @@ pub struct Received {
 /// What a poll found.
 pub enum LinkEvent {
     Recv(Received),
+    /// An immediate message (RDMA WRITE WITH IMMEDIATE) and its value.
+    Imm(u32),
     ReadDone,
 }
 
@@ -435,25 +437,7 @@ impl Link {
                 block_chunk = Some(c);
             }
         }
-        for w in writes {
-            let mut off = 0u64;
-            let parts = w.seg.parts.iter().zip(&w.seg.lkeys);
-            let parts: SmallVec<[(&Part, &u32); 4]> = parts.collect();
-            for group in parts.chunks(self.max_sge) {
-                let mut sges = SgeList::new();
-                let mut n = 0u64;
-                for &(p, &lkey) in group {
-                    sges.push(Sge {
-                        addr: p.addr,
-                        length: p.len,
-                        lkey,
-                    });
-                    n += u64::from(p.len);
-                }
-                self.queue_write(sges, w.addr.wrapping_add(off), w.rkey);
-                off += n;
-            }
-        }
+        self.queue_writes(writes);
         // The receive this SEND consumes: the hello's has no grant.
         let grant = if self.sends > 0 {
             self.grants.pop_front().flatten()
@@ -519,6 +503,51 @@ impl Link {
         // `last_sent` is stamped by the pass (`Session::pump`), not per message.
         self.sent_in_pass = true;
         Ok(())
+    }
+
+    /// Queues an immediate message ([`super::OutMessage::immediate`]): `writes`, the last
+    /// work request an RDMA WRITE WITH IMMEDIATE carrying `value`. It consumes one of the
+    /// peer's receives like a SEND (a credit and that receive's grant, unused), and carries
+    /// no header: no acknowledgement or credit rides on it. The caller checked credits and
+    /// send-queue room ([`TxWrite::wrs`] each); `writes` is not empty (`send` checks).
+    pub fn queue_imm(&mut self, writes: &[TxWrite], value: u32) -> Result<()> {
+        let nw: usize = writes.iter().map(|w| w.wrs(self.max_sge)).sum();
+        if nw == 0 || self.sq_room() < nw {
+            return Err(Error::fixed(ErrorKind::Full, "messenger: send queue full"));
+        }
+        self.queue_writes(writes);
+        if let Some(w) = self.unposted.last_mut() {
+            w.opcode = WrOpcode::RdmaWriteWithImm;
+            w.imm = value;
+        }
+        // The receive it consumes (never the hello's: an immediate follows the hello).
+        self.grants.pop_front();
+        self.sends += 1;
+        self.credits.on_send(0);
+        Ok(())
+    }
+
+    /// Queues `writes` (one WR per `max_sge` parts).
+    fn queue_writes(&mut self, writes: &[TxWrite]) {
+        for w in writes {
+            let mut off = 0u64;
+            let parts = w.seg.parts.iter().zip(&w.seg.lkeys);
+            let parts: SmallVec<[(&Part, &u32); 4]> = parts.collect();
+            for group in parts.chunks(self.max_sge) {
+                let mut sges = SgeList::new();
+                let mut n = 0u64;
+                for &(p, &lkey) in group {
+                    sges.push(Sge {
+                        addr: p.addr,
+                        length: p.len,
+                        lkey,
+                    });
+                    n += u64::from(p.len);
+                }
+                self.queue_write(sges, w.addr.wrapping_add(off), w.rkey);
+                off += n;
+            }
+        }
     }
 
     /// Queues an RDMA WRITE for the next [`Link::flush`], unsignaled: the signaled SEND of
@@ -676,6 +705,17 @@ impl Link {
                     return Err(mismatch());
                 }
                 self.credits.on_receive();
+                if wc.opcode == WcOpcode::RecvRdmaWithImm {
+                    // An immediate message: the receive's buffers were not touched.
+                    self.spare_hdr.push(slot.hdr);
+                    self.spare_data.push(slot.data);
+                    let Some(v) = wc.imm else {
+                        return Err(Malformed("RDMA WRITE WITH IMMEDIATE without its value").into());
+                    };
+                    out.push(LinkEvent::Imm(v));
+                    self.trim_spares();
+                    return Ok(());
+                }
                 // SAFETY: the receive completed: the slot is ours again and holds
                 // `byte_len` bytes of which the first SLOT are the header slot.
                 let bytes = unsafe { std::slice::from_raw_parts(slot.hdr.addr, SLOT) };
@@ -759,7 +799,12 @@ impl Link {
                 }
             }
         }
-        // Keep spares small: an idle link holds only what it has posted.
+        self.trim_spares();
+        Ok(())
+    }
+
+    /// Keeps spares small: an idle link holds only what it has posted.
+    fn trim_spares(&mut self) {
         while self.spare_hdr.len() > 4 {
             if let Some(c) = self.spare_hdr.pop() {
                 let _ = self.slots.put(c);
@@ -770,7 +815,6 @@ impl Link {
                 let _ = self.data.put(c);
             }
         }
-        Ok(())
     }
 
     /// Returns a payload chunk the session did not hand out.

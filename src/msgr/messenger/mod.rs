@@ -25,8 +25,9 @@ pub mod wire;
 
 pub use settings::MsgrSettings;
 pub use types::{
-    Dispatcher, Fault, InMessage, MsgrStats, OutMessage, Payload, Policy, Refused, Registered,
-    RemoteWrite, RxSeg, SendId, SessionCounters, SessionId, SessionInfo, SessionState, TxChunk,
+    Dispatcher, Fault, InMessage, MSG_TYPE_IMM, MsgrStats, OutMessage, Payload, Policy, Refused,
+    Registered, RemoteWrite, RxSeg, SendId, SessionCounters, SessionId, SessionInfo, SessionState,
+    TxChunk,
 };
 
 use crate::config::Config;

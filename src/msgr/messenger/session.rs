@@ -22,7 +22,8 @@ use super::keepalive::Backoff;
 use super::link::{Body, Link, LinkEvent, Received, RecvSlot, RxBuild, RxEntry, TxWrite};
 use super::settings::MsgrSettings;
 use super::types::{
-    InMessage, Policy, RxSeg, SendId, SessionCounters, SessionId, SessionInfo, SessionState,
+    InMessage, MSG_TYPE_IMM, Policy, RxSeg, SendId, SessionCounters, SessionId, SessionInfo,
+    SessionState,
 };
 use super::wire::{self, FRONT_INLINE_MAX, Header, Kind, Malformed, PAYLOAD_MAX, SegDesc, flags};
 
@@ -34,6 +35,8 @@ pub struct OutMsg {
     pub segs: Vec<TxSeg>,
     /// RDMA WRITEs posted right before the SEND (lossy sessions only: never replayed).
     pub writes: Vec<TxWrite>,
+    /// An immediate message: the value its last WRITE carries (no SEND).
+    pub imm: Option<u32>,
     /// Front + data + write bytes.
     pub bytes: u64,
     /// Sent before on an earlier link.
@@ -54,7 +57,8 @@ impl OutMsg {
     /// Send-queue entries the message takes: its WRITEs, the WRITE of an eager segment
     /// (`msgr_eager_write`) and the SEND.
     pub fn sq_need(&self, max_sge: usize) -> usize {
-        1 + usize::from(self.segs.len() == 1)
+        usize::from(self.imm.is_none())
+            + usize::from(self.segs.len() == 1)
             + self.writes.iter().map(|w| w.wrs(max_sge)).sum::<usize>()
     }
 
@@ -242,6 +246,7 @@ impl Session {
     ) -> Result<()> {
         let r = match e {
             LinkEvent::ReadDone => return Ok(()),
+            LinkEvent::Imm(v) => return self.on_imm(v),
             LinkEvent::Recv(r) => r,
         };
         self.on_header(&r.h, s, ev);
@@ -295,6 +300,28 @@ impl Session {
                 ev.push(Event::Connect(self.sid(), p, self.incoming));
             }
         }
+    }
+
+    /// An immediate message (RDMA WRITE WITH IMMEDIATE): the next sequence number, in
+    /// order with the others (RC delivers in order); its WRITEs have landed.
+    fn on_imm(&mut self, value: u32) -> Result<()> {
+        let Some(link) = self.link.as_mut() else {
+            return Ok(());
+        };
+        if !link.hello_done {
+            return Err(Malformed("immediate message before the session hello").into());
+        }
+        let seq = self.delivered + link.rx.len() as u64 + 1;
+        link.rx.push_back(RxEntry {
+            seq,
+            msg_type: MSG_TYPE_IMM,
+            front: value.to_le_bytes().to_vec(),
+            eager: None,
+            segs: Vec::new(),
+            reads_in_flight: 0,
+        });
+        self.counters.imm_received += 1;
+        Ok(())
     }
 
     fn on_msg(&mut self, r: Received) -> Result<()> {
@@ -436,30 +463,38 @@ impl Session {
                 break;
             }
             self.stalled = false;
-            let mut h = Header::new(Kind::Msg);
-            h.seq = m.seq;
-            h.ack = self.delivered;
-            h.msg_type = m.msg_type;
-            h.nsegs = m.segs.len() as u16;
-            h.front_len = m.front.len() as u32;
-            if self.waiting.len() > 1 && link.credits.tx <= 2 {
-                h.flags |= flags::STARVED;
-            }
-            if m.eager(s.eager_max, max_sge) {
-                let body = match m.segs.first() {
-                    Some(g) => Body::Eager(&g.parts, &g.lkeys),
-                    None => Body::None,
-                };
-                link.queue_msg(&mut h, &m.front, body, &m.writes)?;
+            if let Some(v) = m.imm {
+                // No header: no acknowledgement or credits ride on it (`acked_to_peer`
+                // stays; the ACK logic below sends them).
+                link.queue_imm(&m.writes, v)?;
+                self.counters.imm_sent += 1;
             } else {
-                h.flags |= flags::RNDV;
-                let mut block = [0u8; PAYLOAD_MAX];
-                let n = wire::emit_block(&mut block, &m.front, &m.descs()).ok_or_else(|| {
-                    Error::fixed(ErrorKind::InvalidArgument, "descriptor block too large")
-                })?;
-                link.queue_msg(&mut h, &[], Body::Block(&block[..n]), &m.writes)?;
+                let mut h = Header::new(Kind::Msg);
+                h.seq = m.seq;
+                h.ack = self.delivered;
+                h.msg_type = m.msg_type;
+                h.nsegs = m.segs.len() as u16;
+                h.front_len = m.front.len() as u32;
+                if self.waiting.len() > 1 && link.credits.tx <= 2 {
+                    h.flags |= flags::STARVED;
+                }
+                if m.eager(s.eager_max, max_sge) {
+                    let body = match m.segs.first() {
+                        Some(g) => Body::Eager(&g.parts, &g.lkeys),
+                        None => Body::None,
+                    };
+                    link.queue_msg(&mut h, &m.front, body, &m.writes)?;
+                } else {
+                    h.flags |= flags::RNDV;
+                    let mut block = [0u8; PAYLOAD_MAX];
+                    let n =
+                        wire::emit_block(&mut block, &m.front, &m.descs()).ok_or_else(|| {
+                            Error::fixed(ErrorKind::InvalidArgument, "descriptor block too large")
+                        })?;
+                    link.queue_msg(&mut h, &[], Body::Block(&block[..n]), &m.writes)?;
+                }
+                self.acked_to_peer = self.delivered;
             }
-            self.acked_to_peer = self.delivered;
             if let Some(mut m) = self.waiting.pop_front() {
                 if m.replay {
                     self.counters.replays += 1;
@@ -499,6 +534,12 @@ impl Session {
         if (ack || ping || announce) && link.credits.can_send_control() {
             let mut h = Header::new(if ping { Kind::Ping } else { Kind::Ack });
             h.ack = self.delivered;
+            // Out of credits with messages waiting: say so here too (immediate messages
+            // carry no header, so a side that sends only those grows the peer's window
+            // through its ACKs).
+            if self.stalled || (self.waiting.len() > 1 && link.credits.tx <= 2) {
+                h.flags |= flags::STARVED;
+            }
             link.queue(&mut h, &[], Body::None)?;
             self.acked_to_peer = self.delivered;
             if ping {

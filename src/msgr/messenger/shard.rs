@@ -481,6 +481,7 @@ impl Core {
             front,
             data,
             writes: wr_in,
+            imm,
         } = msg;
         let mut segs = Vec::with_capacity(data.len());
         let mut copied = 0;
@@ -492,7 +493,13 @@ impl Core {
                 }
                 Err(e) => {
                     // The payloads prepared so far are released with `segs`.
-                    return Err(refuse(e, OutMessage::new(msg_type, front)));
+                    return Err(refuse(
+                        e,
+                        OutMessage {
+                            imm,
+                            ..OutMessage::new(msg_type, front)
+                        },
+                    ));
                 }
             }
         }
@@ -507,11 +514,20 @@ impl Core {
                         rkey: w.rkey,
                     });
                 }
-                Err(e) => return Err(refuse(e, OutMessage::new(msg_type, front))),
+                Err(e) => {
+                    return Err(refuse(
+                        e,
+                        OutMessage {
+                            imm,
+                            ..OutMessage::new(msg_type, front)
+                        },
+                    ));
+                }
             }
         }
         let max_sge = self.settings.max_send_sge as usize;
-        let need = 1 + writes.iter().map(|w| w.wrs(max_sge)).sum::<usize>();
+        let need =
+            usize::from(imm.is_none()) + writes.iter().map(|w| w.wrs(max_sge)).sum::<usize>();
         if need > self.settings.max_send_wr as usize / 2 {
             return Err(refuse(
                 Error::new(
@@ -519,16 +535,25 @@ impl Core {
                     format!(
                         "send: the message's RDMA WRITEs take {} work requests; at most {} \
                          (half of max_send_wr): fewer or registered (one-part) sources",
-                        need - 1,
+                        need - usize::from(imm.is_none()),
                         self.settings.max_send_wr as usize / 2 - 1
                     ),
                 ),
-                OutMessage::new(msg_type, front),
+                OutMessage {
+                    imm,
+                    ..OutMessage::new(msg_type, front)
+                },
             ));
         }
         let mut st = shard.st.lock();
         let Some(sess) = st.sessions.get_mut(&s.0) else {
-            return Err(refuse(closed("send"), OutMessage::new(msg_type, front)));
+            return Err(refuse(
+                closed("send"),
+                OutMessage {
+                    imm,
+                    ..OutMessage::new(msg_type, front)
+                },
+            ));
         };
         let seq = sess.next_seq;
         sess.next_seq += 1;
@@ -540,6 +565,7 @@ impl Core {
             front,
             segs,
             writes,
+            imm,
             bytes,
             replay: false,
         });
@@ -552,6 +578,28 @@ impl Core {
 
     /// Refuses what the wire cannot carry, before anything is consumed.
     fn check_shape(&self, msg: &OutMessage) -> Result<()> {
+        match msg.imm {
+            None if msg.msg_type == MSG_TYPE_IMM => {
+                return Err(Error::fixed(
+                    ErrorKind::InvalidArgument,
+                    "send: message type 0xffff is reserved for immediate messages \
+                     (OutMessage::immediate)",
+                ));
+            }
+            Some(_)
+                if msg.msg_type != MSG_TYPE_IMM
+                    || !msg.front.is_empty()
+                    || !msg.data.is_empty()
+                    || msg.writes.is_empty() =>
+            {
+                return Err(Error::fixed(
+                    ErrorKind::InvalidArgument,
+                    "send: an immediate message has no front and no data segments, and at \
+                     least one RDMA WRITE (its value rides on the last)",
+                ));
+            }
+            _ => {}
+        }
         if msg.writes.len() > wire::MAX_WRITES {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -930,7 +978,7 @@ impl Core {
                     LinkEvent::Recv(r) if hello.is_none() && r.h.kind() == Some(Kind::Hello) => {
                         hello = Some(r.h);
                     }
-                    LinkEvent::Recv(_) => {
+                    LinkEvent::Recv(_) | LinkEvent::Imm(_) => {
                         self.malformed.fetch_add(1, Ordering::Relaxed);
                         self.discard(e);
                     }
@@ -1424,4 +1472,6 @@ fn add_counters(t: &mut SessionCounters, c: &SessionCounters) {
     t.rnr_naks += c.rnr_naks;
     t.duplicates_dropped += c.duplicates_dropped;
     t.send_completions += c.send_completions;
+    t.imm_sent += c.imm_sent;
+    t.imm_received += c.imm_received;
 }

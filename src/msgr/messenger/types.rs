@@ -159,7 +159,15 @@ pub struct OutMessage {
     /// WRITE the peer refuses (bad rkey or address) is an error completion here and a QP
     /// error there: the session faults (lossy: both sides reset).
     pub writes: Vec<RemoteWrite>,
+    /// An immediate message ([`OutMessage::immediate`]): this 32-bit value is the whole
+    /// message, carried by its last RDMA WRITE (WRITE WITH IMMEDIATE) instead of a SEND.
+    pub imm: Option<u32>,
 }
+
+/// The message type an immediate message ([`OutMessage::immediate`]) is delivered with
+/// (its front is the value, 4 bytes little-endian); reserved: `send` refuses other
+/// messages of this type.
+pub const MSG_TYPE_IMM: u16 = 0xFFFF;
 
 impl OutMessage {
     pub fn new(msg_type: u16, front: Vec<u8>) -> OutMessage {
@@ -168,6 +176,25 @@ impl OutMessage {
             front,
             data: Vec::new(),
             writes: Vec::new(),
+            imm: None,
+        }
+    }
+
+    /// An immediate message: the 32-bit `value` rides on the last work request of the
+    /// message's RDMA WRITEs (add at least one with [`OutMessage::with_write`]) as an RDMA
+    /// WRITE WITH IMMEDIATE, so that data + notice are one packet for a 4 KiB WRITE, and no
+    /// SEND, header slot or header parse is spent on it. The peer's messenger delivers it
+    /// in order with the other messages, as type [`MSG_TYPE_IMM`] with `value` as its
+    /// 4-byte front (little-endian), once the WRITEs have landed. It consumes a receive
+    /// and a sequence number like any message, but carries no acknowledgement or credits
+    /// (explicit ACK messages do, at most every other pass under load). No front, no data
+    /// segments; lossy sessions only (as any message with WRITEs). Send it only to a peer
+    /// that asked for it (a peer older than this does not know the completion).
+    pub fn immediate(value: u32) -> OutMessage {
+        OutMessage {
+            msg_type: MSG_TYPE_IMM,
+            imm: Some(value),
+            ..OutMessage::default()
         }
     }
 
@@ -436,6 +463,10 @@ pub struct SessionCounters {
     /// WRITEs posted together (only a batch's last work request is signaled), plus one per
     /// rendezvous READ; far fewer than `msgs_sent` under load.
     pub send_completions: u64,
+    /// Immediate messages ([`OutMessage::immediate`]) sent and received (also counted in
+    /// `msgs_sent` / `msgs_received`).
+    pub imm_sent: u64,
+    pub imm_received: u64,
 }
 
 /// What a session is now.
