@@ -550,8 +550,8 @@ impl Link {
         }
     }
 
-    /// Queues an RDMA WRITE for the next [`Link::flush`], unsignaled: the signaled SEND of
-    /// its message, queued after it, completes it (see `complete`).
+    /// Queues an RDMA WRITE for the next [`Link::flush`], unsignaled: the batch's last work
+    /// request, posted after it and signaled, completes it (see `flush` and `complete`).
     fn queue_write(&mut self, sges: SgeList, remote_addr: u64, rkey: u32) {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
