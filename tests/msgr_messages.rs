@@ -366,6 +366,59 @@ fn a_batch_of_sends_takes_one_completion() {
     assert!(wcs <= 4, "{wcs} send completions for {n} messages: {c:?}");
 }
 
+/// Sessions left idle (a pass skips them after a look: `Session::quiet`) wake for what
+/// comes: 20 sessions idle for 100 ms, then a message each way on every one, all delivered
+/// on the session it was sent on, and none reset.
+#[test]
+fn idle_sessions_wake_for_messages() {
+    let n = 20usize;
+    let la = Arc::new(Log::default());
+    let lb = Arc::new(Log::default());
+    let a = Messenger::new(&config(&[]), la.clone()).unwrap();
+    let b = Messenger::new(&config(&[]), lb.clone()).unwrap();
+    let addr = b.listen("127.0.0.1:0").unwrap().to_string();
+    let mine: Vec<SessionId> = (0..n)
+        .map(|_| a.connect(&addr, Policy::Lossless).unwrap())
+        .collect();
+    drive(&a, &b, || {
+        la.connected.lock().unwrap().len() == n && lb.connected.lock().unwrap().len() == n
+    });
+    let end = Instant::now() + Duration::from_millis(100);
+    while Instant::now() < end {
+        a.poll(Duration::ZERO).unwrap();
+        b.poll(Duration::from_micros(200)).unwrap();
+    }
+    for (i, &s) in mine.iter().enumerate() {
+        a.send(s, OutMessage::new(9, pattern(i as u64, 16)))
+            .unwrap();
+    }
+    drive(&a, &b, || lb.msgs.lock().unwrap().len() == n);
+    let theirs: Vec<SessionId> = lb.msgs.lock().unwrap().iter().map(|(s, _)| *s).collect();
+    for (s, m) in lb.msgs.lock().unwrap().iter() {
+        b.send(*s, OutMessage::new(10, m.front.clone())).unwrap();
+    }
+    drive(&a, &b, || la.msgs.lock().unwrap().len() == n);
+    let mut echoed: Vec<(SessionId, Vec<u8>)> = la
+        .msgs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(s, m)| (*s, m.front.clone()))
+        .collect();
+    echoed.sort_by_key(|(s, _)| mine.iter().position(|x| x == s));
+    for (i, (s, front)) in echoed.iter().enumerate() {
+        assert_eq!(*s, mine[i], "echo {i} on its own session");
+        assert_eq!(*front, pattern(i as u64, 16), "echo {i} intact");
+    }
+    let mut distinct = theirs;
+    distinct.sort_by_key(|s| s.0);
+    distinct.dedup();
+    assert_eq!(distinct.len(), n, "one message per accepted session");
+    for &s in &mine {
+        assert_eq!(a.session_info(s).unwrap().counters.faults, 0);
+    }
+}
+
 /// A receiver that only acknowledges (one-way traffic) is not silent: it sends no
 /// keepalive while messages flow, and the sender keeps its whole window (a keepalive
 /// shrinks the window it announces). 300 ms of traffic against a 20 ms keepalive.

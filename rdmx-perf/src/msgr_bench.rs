@@ -44,6 +44,8 @@ pub const REQ: u16 = 0x5251; // request
 pub const REP: u16 = 0x5250; // reply
 /// The request's front: id (8), size (8), offset (8), padding: 64 bytes.
 pub const REQ_FRONT: usize = 64;
+/// Most idle sessions (`--idle-sessions`): each is a TCP side channel and a QP on both sides.
+const MAX_IDLE: usize = 10_000;
 /// Largest reply (`--size` of rpc tests).
 pub const MAX_REPLY: usize = 4 << 20;
 /// The first bytes of the server's ready message when it serves the messenger tests,
@@ -52,7 +54,8 @@ pub const READY_MSGR: &[u8; 4] = b"MSGR";
 
 pub const USAGE: &str = "usage: rdmx-perf {msg_bw|rpc_bw|rpc_lat} --connect ADDR:PORT \
      [--size BYTES (4096)] [--qd N (bw: 32, lat: 1)] [--duration SECONDS (5)] \
-     [--verify N (msg_bw: -, rpc_bw: 16, rpc_lat: 1)] [--set KEY=VALUE]... [--profile NAME] [--json]";
+     [--verify N (msg_bw: -, rpc_bw: 16, rpc_lat: 1)] [--idle-sessions N (0)] [--set KEY=VALUE]... \
+     [--profile NAME] [--json]";
 
 pub const HELP: &str = "\
 Runs one messenger test against `rdmx-perf server` for --duration seconds:
@@ -69,6 +72,9 @@ options:
   --qd N               outstanding messages or requests (default 32; rpc_lat: 1)
   --duration SECONDS   how long to run, in (0, 3600] (default 5)
   --verify N           rpc tests: check every Nth reply's data (default rpc_bw 16, rpc_lat 1)
+  --idle-sessions N    first open N more sessions to the server that stay idle during the
+                       test (0..=10000, default 0): what many sessions cost the busy one
+                       (bench/scale.sh TEST=rpc_lat)
   --set KEY=VALUE      a configuration knob, msgr_* included (`rdmx-perf config`); repeatable
   --profile NAME       a configuration profile (e.g. ceph-after)
   --json               stdout is one JSON object only; the table goes to stderr
@@ -108,6 +114,8 @@ struct Cli {
     duration: f64,
     #[arg(long, value_parser = cli::number, allow_hyphen_values = true)]
     verify: Option<usize>,
+    #[arg(long = "idle-sessions", value_parser = cli::number, default_value = "0", allow_hyphen_values = true)]
+    idle: usize,
     #[arg(long)]
     json: bool,
     #[arg(long, allow_hyphen_values = true)]
@@ -123,6 +131,7 @@ struct Args {
     qd: usize,
     duration: f64,
     verify: u64,
+    idle: usize,
     json: bool,
     profile: Option<String>,
     sets: Vec<(String, String)>,
@@ -143,6 +152,9 @@ fn parse(test: Test, args: &[String]) -> Result<Args, String> {
             "--qd must be 1..=4096 and --verify at least 1\n{USAGE}"
         ));
     }
+    if c.idle > MAX_IDLE {
+        return Err(format!("--idle-sessions must be 0..={MAX_IDLE}\n{USAGE}"));
+    }
     if c.size == 0 || c.size > MAX_REPLY {
         return Err(format!("--size must be 1..={MAX_REPLY} bytes\n{USAGE}"));
     }
@@ -153,6 +165,7 @@ fn parse(test: Test, args: &[String]) -> Result<Args, String> {
         qd,
         duration: c.duration,
         verify: verify as u64,
+        idle: c.idle,
         json: c.json,
         profile: c.profile,
         sets: c.set,
@@ -202,6 +215,8 @@ pub fn main(name: &str, args: &[String]) -> ExitCode {
 #[derive(Default)]
 struct Seen {
     connected: bool,
+    /// Sessions opened (the test's and the idle ones).
+    connects: usize,
     reset: Option<String>,
     /// Send completions: (id, ok or why not).
     done: Vec<(SendId, Result<(), String>)>,
@@ -212,7 +227,9 @@ struct ClientSide(Mutex<Seen>);
 
 impl Dispatcher for ClientSide {
     fn on_connect(&self, _m: &Messenger, _s: SessionId, _peer: SocketAddr, _incoming: bool) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).connected = true;
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.connected = true;
+        s.connects += 1;
     }
     fn on_message(&self, _m: &Messenger, _s: SessionId, msg: InMessage) {
         self.0
@@ -341,6 +358,29 @@ fn run(a: &Args, cfg: &Config) -> Result<Run, String> {
         }
         pump(Duration::from_millis(1));
     }
+    // Idle sessions, a few connects at a time (each is a TCP handshake on a helper thread).
+    let mut idle = Vec::with_capacity(a.idle);
+    let opened = || seen.0.lock().unwrap_or_else(|e| e.into_inner()).connects;
+    while idle.len() < a.idle || opened() < 1 + a.idle {
+        if let Some(r) = &seen.0.lock().unwrap_or_else(|e| e.into_inner()).reset {
+            return Err(format!("an idle session to {maddr}: {r}"));
+        }
+        if clock.now() > 120_000_000_000 {
+            return Err(format!(
+                "{} of {} idle sessions open after 120 s",
+                opened() - 1,
+                a.idle
+            ));
+        }
+        if idle.len() < a.idle && idle.len() < opened() + 32 {
+            let s = m
+                .connect(&maddr, Policy::Lossless)
+                .map_err(|e| format!("idle session to {maddr}: {e}"))?;
+            idle.push(s);
+        } else {
+            pump(Duration::from_millis(1));
+        }
+    }
     // msg_bw sources above 4 KiB: one registered buffer per slot.
     let mut big = if a.test == Test::MsgBw && a.size > 4096 {
         vec![0u8; a.qd * a.size]
@@ -352,6 +392,9 @@ fn run(a: &Args, cfg: &Config) -> Result<Run, String> {
     let out = drive(a, &m, s, &seen, &big, &clock, &mut hist);
     let info = m.session_info(s).ok();
     let _ = m.close_session(s);
+    for &i in &idle {
+        let _ = m.close_session(i);
+    }
     // The session's last callbacks (sends failed by the close) before the buffers go.
     for _ in 0..10 {
         pump(Duration::from_millis(1));
@@ -379,6 +422,7 @@ fn run(a: &Args, cfg: &Config) -> Result<Run, String> {
     );
     r.int("size", a.size as u64);
     r.int("qd", a.qd as u64);
+    r.int("idle_sessions", a.idle as u64);
     r.int(
         "msgr_threads",
         if workers {

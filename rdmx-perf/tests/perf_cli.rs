@@ -696,6 +696,8 @@ fn messenger_tests_run_against_the_same_server() {
         ("rpc_bw", &["--size", "20000", "--qd", "4", "--verify", "1"]),
         ("rpc_lat", &["--size", "4096"]),
         ("rpc_lat", &["--size", "64", "--set", "msgr_threads=1"]),
+        // Beside idle sessions: each pass skips them (they stay open: no reset).
+        ("rpc_lat", &["--size", "4096", "--idle-sessions", "50"]),
     ] {
         let j = client(&server, test, extra);
         for f in [
@@ -723,6 +725,12 @@ fn messenger_tests_run_against_the_same_server() {
         if test == "rpc_lat" {
             assert_eq!(field(&j, "qd"), Some(1.0), "{test}: {j}");
         }
+        let idle = if extra.contains(&"--idle-sessions") {
+            50.0
+        } else {
+            0.0
+        };
+        assert_eq!(field(&j, "idle_sessions"), Some(idle), "{test}: {j}");
         if test.starts_with("rpc") {
             assert_eq!(field(&j, "verified"), field(&j, "ops"), "{test}: {j}");
         }
@@ -741,4 +749,15 @@ fn messenger_tests_run_against_the_same_server() {
         "--size must be",
     );
     fails_with(&["msg_bw", "--connect", "127.0.0.1:1"], 1, "127.0.0.1:1");
+    fails_with(
+        &[
+            "rpc_lat",
+            "--connect",
+            &server.addr,
+            "--idle-sessions",
+            "10001",
+        ],
+        2,
+        "--idle-sessions must be 0..=10000",
+    );
 }

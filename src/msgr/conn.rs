@@ -732,6 +732,19 @@ impl Connection {
             .poll(&self.ctx.shared.dev, &self.ctx.shared.settings, out)
     }
 
+    /// Whether [`Connection::poll_cq`] may find completions (a look without the CQ's lock
+    /// on the soft provider; always true on verbs).
+    pub fn may_have_completions(&self) -> bool {
+        self.qp.may_have_completions()
+    }
+
+    /// [`Connection::poll`] without the device's progress pass: for a caller that polls
+    /// many connections of one context and ran [`Context::progress`] once before them (one
+    /// receive call per pass instead of one per connection).
+    pub fn poll_cq(&self, out: &mut [Wc]) -> usize {
+        self.qp.poll_cq(out)
+    }
+
     /// Arms the event fd: it becomes readable when the next completion arrives (or at once
     /// if completions are queued). Read it with `clear_event` after it fired.
     /// With progress=inline this also tells the device the caller stops polling, so its

@@ -163,6 +163,15 @@ impl Context {
         self.shared.dev.set_app_driven(on);
     }
 
+    /// One progress pass of the device from this thread, where the settings leave it to
+    /// polling callers (soft provider, progress=inline or poll_mode=busy: receives what
+    /// is queued, runs due timers; nothing otherwise). [`super::Connection::poll`] runs one
+    /// per call; a caller polling many connections runs this once and then
+    /// [`super::Connection::poll_cq`] on each.
+    pub fn progress(&self) {
+        self.shared.dev.progress(&self.shared.settings);
+    }
+
     /// A thread starts (`true`) or stops (`false`) sleeping on [`Context::rx_fds`].
     pub fn app_watch(&self, on: bool) {
         self.shared.dev.app_watch(on);

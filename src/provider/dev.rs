@@ -51,6 +51,21 @@ pub(crate) struct Endpoint {
 }
 
 impl Device {
+    /// One progress pass from the caller's thread where the settings leave progress to
+    /// polling callers (soft provider, progress=inline or poll_mode=busy: receive what is
+    /// queued, run due timers); nothing otherwise (a NIC needs none).
+    pub fn progress(&self, s: &Settings) {
+        match self {
+            Device::Soft(d) => {
+                if s.progress == Progress::Inline || s.poll_mode == PollMode::Busy {
+                    d.progress_inline();
+                }
+            }
+            #[cfg(feature = "verbs")]
+            Device::Verbs(_) => {}
+        }
+    }
+
     /// The receiving sockets a caller may sleep on itself (soft, progress=inline); see
     /// `SoftDevice::rx_fds`. None on verbs (a NIC receives without the host).
     pub fn rx_fds(&self, out: &mut Vec<RawFd>) {
@@ -406,17 +421,31 @@ impl Qp {
     }
 
     pub fn poll(&self, dev: &Device, s: &Settings, out: &mut [Wc]) -> usize {
-        let n = self.poll_on(dev, s, out);
+        dev.progress(s);
+        self.poll_cq(out)
+    }
+
+    /// Whether a poll may find completions, without taking a CQ lock (soft); always true
+    /// on verbs (only a poll tells).
+    pub fn may_have_completions(&self) -> bool {
+        match self {
+            Qp::Soft(q) => q.send_cq.maybe_nonempty() || q.recv_cq.maybe_nonempty(),
+            #[cfg(feature = "verbs")]
+            Qp::Verbs(_) => true,
+        }
+    }
+
+    /// [`Qp::poll`] without the device's progress pass: the caller ran it
+    /// ([`Device::progress`]) for all the QPs it is about to poll.
+    pub fn poll_cq(&self, out: &mut [Wc]) -> usize {
+        let n = self.poll_on(out);
         self.stats().completed(&out[..n]);
         n
     }
 
-    fn poll_on(&self, dev: &Device, s: &Settings, out: &mut [Wc]) -> usize {
-        match (self, dev) {
-            (Qp::Soft(q), Device::Soft(d)) => {
-                if s.progress == Progress::Inline || s.poll_mode == PollMode::Busy {
-                    d.progress_inline();
-                }
+    fn poll_on(&self, out: &mut [Wc]) -> usize {
+        match self {
+            Qp::Soft(q) => {
                 let n = q.send_cq.poll(out);
                 if Arc::ptr_eq(&q.send_cq, &q.recv_cq) {
                     return n;
@@ -424,9 +453,7 @@ impl Qp {
                 n + q.recv_cq.poll(&mut out[n..])
             }
             #[cfg(feature = "verbs")]
-            (Qp::Verbs(v), _) => v.poll(out),
-            #[cfg(feature = "verbs")]
-            _ => unreachable!("a QP is made by its own device"),
+            Qp::Verbs(v) => v.poll(out),
         }
     }
 

@@ -28,6 +28,17 @@ impl Liveness {
     pub fn dead(&self, now: Instant, interval: Option<Duration>, timeout: Duration) -> bool {
         interval.is_some() && now.saturating_duration_since(self.last_heard) >= timeout
     }
+
+    /// The first time `ping_due` or `dead` can hold (None: never, keepalive off): a pass
+    /// that skips an idle session compares one instant instead of both durations.
+    pub fn next_due(&self, interval: Option<Duration>, timeout: Duration) -> Option<Instant> {
+        let i = interval?;
+        let ping = self.last_sent.checked_add(i)?;
+        Some(match self.last_heard.checked_add(timeout) {
+            Some(dead) => ping.min(dead),
+            None => ping,
+        })
+    }
 }
 
 /// Reconnect attempts of one session: exponential backoff from `min` to `max`, giving up
@@ -84,6 +95,24 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `next_due` is the first instant `ping_due` or `dead` holds.
+    #[test]
+    fn next_due_is_the_earlier_of_ping_and_dead() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut l = Liveness::new(t0);
+        assert_eq!(l.next_due(None, ms(100)), None, "keepalive off: never");
+        assert_eq!(l.next_due(Some(ms(10)), ms(100)), Some(t0 + ms(10)));
+        l.last_sent = t0 + ms(200);
+        let due = l.next_due(Some(ms(10)), ms(100)).unwrap();
+        assert_eq!(due, t0 + ms(100), "heard nothing for the timeout first");
+        assert!(!l.dead(due - ms(1), Some(ms(10)), ms(100)));
+        assert!(l.dead(due, Some(ms(10)), ms(100)));
+        l.last_heard = t0 + ms(200);
+        let due = l.next_due(Some(ms(10)), ms(100)).unwrap();
+        assert!(!l.ping_due(due - ms(1), Some(ms(10))) && l.ping_due(due, Some(ms(10))));
+    }
 
     #[test]
     fn backoff_doubles_to_the_cap_and_gives_up() {

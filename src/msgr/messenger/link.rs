@@ -243,6 +243,12 @@ impl Link {
         self.max_sge
     }
 
+    /// Nothing being received (READs, delivery), nothing unposted, every receive of the
+    /// window posted (see `Session::quiet`).
+    pub fn is_quiet(&self) -> bool {
+        self.rx.is_empty() && self.unposted.is_empty() && self.credits.deficit() == 0
+    }
+
     /// Free send-queue entries.
     pub fn sq_room(&self) -> usize {
         self.max_sq.saturating_sub(self.sq.len())
@@ -667,7 +673,8 @@ impl Link {
         let mut recvs = 0;
         while total < max && recvs < max_recv {
             let want = (max - total).min(max_recv - recvs).min(32);
-            let n = self.conn.poll(&mut wcs[..want]);
+            // The pass ran the device's progress once for all links (`Context::progress`).
+            let n = self.conn.poll_cq(&mut wcs[..want]);
             if n == 0 {
                 break;
             }

@@ -858,6 +858,14 @@ impl Core {
             let found = self.accept_new(&mut st, now);
             st.next_accept = (!found).then(|| now + ACCEPT_EVERY);
         }
+        // Answers queued since the last pass (sent from its callbacks) go first: the
+        // provider may hold the ACKs of the requests they answer (soft, progress=inline),
+        // and then one post sends both. Then one progress pass of the device for every
+        // link (one receive call, not one per session), then each link's completions.
+        for sess in st.sessions.values_mut() {
+            self.send_queued(sess, now, &mut ev);
+        }
+        self.ctx.progress();
         self.drive_pending(i, &mut st, now, &mut ev, &mut moves);
         for (link, h) in std::mem::take(&mut st.incoming) {
             self.attach_incoming(i, &mut st, link, &h, now, &mut ev);
@@ -867,7 +875,10 @@ impl Core {
         }
         let mut ended = false;
         for sess in st.sessions.values_mut() {
-            self.drive_session(sess, now, &mut ev);
+            // An idle session costs the pass this look, not a poll and a pump.
+            if !sess.quiet(now, &self.settings) {
+                self.drive_session(sess, now, &mut ev);
+            }
             ended |= sess.state == SessionState::Closed;
         }
         if ended {
@@ -1136,34 +1147,37 @@ impl Core {
     }
 
     /// Connection attempts, polling, protocol steps, timers of one session.
-    fn drive_session(&self, sess: &mut Session, now: Instant, ev: &mut Vec<Event>) {
+    /// The first step of a session's pass: a reconnect step without a link, and the
+    /// messages queued since the last pass, posted before the device's progress pass.
+    fn send_queued(&self, sess: &mut Session, now: Instant, ev: &mut Vec<Event>) {
         if sess.state == SessionState::Closed {
             return;
         }
         if sess.link.is_none() {
             self.reconnect_step(sess, now, ev);
         }
-        if sess.link.is_none() {
+        if sess.link.is_none() || sess.waiting.is_empty() {
             return;
         }
-        // Messages queued since the last pass (answers sent from its callbacks) go before
-        // this pass receives: the provider may hold the ACKs of the requests they answer
-        // (soft, progress=inline), and then one post sends both.
-        let mut result = if sess.waiting.is_empty() {
-            Ok(())
-        } else {
-            sess.pump(now, &self.settings, &self.bufs.data, ev)
-        };
-        let mut out = Vec::new();
-        if result.is_ok() {
-            result = sess
-                .link
-                .as_mut()
-                .map_or(Ok(0), |l| {
-                    l.poll(POLL_BUDGET, self.settings.rx_batch, &mut out)
-                })
-                .map(|_| ());
+        if let Err(e) = sess.pump(now, &self.settings, &self.bufs.data, ev) {
+            self.fail(sess, e, now, ev);
         }
+    }
+
+    /// The rest of a session's pass, after the device's progress pass: its link's
+    /// completions, then the protocol steps.
+    fn drive_session(&self, sess: &mut Session, now: Instant, ev: &mut Vec<Event>) {
+        if sess.state == SessionState::Closed || sess.link.is_none() {
+            return;
+        }
+        let mut out = Vec::new();
+        let mut result = sess
+            .link
+            .as_mut()
+            .map_or(Ok(0), |l| {
+                l.poll(POLL_BUDGET, self.settings.rx_batch, &mut out)
+            })
+            .map(|_| ());
         for e in out {
             if result.is_err() {
                 // The link is faulting: what came with it is dropped (and replayed).
@@ -1176,11 +1190,16 @@ impl Core {
             result = sess.pump(now, &self.settings, &self.bufs.data, ev);
         }
         if let Err(e) = result {
-            if e.kind() == ErrorKind::InvalidValue {
-                sess.counters.malformed += 1;
-            }
-            self.fault(sess, e, now, ev);
+            self.fail(sess, e, now, ev);
         }
+    }
+
+    /// A step of the session failed: malformed input counted, then a fault.
+    fn fail(&self, sess: &mut Session, e: Error, now: Instant, ev: &mut Vec<Event>) {
+        if e.kind() == ErrorKind::InvalidValue {
+            sess.counters.malformed += 1;
+        }
+        self.fault(sess, e, now, ev);
     }
 
     /// Lossless connecting side without a link: attempts with backoff; the accepting
