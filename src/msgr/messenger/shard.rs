@@ -704,27 +704,44 @@ impl Core {
         let shard = &self.shards[i];
         let mut fds = Vec::new();
         let mut rx = Vec::new();
+        // The sessions whose links were armed (the others are quiet: see below).
+        let mut armed: Vec<u64> = Vec::new();
+        let now = Instant::now();
         {
             let st = shard.st.lock();
             if !st.queued.is_empty() || !st.incoming.is_empty() {
                 return;
             }
-            let links = st
-                .sessions
-                .values()
-                .filter_map(|s| s.link.as_ref())
-                .chain(st.pending.iter().map(|p| &p.link));
             let since = Duration::from_nanos(
                 (self.epoch.elapsed().as_nanos() as u64)
                     .saturating_sub(shard.last_event.load(Ordering::Relaxed)),
             );
             let recent = since < WATCH_AFTER;
+            // Only with a link to poll: its poll is what receives. Before the looks at
+            // the CQs below: the device's wake fd among them then covers what its progress
+            // thread completes after them.
+            if recent && (!st.pending.is_empty() || st.sessions.values().any(|s| s.link.is_some()))
+            {
+                self.ctx.rx_fds(&mut rx);
+            }
+            // With this thread on the receiving sockets, a quiet session's link needs no
+            // arming: what its peer sends wakes the thread through them, and what the
+            // provider's own thread completes meanwhile (a due timer, a side-channel event)
+            // through the device's wake fd. 1,000 idle sessions made every sleep arm,
+            // poll(2) and disarm 1,000 event fds.
+            let watching = !rx.is_empty();
+            let links = st
+                .sessions
+                .iter()
+                .filter(|(_, s)| !(watching && s.quiet(now, &self.settings)))
+                .filter_map(|(&id, s)| {
+                    let l = s.link.as_ref()?;
+                    armed.push(id);
+                    Some(l)
+                })
+                .chain(st.pending.iter().map(|p| &p.link));
             for l in links {
-                if rx.is_empty() && recent {
-                    // Only with a link to poll: its poll is what receives.
-                    self.ctx.rx_fds(&mut rx);
-                }
-                if rx.is_empty() {
+                if !watching {
                     l.conn.req_notify();
                 } else {
                     l.conn.arm();
@@ -788,10 +805,9 @@ impl Core {
         if accept {
             st.next_accept = None;
         }
-        let links = st
-            .sessions
-            .values()
-            .filter_map(|s| s.link.as_ref())
+        let links = armed
+            .iter()
+            .filter_map(|id| st.sessions.get(id)?.link.as_ref())
             .chain(st.pending.iter().map(|p| &p.link));
         for l in links {
             if fired.contains(&l.conn.event_fd()) {

@@ -308,6 +308,10 @@ struct Shared {
     /// [`SoftDevice::app_watch`]): they receive when they wake, so the progress thread
     /// does not wait on the sockets (one wakeup per packet batch instead of two).
     app_watchers: AtomicUsize,
+    /// Readable when the progress thread ran a pass (progress=inline, app-driven): a thread
+    /// asleep on [`SoftDevice::rx_fds`] wakes for what that pass completed, since the
+    /// sockets it drained no longer say so. Reset by `rx_fds`.
+    app_wake: EventFd,
     /// QPs posted to through [`SoftDevice::post_send_batched`] while the application was
     /// polling: their packets leave at the next progress pass.
     doorbells: Mutex<Vec<Arc<SoftQp>>>,
@@ -463,6 +467,7 @@ impl SoftDevice {
             epoch: Instant::now(),
             last_app_poll: AtomicU64::new(0),
             app_watchers: AtomicUsize::new(0),
+            app_wake: EventFd::new()?,
             doorbells: Mutex::new(Vec::new()),
             doorbells_rung: AtomicBool::new(false),
             held_acks: Mutex::new(Vec::new()),
@@ -780,15 +785,27 @@ impl SoftDevice {
 
     /// progress=inline: the receiving sockets an application thread may sleep on itself
     /// (poll(2) for POLLIN) between [`SoftDevice::app_watch`]`(true)` and `(false)`, and
-    /// then receive with its next poll. Nothing with progress=thread.
+    /// then receive with its next poll, and last the device's wake fd: readable once the
+    /// progress thread ran a pass after this call (an app-driven device: it completes work
+    /// on its own only for due timers and side-channel events, and drains the sockets when
+    /// it does). Call it before looking at the CQs to decide what to wait for; the caller
+    /// does not read the fds (the next call resets the wake fd). Nothing with
+    /// progress=thread.
     pub fn rx_fds(&self, out: &mut Vec<RawFd>) {
         if self.shared.settings.progress != Progress::Inline {
             return;
         }
+        let at = out.len();
         for p in &self.shared.ports {
             if p.qps.load(Ordering::Acquire) > 0 {
                 out.push(p.sock.raw_fd());
             }
+        }
+        if out.len() > at {
+            // Reset now: a pass of the progress thread after this call (completions the
+            // caller has not seen when it decides what to wait for) makes it readable.
+            self.shared.app_wake.clear();
+            out.push(self.shared.app_wake.raw_fd());
         }
     }
 
@@ -1253,6 +1270,10 @@ fn progress_thread(s: &Shared) {
         s.progress_once(!inline || side_channel_event, false);
         if side_channel_event {
             s.check_watches(&readable);
+        }
+        if inline && s.hold_acks.load(Ordering::Relaxed) {
+            // An app-driven caller may sleep on the sockets this pass drained.
+            s.app_wake.signal();
         }
     }
 }
