@@ -149,7 +149,10 @@ impl Context {
     /// The registration cache for caller buffers.
     /// The receiving sockets a thread may sleep on itself (soft provider, progress=inline;
     /// none otherwise), between `app_watch(true)` and `app_watch(false)`: it then receives
-    /// with its next `Connection::poll`, and the progress thread leaves them alone.
+    /// with its next `Connection::poll`, and the progress thread leaves them alone. The
+    /// last fd is the device's wake fd, reset by this call: readable once the provider's
+    /// own thread ran a pass after it (a due timer, a side-channel event), whose
+    /// completions the sockets no longer announce. Call it before looking at the CQs.
     pub fn rx_fds(&self, out: &mut Vec<std::os::fd::RawFd>) {
         self.shared.dev.rx_fds(out);
     }

@@ -66,8 +66,9 @@ impl Device {
         }
     }
 
-    /// The receiving sockets a caller may sleep on itself (soft, progress=inline); see
-    /// `SoftDevice::rx_fds`. None on verbs (a NIC receives without the host).
+    /// The receiving sockets a caller may sleep on itself (soft, progress=inline), then the
+    /// device's wake fd; see `SoftDevice::rx_fds`. None on verbs (a NIC receives without
+    /// the host).
     pub fn rx_fds(&self, out: &mut Vec<RawFd>) {
         match self {
             Device::Soft(d) => d.rx_fds(out),
