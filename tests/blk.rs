@@ -633,6 +633,46 @@ fn bad_rkey_ends_the_session_not_the_target() {
     assert_eq!(c.counters().copied_bytes, 0);
 }
 
+/// A messenger standing in for `rdmx-target` (block defaults), listening on loopback and
+/// driven by a thread of its own until dropped.
+struct FakeTarget {
+    m: Messenger,
+    addr: std::net::SocketAddr,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    driver: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeTarget {
+    fn start(d: Arc<dyn Dispatcher>) -> FakeTarget {
+        let mut mc = cfg();
+        rdmx::blk::apply_defaults(&mut mc).unwrap();
+        let m = Messenger::new(&mc, d).unwrap();
+        let addr = m.listen("127.0.0.1:0").unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (f, st) = (m.clone(), Arc::clone(&stop));
+        let driver = std::thread::spawn(move || {
+            while !st.load(Ordering::SeqCst) {
+                f.poll(Duration::from_millis(5)).unwrap();
+            }
+        });
+        FakeTarget {
+            m,
+            addr,
+            stop,
+            driver: Some(driver),
+        }
+    }
+}
+
+impl Drop for FakeTarget {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(d) = self.driver.take() {
+            let _ = d.join();
+        }
+    }
+}
+
 /// A fake target: answers `Open`, and each read with, in order, a reply for a request id
 /// the client never used, the real answer (placed: RDMA WRITE of the pattern + reply; or
 /// every second read, the data in the reply), and the same reply again. The client
@@ -686,19 +726,8 @@ fn stray_and_duplicate_replies_are_ignored() {
             m.send(s, dup).unwrap();
         }
     }
-    let mut mc = cfg();
-    rdmx::blk::apply_defaults(&mut mc).unwrap();
-    let fake = Messenger::new(&mc, Arc::new(Fake(AtomicUsize::new(0)))).unwrap();
-    let addr = fake.listen("127.0.0.1:0").unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let driver = {
-        let (f, stop) = (fake.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                f.poll(Duration::from_millis(5)).unwrap();
-            }
-        })
-    };
+    let fake = FakeTarget::start(Arc::new(Fake(AtomicUsize::new(0))));
+    let addr = fake.addr;
     let mut c = BlkClient::open(&cfg(), &addr.to_string(), "x", Mode::Rpc, T).unwrap();
     let b = Buf::new(8 * 4096);
     let mut got = Vec::new();
@@ -712,8 +741,7 @@ fn stray_and_duplicate_replies_are_ignored() {
         c.poll(&mut extra, 0, 8, Duration::from_millis(20)).unwrap();
         assert!(extra.is_empty(), "a second completion: {extra:?}");
     }
-    stop.store(true, Ordering::SeqCst);
-    driver.join().unwrap();
+    drop(fake);
     got.sort_by_key(|d| d.cookie);
     assert_eq!(got.len(), 8);
     for d in &got {
@@ -777,19 +805,8 @@ fn immediate_replies_complete_each_read_once() {
             }
         }
     }
-    let mut mc = cfg();
-    rdmx::blk::apply_defaults(&mut mc).unwrap();
-    let fake = Messenger::new(&mc, Arc::new(Fake)).unwrap();
-    let addr = fake.listen("127.0.0.1:0").unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let driver = {
-        let (f, stop) = (fake.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                f.poll(Duration::from_millis(5)).unwrap();
-            }
-        })
-    };
+    let fake = FakeTarget::start(Arc::new(Fake));
+    let addr = fake.addr;
     let mut c = BlkClient::open(&cfg(), &addr.to_string(), "x", Mode::Rpc, T).unwrap();
     let mut b = Buf::new(8 * 4096);
     let mut got = Vec::new();
@@ -803,7 +820,7 @@ fn immediate_replies_complete_each_read_once() {
     }
     // What `send` refuses: an immediate without a WRITE, with a front, and the reserved
     // type without an immediate value.
-    let s = fake.sessions()[0];
+    let s = fake.m.sessions()[0];
     for bad in [
         OutMessage::immediate(1),
         OutMessage {
@@ -812,11 +829,10 @@ fn immediate_replies_complete_each_read_once() {
         },
         OutMessage::new(MSG_TYPE_IMM, vec![]),
     ] {
-        let r = fake.send(s, bad).unwrap_err();
+        let r = fake.m.send(s, bad).unwrap_err();
         assert_eq!(r.kind(), rdmx::error::ErrorKind::InvalidArgument, "{r}");
     }
-    stop.store(true, Ordering::SeqCst);
-    driver.join().unwrap();
+    drop(fake);
     got.sort_by_key(|d| d.cookie);
     assert_eq!(got.len(), 8);
     for d in &got {

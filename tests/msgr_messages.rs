@@ -279,6 +279,18 @@ fn connected_pair(kv: &[(&str, &str)]) -> (Arc<Log>, Arc<Log>, Messenger, Messen
     (la, lb, a, b, s)
 }
 
+/// Takes the messages `log` received and checks they are `pattern(i, len)` in order.
+fn assert_in_order(log: &Log, len: usize) {
+    let got = std::mem::take(&mut *log.msgs.lock().unwrap());
+    for (i, (_, m)) in got.iter().enumerate() {
+        assert_eq!(
+            m.front,
+            pattern(i as u64, len),
+            "message {i} in order, intact"
+        );
+    }
+}
+
 /// `msgr_rx_batch`: a pass takes at most that many messages from a session's link, so the
 /// answers sent from their callbacks leave before the next ones are taken; 0 takes all.
 #[test]
@@ -311,14 +323,7 @@ fn a_pass_takes_at_most_rx_batch_messages() {
                 passes.push(k);
             }
         }
-        let got = std::mem::take(&mut *lb.msgs.lock().unwrap());
-        for (i, (_, m)) in got.iter().enumerate() {
-            assert_eq!(
-                m.front,
-                pattern(i as u64, 32),
-                "message {i} in order, intact"
-            );
-        }
+        assert_in_order(&lb, 32);
         println!("msgr_rx_batch {batch}: messages per pass {passes:?}");
         let most = *passes.iter().max().unwrap();
         if batch == "4" {
@@ -352,14 +357,7 @@ fn a_batch_of_sends_takes_one_completion() {
         lb.msgs.lock().unwrap().len() == n && a.session_info(s).unwrap().unacked == 0
     });
     let c = a.session_info(s).unwrap().counters;
-    let got = std::mem::take(&mut *lb.msgs.lock().unwrap());
-    for (i, (_, m)) in got.iter().enumerate() {
-        assert_eq!(
-            m.front,
-            pattern(i as u64, 32),
-            "message {i} in order, intact"
-        );
-    }
+    assert_in_order(&lb, 32);
     let wcs = c.send_completions - before;
     println!("{} messages sent, {wcs} send completions", c.msgs_sent);
     assert!(wcs >= 1, "the batch's last SEND is signaled: {c:?}");

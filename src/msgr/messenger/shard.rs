@@ -483,6 +483,11 @@ impl Core {
             writes: wr_in,
             imm,
         } = msg;
+        // A refused message goes back as it came (its payloads are released).
+        let back = |front| OutMessage {
+            imm,
+            ..OutMessage::new(msg_type, front)
+        };
         let mut segs = Vec::with_capacity(data.len());
         let mut copied = 0;
         for p in data {
@@ -493,13 +498,7 @@ impl Core {
                 }
                 Err(e) => {
                     // The payloads prepared so far are released with `segs`.
-                    return Err(refuse(
-                        e,
-                        OutMessage {
-                            imm,
-                            ..OutMessage::new(msg_type, front)
-                        },
-                    ));
+                    return Err(refuse(e, back(front)));
                 }
             }
         }
@@ -515,13 +514,7 @@ impl Core {
                     });
                 }
                 Err(e) => {
-                    return Err(refuse(
-                        e,
-                        OutMessage {
-                            imm,
-                            ..OutMessage::new(msg_type, front)
-                        },
-                    ));
+                    return Err(refuse(e, back(front)));
                 }
             }
         }
@@ -539,21 +532,12 @@ impl Core {
                         self.settings.max_send_wr as usize / 2 - 1
                     ),
                 ),
-                OutMessage {
-                    imm,
-                    ..OutMessage::new(msg_type, front)
-                },
+                back(front),
             ));
         }
         let mut st = shard.st.lock();
         let Some(sess) = st.sessions.get_mut(&s.0) else {
-            return Err(refuse(
-                closed("send"),
-                OutMessage {
-                    imm,
-                    ..OutMessage::new(msg_type, front)
-                },
-            ));
+            return Err(refuse(closed("send"), back(front)));
         };
         let seq = sess.next_seq;
         sess.next_seq += 1;
