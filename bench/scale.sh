@@ -19,7 +19,8 @@
 # on one session while the client holds N more sessions to the server open and idle
 # (`rdmx-perf rpc_lat --idle-sessions N`); both messengers' passes go over every session.
 # The ratio is reported without a target (1,000 idle sessions, 2026-12-02: 0.009 before
-# the passes skipped quiet sessions, 287 against 32,424 requests/s; 0.21 after).
+# the passes skipped quiet sessions, 287 against 32,424 requests/s; 0.21 after; about 0.95
+# once idle sessions were parked, docs/messenger.md).
 # Exits 0 when every run completed without errors (a missed ratio is reported as BELOW),
 # non-zero otherwise.
 set -u

@@ -417,6 +417,8 @@ int main(int argc, char **argv) {
   } while (now_s() < until && (s.data_chunks_in_use != base.data_chunks_in_use ||
                                s.header_slots_in_use != base.header_slots_in_use));
   CHECK(s.sessions == 0);
+  CHECK(s.active_sessions == 0);
+  CHECK(s.missed_wakes == 0); /* every parked session was woken by its own work */
   CHECK(s.data_chunks_in_use == base.data_chunks_in_use);
   CHECK(s.header_slots_in_use == base.header_slots_in_use);
   CHECK(s.copy_chunks_in_use == 0);

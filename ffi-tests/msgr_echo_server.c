@@ -233,6 +233,7 @@ int main(int argc, char **argv) {
   } while (now_s() < until && (st.data_chunks_in_use != base.data_chunks_in_use ||
                                st.header_slots_in_use != base.header_slots_in_use));
   CHECK(st.sessions == 0);
+  CHECK(st.missed_wakes == 0);
   CHECK(st.data_chunks_in_use == base.data_chunks_in_use);
   CHECK(st.header_slots_in_use == base.header_slots_in_use);
   CHECK(st.copy_chunks_in_use == 0);

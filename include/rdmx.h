@@ -839,6 +839,16 @@ typedef struct {
    */
   uint64_t spin_backoffs;
   /**
+   * Sessions the progress passes look at now; the others are parked (idle: open,
+   * nothing to do; a completion, their keepalive or a call wakes them).
+   */
+  uint64_t active_sessions;
+  /**
+   * Parked sessions found with work by the periodic look instead of being woken (0
+   * unless a wake was missed; each cost up to 100 ms).
+   */
+  uint64_t missed_wakes;
+  /**
    * Counters summed over every session ever made (closed ones included).
    */
   rdmx_session_counters totals;

@@ -197,6 +197,7 @@ fn lossless_exactly_once_in_order_under_injected_faults() {
         0
     );
     assert!(ia.counters.reconnects > 0, "no reconnect happened");
+    assert_eq!(a.stats().missed_wakes + b.stats().missed_wakes, 0);
     // The accepting side counts the reconnects whose hello reached it (an attempt can die
     // in a black hole after its TCP setup).
     assert!(ib.counters.reconnects >= 1 && ib.counters.reconnects <= ia.counters.reconnects);

@@ -847,6 +847,12 @@ pub struct rdmx_msgr_stats {
     /// Times a progress loop slept at once instead of polling because its thread had been
     /// waiting for a CPU (a host with busy cores; see the `poll_mode` and `polling_us` keys).
     pub spin_backoffs: u64,
+    /// Sessions the progress passes look at now; the others are parked (idle: open,
+    /// nothing to do; a completion, their keepalive or a call wakes them).
+    pub active_sessions: u64,
+    /// Parked sessions found with work by the periodic look instead of being woken (0
+    /// unless a wake was missed; each cost up to 100 ms).
+    pub missed_wakes: u64,
     /// Counters summed over every session ever made (closed ones included).
     pub totals: rdmx_session_counters,
 }
@@ -879,6 +885,8 @@ pub unsafe extern "C" fn rdmx_msgr_get_stats(
             mem_registrations: m.shared.mems.lock().1.len() as u32,
             malformed: s.malformed,
             spin_backoffs: s.spin_backoffs,
+            active_sessions: s.active_sessions as u64,
+            missed_wakes: s.missed_wakes,
             totals: (&s.totals).into(),
         };
         // SAFETY: `out` checked non-NULL and writable.

@@ -738,6 +738,13 @@ impl Connection {
         self.qp.may_have_completions()
     }
 
+    /// Runs `hook` (on the thread that completed the work, no lock of this connection
+    /// held) when a completion lands in one of its empty CQs; false if the provider cannot
+    /// tell (verbs), and then only a poll tells. See [`Qp::on_first_completion`].
+    pub fn on_first_completion(&self, hook: Arc<dyn Fn() + Send + Sync>) -> bool {
+        self.qp.on_first_completion(hook)
+    }
+
     /// [`Connection::poll`] without the device's progress pass: for a caller that polls
     /// many connections of one context and ran [`Context::progress`] once before them (one
     /// receive call per pass instead of one per connection).

@@ -436,6 +436,22 @@ impl Qp {
         }
     }
 
+    /// Runs `hook` when a completion lands in one of this QP's empty CQs (soft; the CQs
+    /// must be this QP's alone). False where that cannot be told: verbs (only a poll
+    /// tells), or a CQ that has a hook already; such a QP must be polled every time.
+    pub fn on_first_completion(&self, hook: Arc<dyn Fn() + Send + Sync>) -> bool {
+        match self {
+            Qp::Soft(q) => {
+                let h = Arc::clone(&hook);
+                q.send_cq.on_first(Box::new(move || h()))
+                    && (Arc::ptr_eq(&q.send_cq, &q.recv_cq)
+                        || q.recv_cq.on_first(Box::new(move || hook())))
+            }
+            #[cfg(feature = "verbs")]
+            Qp::Verbs(_) => false,
+        }
+    }
+
     /// [`Qp::poll`] without the device's progress pass: the caller ran it
     /// ([`Device::progress`]) for all the QPs it is about to poll.
     pub fn poll_cq(&self, out: &mut [Wc]) -> usize {

@@ -151,6 +151,9 @@ pub struct Link {
     /// granted (`msgr_eager_write`; set before the first send: the pool must take remote
     /// writes).
     pub eager_write: bool,
+    /// Its CQs tell the shard when a completion lands in them (`park.rs`): the session
+    /// may be parked while quiet. Not on verbs, where only a poll tells.
+    pub parkable: bool,
 }
 
 /// Most grants a link keeps: more than any receive window (`msgr_recv_window` <= 32,768),
@@ -196,6 +199,7 @@ impl Link {
             grants: VecDeque::new(),
             sends: 0,
             eager_write: false,
+            parkable: false,
         }
     }
 

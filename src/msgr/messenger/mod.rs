@@ -17,6 +17,7 @@ mod buffers;
 mod credits;
 mod keepalive;
 mod link;
+mod park;
 mod session;
 mod settings;
 mod shard;

@@ -121,6 +121,12 @@ pub struct Session {
     /// and incarnation, when its hello named them: a new incarnation at that address
     /// means the peer restarted (see `Core::attach_incoming`).
     pub peer_entity: Option<(SocketAddr, u64)>,
+    /// Looked at by every pass of its shard (not parked: see `park.rs`).
+    pub active: bool,
+    /// Active and found quiet by every pass since then (parked after `PARK_AFTER`).
+    pub quiet_since: Option<Instant>,
+    /// Parked: the earliest keepalive time queued for it in the shard's heap.
+    pub keepalive_queued: Option<Instant>,
 }
 
 impl Session {
@@ -149,6 +155,9 @@ impl Session {
             stalled: false,
             ack_deferred: false,
             peer_entity: None,
+            active: false,
+            quiet_since: None,
+            keepalive_queued: None,
         }
     }
 
@@ -392,8 +401,9 @@ impl Session {
     /// Whether this pass may skip the session: open on a link with no completion queued,
     /// nothing being received, nothing to send, acknowledge, announce, repost or ping, and
     /// the peer not overdue (no keepalive due). A pass looks at such a session for the
-    /// price of this check (its fields and an atomic load per CQ), not a poll and a pump:
-    /// `TEST=rpc_lat bench/scale.sh`, 1,000 idle sessions beside a busy one.
+    /// price of this check (its fields and an atomic load per CQ), not a poll and a pump,
+    /// and after `PARK_AFTER` of it not at all (`park.rs`): `TEST=rpc_lat
+    /// bench/scale.sh`, 1,000 idle sessions beside a busy one.
     pub fn quiet(&self, now: Instant, s: &MsgrSettings) -> bool {
         let Some(link) = self.link.as_ref() else {
             return false;

@@ -25,6 +25,7 @@ use super::buffers::Buffers;
 use super::credits::Credits;
 use super::keepalive::Backoff;
 use super::link::{Body, Link, LinkEvent, RecvSlot};
+use super::park::{PARK_AFTER, Parking, ReadyList};
 use super::session::{Event, OutMsg, Session};
 use super::settings::{MsgrSettings, adjust};
 use super::types::*;
@@ -103,6 +104,8 @@ struct ShardState {
     next_accept: Option<Instant>,
     /// The value of [`Core::restarts`] this shard last looked for stale sessions at.
     restarts_seen: u64,
+    /// Which sessions a pass looks at (the others are parked).
+    park: Parking,
 }
 
 struct Shard {
@@ -110,6 +113,8 @@ struct Shard {
     wake: Wake,
     /// When a pass of this shard last found something to do (ns since the core's epoch).
     last_event: AtomicU64,
+    /// Parked sessions whose link had a completion (fed by their CQs' hooks).
+    ready: Arc<ReadyList>,
 }
 
 /// An eventfd that wakes a shard's thread.
@@ -223,6 +228,7 @@ impl Core {
                 st: Mutex::new(ShardState::default()),
                 wake: Wake::new()?,
                 last_event: AtomicU64::new(0),
+                ready: Arc::default(),
             });
         }
         {
@@ -409,7 +415,12 @@ impl Core {
         s.addr = Some(addr.to_string());
         s.peer = Some(peer);
         s.backoff = Some(self.backoff(Instant::now()));
-        self.shards[shard].st.lock().sessions.insert(id, s);
+        {
+            let mut st = self.shards[shard].st.lock();
+            let st = &mut *st;
+            st.sessions.insert(id, s);
+            st.park.wake(&mut st.sessions, id);
+        }
         self.shards[shard].wake.signal();
         Ok(SessionId(id))
     }
@@ -553,6 +564,8 @@ impl Core {
             bytes,
             replay: false,
         });
+        let g = &mut *st;
+        g.park.wake(&mut g.sessions, s.0);
         drop(st);
         if self.settings.threads > 0 && !self.on_worker_of((s.0 & 0xff) as usize) {
             shard.wake.signal();
@@ -693,7 +706,7 @@ impl Core {
         let now = Instant::now();
         {
             let st = shard.st.lock();
-            if !st.queued.is_empty() || !st.incoming.is_empty() {
+            if !st.queued.is_empty() || !st.incoming.is_empty() || !shard.ready.is_empty() {
                 return;
             }
             let since = Duration::from_nanos(
@@ -712,15 +725,23 @@ impl Core {
             // arming: what its peer sends wakes the thread through them, and what the
             // provider's own thread completes meanwhile (a due timer, a side-channel event)
             // through the device's wake fd. 1,000 idle sessions made every sleep arm,
-            // poll(2) and disarm 1,000 event fds.
+            // poll(2) and disarm 1,000 event fds. Parked sessions are quiet; a keepalive
+            // coming due waits for the end of the sleep (at most `MAX_SLEEP`).
             let watching = !rx.is_empty();
-            let links = st
-                .sessions
+            let ids: Vec<u64> = if watching {
+                st.park.active.clone()
+            } else {
+                st.sessions.keys().copied().collect()
+            };
+            let links = ids
                 .iter()
-                .filter(|(_, s)| !(watching && s.quiet(now, &self.settings)))
-                .filter_map(|(&id, s)| {
+                .filter_map(|id| {
+                    let s = st.sessions.get(id)?;
+                    if watching && s.quiet(now, &self.settings) {
+                        return None;
+                    }
                     let l = s.link.as_ref()?;
-                    armed.push(id);
+                    armed.push(*id);
                     Some(l)
                 })
                 .chain(st.pending.iter().map(|p| &p.link));
@@ -862,24 +883,54 @@ impl Core {
         // provider may hold the ACKs of the requests they answer (soft, progress=inline),
         // and then one post sends both. Then one progress pass of the device for every
         // link (one receive call, not one per session), then each link's completions.
-        for sess in st.sessions.values_mut() {
-            self.send_queued(sess, now, &mut ev);
+        {
+            let g = &mut *st;
+            for id in &g.park.active {
+                if let Some(sess) = g.sessions.get_mut(id) {
+                    self.send_queued(sess, now, &mut ev);
+                }
+            }
         }
         self.ctx.progress();
+        // After the device's pass: the parked sessions it completed work for join this one.
+        {
+            let g = &mut *st;
+            g.park
+                .wake_due(&mut g.sessions, &shard.ready, now, &self.settings);
+        }
         self.drive_pending(i, &mut st, now, &mut ev, &mut moves);
         for (link, h) in std::mem::take(&mut st.incoming) {
             self.attach_incoming(i, &mut st, link, &h, now, &mut ev);
         }
         if self.restarts.load(Ordering::Acquire) != st.restarts_seen {
             self.reset_stale(&mut st, &mut ev);
+            let g = &mut *st;
+            g.park.wake_all(&mut g.sessions);
         }
         let mut ended = false;
-        for sess in st.sessions.values_mut() {
-            // An idle session costs the pass this look, not a poll and a pump.
+        let g = &mut *st;
+        let mut k = 0;
+        while k < g.park.active.len() {
+            let id = g.park.active[k];
+            let Some(sess) = g.sessions.get_mut(&id) else {
+                g.park.active.swap_remove(k); // closed by close_session
+                continue;
+            };
             if !sess.quiet(now, &self.settings) {
+                sess.quiet_since = None;
                 self.drive_session(sess, now, &mut ev);
+            } else if sess.link.as_ref().is_some_and(|l| l.parkable) {
+                // Quiet for PARK_AFTER: passes skip it until a completion, its keepalive
+                // or a call wakes it.
+                let since = *sess.quiet_since.get_or_insert(now);
+                if now.saturating_duration_since(since) >= PARK_AFTER {
+                    sess.quiet_since = None;
+                    g.park.park(k, sess, &self.settings);
+                    continue;
+                }
             }
             ended |= sess.state == SessionState::Closed;
+            k += 1;
         }
         if ended {
             let gone: Vec<u64> = st
@@ -914,6 +965,14 @@ impl Core {
             target.wake.signal();
         }
         ev
+    }
+
+    /// Session `id`'s new link tells its shard when a completion lands in its empty CQs
+    /// (`park.rs`): the session may then be parked while quiet.
+    fn hook_link(&self, link: &mut Link, id: u64) {
+        if let Some(shard) = self.shard_of(id) {
+            link.parkable = link.conn.on_first_completion(shard.ready.hook(id));
+        }
     }
 
     fn forget(&self, sess: &Session) {
@@ -1098,6 +1157,7 @@ impl Core {
             sess.peer_entity = entity;
         }
         link.hello_done = true;
+        self.hook_link(&mut link, id);
         sess.link = Some(link);
         sess.on_ack(h.aux3, &self.settings, ev);
         let mut r = Header::new(Kind::Hello);
@@ -1118,6 +1178,8 @@ impl Core {
             }
             Err(e) => self.fault(sess, e, now, ev),
         }
+        // A parked session whose peer reconnected first.
+        st.park.wake(&mut st.sessions, id);
     }
 
     /// Resets this shard's accepted sessions whose peer messenger was succeeded by another
@@ -1247,6 +1309,7 @@ impl Core {
                                 sess.counters.reconnects += 1;
                             }
                             sess.acked_to_peer = sess.delivered;
+                            self.hook_link(&mut link, sess.id);
                             sess.link = Some(link);
                         }
                         Err(e) => self.attempt_failed(sess, e, now, ev),
@@ -1414,10 +1477,13 @@ impl Core {
         let mut totals = *self.totals.lock();
         let mut sessions = 0;
         let mut pending = 0;
+        let (mut active, mut missed) = (0, 0);
         for s in &self.shards {
             let st = s.st.lock();
             sessions += st.sessions.len();
             pending += st.pending.len();
+            active += st.sessions.values().filter(|s| s.active).count();
+            missed += st.park.missed_wakes;
             for sess in st.sessions.values() {
                 add_counters(&mut totals, &sess.counters);
             }
@@ -1430,6 +1496,8 @@ impl Core {
             copy_chunks_in_use: self.bufs.copy_in_use(),
             malformed: self.malformed.load(Ordering::Relaxed),
             spin_backoffs: self.spin_backoffs.load(Ordering::Relaxed),
+            active_sessions: active,
+            missed_wakes: missed,
             totals,
         }
     }

@@ -507,6 +507,12 @@ pub struct MsgrStats {
     /// Times a progress loop slept at once instead of polling because its thread had been
     /// waiting for a CPU (a busy host; see `poll_mode`/`polling_us` and `msgr::spin`).
     pub spin_backoffs: u64,
+    /// Sessions the progress passes look at now; the others are parked (idle: open,
+    /// nothing to do; a completion, their keepalive or a call wakes them).
+    pub active_sessions: usize,
+    /// Parked sessions found with work by the periodic look instead of being woken (0
+    /// unless a wake was missed; each cost up to 100 ms).
+    pub missed_wakes: u64,
     /// Counters summed over every session ever made (closed ones included).
     pub totals: SessionCounters,
 }

@@ -52,6 +52,8 @@ pub struct Cq {
     solicited_only: AtomicBool,
     /// Also run on a notification (verbs completion channels).
     hook: OnceLock<NotifyHook>,
+    /// Run when a push finds the queue empty, armed or not (`Cq::on_first`).
+    first: OnceLock<NotifyHook>,
     overflows: AtomicU64,
     /// Entries queued, as of the last push or poll: a lock-free look for a caller that
     /// polls many CQs and skips the empty ones.
@@ -73,6 +75,7 @@ impl Cq {
             armed: AtomicBool::new(false),
             solicited_only: AtomicBool::new(false),
             hook: OnceLock::new(),
+            first: OnceLock::new(),
             overflows: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
             next_log_ns: AtomicU64::new(0),
@@ -108,6 +111,13 @@ impl Cq {
             let mut q = self.q.lock();
             let full = q.len() >= self.cap;
             if !full {
+                // The hook runs before `queued` shows the entry: whoever sees
+                // `maybe_nonempty` can also see what the hook did.
+                if q.is_empty()
+                    && let Some(h) = self.first.get()
+                {
+                    (h.0)();
+                }
                 q.push_back(wc);
                 self.queued.store(q.len(), Ordering::Release);
             }
@@ -166,6 +176,15 @@ impl Cq {
              lost so far, the latest {wc:?} (logged at most every 10 s)",
             self.cap
         );
+    }
+
+    /// Sets what runs (on the thread that pushed, with the CQ's lock held: it must not
+    /// touch the CQ) when a completion lands in an empty queue, armed or not: a caller that
+    /// skips the CQs it found empty (`maybe_nonempty`) learns which to look at again
+    /// without a look at each. Runs before `maybe_nonempty` turns true. Once per CQ: false
+    /// if one was set.
+    pub fn on_first(&self, hook: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.first.set(NotifyHook(hook)).is_ok()
     }
 
     /// Moves up to `out.len()` completions into `out`; returns how many.
@@ -272,6 +291,30 @@ mod tests {
         assert!(cq.maybe_nonempty(), "one left");
         assert_eq!(cq.poll(&mut out), 1);
         assert!(!cq.maybe_nonempty());
+    }
+
+    /// The first-completion hook runs for a push into an empty queue only, armed or not,
+    /// and once set it stays.
+    #[test]
+    fn on_first_runs_when_the_queue_was_empty() {
+        let cq = Cq::new(4, Arc::new(EventFd::new().unwrap()));
+        let runs = Arc::new(AtomicU64::new(0));
+        let r = Arc::clone(&runs);
+        assert!(cq.on_first(Box::new(move || {
+            r.fetch_add(1, Ordering::Relaxed);
+        })));
+        assert!(!cq.on_first(Box::new(|| {})), "set once");
+        cq.push(wc(1));
+        cq.push(wc(2));
+        assert_eq!(
+            runs.load(Ordering::Relaxed),
+            1,
+            "the second found one queued"
+        );
+        let mut out = [wc(0); 4];
+        assert_eq!(cq.poll(&mut out), 2);
+        cq.push(wc(3));
+        assert_eq!(runs.load(Ordering::Relaxed), 2, "emptied by the poll");
     }
 
     #[test]
