@@ -74,6 +74,30 @@ fn byte(off: u64, i: usize, seed: u8) -> u8 {
     ((off as usize + i) as u8).wrapping_mul(31) ^ seed ^ ((off >> 12) as u8)
 }
 
+/// A fake target's answer to the client's open: volume 0, 1 MiB of 4 KiB blocks. False
+/// (nothing sent) for any other request.
+fn fake_open(m: &Messenger, s: SessionId, h: &ReqHdr) -> bool {
+    if h.op != Op::Open as u8 {
+        return false;
+    }
+    let info = proto::Info {
+        vol: 0,
+        block_size: 4096,
+        size: 1 << 20,
+        ..Default::default()
+    };
+    let r = proto::Reply {
+        op: h.op,
+        status: 0,
+        req_id: h.req_id,
+        len: h.len,
+        info: Some(info),
+    };
+    m.send(s, OutMessage::new(proto::MSG_REPLY, r.encode()))
+        .unwrap();
+    true
+}
+
 /// Submits every request (retrying what a full queue refused) and waits for all.
 fn run_all(c: &mut BlkClient, reqs: &[Req]) -> Vec<Completion> {
     let mut done = Vec::new();
@@ -696,6 +720,9 @@ fn stray_and_duplicate_replies_are_ignored() {
     impl Dispatcher for Fake {
         fn on_message(&self, m: &Messenger, s: SessionId, msg: InMessage) {
             let h = ReqHdr::decode(&msg.front).unwrap();
+            if fake_open(m, s, &h) {
+                return;
+            }
             let reply = |id: u64, info| proto::Reply {
                 op: h.op,
                 status: 0,
@@ -703,20 +730,6 @@ fn stray_and_duplicate_replies_are_ignored() {
                 len: h.len,
                 info,
             };
-            if h.op == Op::Open as u8 {
-                let info = proto::Info {
-                    vol: 0,
-                    block_size: 4096,
-                    size: 1 << 20,
-                    ..Default::default()
-                };
-                m.send(
-                    s,
-                    OutMessage::new(proto::MSG_REPLY, reply(h.req_id, Some(info)).encode()),
-                )
-                .unwrap();
-                return;
-            }
             assert_eq!(h.op, Op::Read as u8);
             let n = self.0.fetch_add(1, Ordering::SeqCst);
             let stray = OutMessage::new(proto::MSG_REPLY, reply(h.req_id + 1000, None).encode())
@@ -782,22 +795,7 @@ fn immediate_replies_complete_each_read_once() {
     impl Dispatcher for Fake {
         fn on_message(&self, m: &Messenger, s: SessionId, msg: InMessage) {
             let h = ReqHdr::decode(&msg.front).unwrap();
-            if h.op == Op::Open as u8 {
-                let info = proto::Info {
-                    vol: 0,
-                    block_size: 4096,
-                    size: 1 << 20,
-                    ..Default::default()
-                };
-                let r = proto::Reply {
-                    op: h.op,
-                    status: 0,
-                    req_id: h.req_id,
-                    len: 0,
-                    info: Some(info),
-                };
-                m.send(s, OutMessage::new(proto::MSG_REPLY, r.encode()))
-                    .unwrap();
+            if fake_open(m, s, &h) {
                 return;
             }
             assert_eq!(h.op, Op::Read as u8);

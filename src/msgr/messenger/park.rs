@@ -60,7 +60,7 @@ pub struct Parking {
     next_scan: Option<Instant>,
     /// Parked sessions the periodic look found busy (see the module doc).
     pub missed_wakes: u64,
-    /// Scratch for the ready list's ids.
+    /// The ids the last drain of the ready list woke (scratch, reused).
     woken: Vec<u64>,
 }
 
@@ -96,12 +96,7 @@ impl Parking {
         now: Instant,
         s: &MsgrSettings,
     ) {
-        let mut woken = std::mem::take(&mut self.woken);
-        ready.take(&mut woken);
-        for id in woken.drain(..) {
-            self.wake(sessions, id);
-        }
-        self.woken = woken;
+        self.wake_ready(sessions, ready);
         while let Some(&Reverse((t, id))) = self.keepalives.peek() {
             if t > now {
                 break;
@@ -128,17 +123,27 @@ impl Parking {
         }
         // A completion may have landed since the drain above: its hook ran before its CQ
         // looked non-empty, so its id is in the ready list now. Those were not missed.
-        let mut woken = std::mem::take(&mut self.woken);
-        ready.take(&mut woken);
-        busy.retain(|id| !woken.contains(id));
-        for id in woken.drain(..).chain(busy.iter().copied()) {
+        self.wake_ready(sessions, ready);
+        busy.retain(|id| !self.woken.contains(id));
+        for &id in &busy {
             self.wake(sessions, id);
         }
-        self.woken = woken;
         for id in busy {
             self.missed_wakes += 1;
             log::warn!(target: "rdmx::msgr", "session {id:#x}: parked with work to do, not woken (found by the periodic look)");
         }
+    }
+
+    /// Wakes the sessions on the ready list, and keeps their ids in `woken` until the next
+    /// call.
+    fn wake_ready(&mut self, sessions: &mut FxHashMap<u64, Session>, ready: &ReadyList) {
+        let mut woken = std::mem::take(&mut self.woken);
+        woken.clear();
+        ready.take(&mut woken);
+        for &id in &woken {
+            self.wake(sessions, id);
+        }
+        self.woken = woken;
     }
 
     /// Takes the session at `active[k]` out of the passes (the caller found it quiet and
