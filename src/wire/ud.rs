@@ -148,10 +148,11 @@ impl<'a> UdPacketRepr<'a> {
         self.header_len() + self.payload.len() + pad_len(self.payload.len()) + ICRC_LEN
     }
 
-    /// Writes the headers only (BTH with PadCnt for `self.payload`, DETH, ImmDt) into the
-    /// front of `buffer`; returns their length. For a sender that gathers the payload
-    /// itself. `Truncated` if `buffer` is too small (nothing written).
-    pub fn emit_headers(&self, buffer: &mut [u8]) -> Result<usize> {
+    /// Writes the headers only (BTH with PadCnt for a payload of `payload_len` bytes, DETH,
+    /// ImmDt) into the front of `buffer`; returns their length. For a sender that gathers
+    /// the payload itself (`self.payload` is not read). `Truncated` if `buffer` is too
+    /// small (nothing written).
+    pub fn emit_headers(&self, payload_len: usize, buffer: &mut [u8]) -> Result<usize> {
         let len = self.header_len();
         let out = buffer.get_mut(..len).ok_or(WireError::Truncated)?;
         let mut b = Bth::new_unchecked(&mut out[..bth::HEADER_LEN]);
@@ -160,7 +161,7 @@ impl<'a> UdPacketRepr<'a> {
         b.set_mig_req(false);
         b.set_tver(0);
         b.set_solicited(self.solicited);
-        b.set_pad_count(pad_len(self.payload.len()) as u8);
+        b.set_pad_count(pad_len(payload_len) as u8);
         b.set_pkey(self.pkey);
         b.set_fecn(false);
         b.set_becn(false);
@@ -192,7 +193,7 @@ impl<'a> UdPacketRepr<'a> {
             return Err(WireError::BadLength);
         }
         let out = buffer.get_mut(..len).ok_or(WireError::Truncated)?;
-        let at = self.emit_headers(out)?;
+        let at = self.emit_headers(self.payload.len(), out)?;
         let end = at + self.payload.len();
         out[at..end].copy_from_slice(self.payload);
         out[end..].fill(0);
