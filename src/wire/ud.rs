@@ -10,13 +10,13 @@
 //! ([`grh_ipv4`], [`grh_ipv6`]), which for RoCEv2 holds the packet's IP header as rxe
 //! writes it (`rxe_resp.c`, `union rdma_network_hdr`).
 
+use super::MASK_24;
 use super::bth::{self, Bth};
 use super::deth::{self, Deth, DethRepr};
 use super::error::{Result, WireError};
 use super::icrc::{ICRC_LEN, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 use super::immdt::{self, ImmDt, ImmDtRepr};
 use super::packet::pad_len;
-use super::MASK_24;
 use core::net::{Ipv4Addr, Ipv6Addr};
 
 /// Transport bits 7..5 of a UD opcode (011).
@@ -171,8 +171,9 @@ impl<'a> UdPacketRepr<'a> {
         b.set_resv7(0);
         b.set_psn(self.psn & MASK_24);
         let at = bth::HEADER_LEN;
-        self.deth
-            .emit(&mut Deth::new_unchecked(&mut out[at..at + deth::HEADER_LEN]));
+        self.deth.emit(&mut Deth::new_unchecked(
+            &mut out[at..at + deth::HEADER_LEN],
+        ));
         if let Some(imm) = self.imm {
             let at = at + deth::HEADER_LEN;
             ImmDtRepr { imm }.emit(&mut ImmDt::new_unchecked(

@@ -84,7 +84,10 @@ fn every_malformed_input_is_an_error_not_a_panic() {
     }
     let mut p = PACKET;
     p[0] = 0x04; // RC SEND_ONLY
-    assert_eq!(UdPacketRepr::parse(&p).unwrap_err(), WireError::BadOpcode(4));
+    assert_eq!(
+        UdPacketRepr::parse(&p).unwrap_err(),
+        WireError::BadOpcode(4)
+    );
     p[0] = 0x66; // reserved UD code
     assert_eq!(
         UdPacketRepr::parse(&p).unwrap_err(),
@@ -92,7 +95,10 @@ fn every_malformed_input_is_an_error_not_a_panic() {
     );
     let mut p = PACKET;
     p[1] |= 0x01; // TVer 1
-    assert_eq!(UdPacketRepr::parse(&p).unwrap_err(), WireError::BadVersion(1));
+    assert_eq!(
+        UdPacketRepr::parse(&p).unwrap_err(),
+        WireError::BadVersion(1)
+    );
     // 35 bytes: payload + pad not a multiple of 4.
     let mut short = PACKET.to_vec();
     short.remove(30);

@@ -13,7 +13,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::rc::memory::{self, SgeList, sge_total};
-use crate::rc::verbs::{QpState, WcStatus, WcOpcode, WrOpcode, attr_mask as m, send_flags};
+use crate::rc::verbs::{QpState, WcOpcode, WcStatus, WrOpcode, attr_mask as m, send_flags};
 use crate::wire::ud::{DEFAULT_PKEY, GRH_LEN, UdPacketRepr, grh_ipv4, grh_ipv6};
 use crate::wire::{DethRepr, MASK_24};
 use parking_lot::Mutex;
@@ -348,8 +348,14 @@ impl UdQp {
     fn flush_rq(&self, g: &mut Inner, mrs: &MrTable) {
         for w in g.rq.drain(..) {
             hold(mrs, &w.sges, false);
-            self.recv_cq
-                .push(self.wc(w.cookie, WcStatus::WrFlushErr, WcOpcode::Recv, 0, None, None));
+            self.recv_cq.push(self.wc(
+                w.cookie,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+                None,
+                None,
+            ));
         }
     }
 
@@ -420,8 +426,14 @@ impl UdQp {
                 return (i, Some(e));
             }
             if g.attr.qp_state == QpState::Err {
-                self.recv_cq
-                    .push(self.wc(*cookie, WcStatus::WrFlushErr, WcOpcode::Recv, 0, None, None));
+                self.recv_cq.push(self.wc(
+                    *cookie,
+                    WcStatus::WrFlushErr,
+                    WcOpcode::Recv,
+                    0,
+                    None,
+                    None,
+                ));
                 continue;
             }
             hold(mrs, sges, true);
@@ -492,8 +504,14 @@ impl UdQp {
         let state = g.attr.qp_state;
         if state == QpState::Err {
             for w in wrs {
-                self.send_cq
-                    .push(self.wc(w.cookie, WcStatus::WrFlushErr, WcOpcode::Send, 0, None, None));
+                self.send_cq.push(self.wc(
+                    w.cookie,
+                    WcStatus::WrFlushErr,
+                    WcOpcode::Send,
+                    0,
+                    None,
+                    None,
+                ));
             }
             return (wrs.len(), None);
         }
@@ -587,9 +605,7 @@ impl UdQp {
                     0
                 }
             };
-            self.counters
-                .sent
-                .fetch_add(sent as u64, Ordering::Relaxed);
+            self.counters.sent.fetch_add(sent as u64, Ordering::Relaxed);
             self.counters
                 .tx_lost
                 .fetch_add((batch.len() - sent) as u64, Ordering::Relaxed);
@@ -598,14 +614,28 @@ impl UdQp {
             for &(i, _) in &built {
                 let w = &wrs[i];
                 if w.flags & send_flags::SIGNALED != 0 {
-                    self.push_send(self.wc(w.cookie, WcStatus::Success, WcOpcode::Send, 0, None, None));
+                    self.push_send(self.wc(
+                        w.cookie,
+                        WcStatus::Success,
+                        WcOpcode::Send,
+                        0,
+                        None,
+                        None,
+                    ));
                 }
             }
         }
         let n = built.len();
         if let Some(i) = prot_err {
             let w = &wrs[i];
-            self.push_send(self.wc(w.cookie, WcStatus::LocProtErr, WcOpcode::Send, 0, None, None));
+            self.push_send(self.wc(
+                w.cookie,
+                WcStatus::LocProtErr,
+                WcOpcode::Send,
+                0,
+                None,
+                None,
+            ));
             g.attr.qp_state = QpState::Err;
             self.flush_rq(g, mrs);
             log::debug!(target: "rdmx::soft", "UD QP {:#x}: send WR {:#x}: local protection error; QP in ERR", self.qpn, w.cookie);

@@ -136,10 +136,20 @@ fn a_send_arrives_behind_the_grh_with_the_ud_completion_fields() {
     assert_eq!((n, e.map(|e| e.to_string())), (1, None));
     let (src, skey) = region(&dev, 5);
     src.copy_from_slice(b"hello");
-    let w = req(&dev, &b, 9, Some(0xDEAD_BEEF), UdData::Sges(sge(src, skey, 0, 5)), QKEY);
+    let w = req(
+        &dev,
+        &b,
+        9,
+        Some(0xDEAD_BEEF),
+        UdData::Sges(sge(src, skey, 0, 5)),
+        QKEY,
+    );
     assert_eq!(a.post_send(dev.mrs(), &[w]).0, 1);
     let s = wait(&dev, &a.send_cq).expect("send completion");
-    assert_eq!((s.cookie, s.status, s.opcode), (9, WcStatus::Success, WcOpcode::Send));
+    assert_eq!(
+        (s.cookie, s.status, s.opcode),
+        (9, WcStatus::Success, WcOpcode::Send)
+    );
     let r = wait(&dev, &b.recv_cq).expect("receive completion");
     assert_eq!(r.cookie, 7);
     assert_eq!(r.status, WcStatus::Success);
@@ -151,14 +161,20 @@ fn a_send_arrives_behind_the_grh_with_the_ud_completion_fields() {
     assert_eq!(&buf[40..45], b"hello");
     // The GRH area: 20 zero bytes, then the IPv4 header of the packet (UDP payload 36
     // bytes: BTH 12 + DETH 8 + ImmDt 4 + 8 payload/pad + ICRC 4).
-    assert_eq!(&buf[..40], &grh_ipv4(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, 36));
+    assert_eq!(
+        &buf[..40],
+        &grh_ipv4(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, 36)
+    );
     // The PSN only counts (it wrapped from 0xFFFFFF), nothing is acknowledged.
     assert_eq!(a.attr().sq_psn, 0);
     assert_eq!(a.counters().sent, 1);
     assert_eq!(b.counters().received, 1);
     // Inline data and a plain SEND: no imm.
     b.post_recv(dev.mrs(), &[(8, sge(buf, lkey, 0, 256))]);
-    a.post_send(dev.mrs(), &[req(&dev, &b, 10, None, UdData::Inline(b"xy"), QKEY)]);
+    a.post_send(
+        dev.mrs(),
+        &[req(&dev, &b, 10, None, UdData::Inline(b"xy"), QKEY)],
+    );
     let r = wait(&dev, &b.recv_cq).expect("second receive");
     assert_eq!((r.cookie, r.byte_len, r.imm), (8, 42, None));
     assert_eq!(&buf[40..42], b"xy");
@@ -170,8 +186,14 @@ fn a_wrong_qkey_or_a_missing_wqe_drops_the_packet_and_counts_it() {
     let (a, b) = (ud_qp(&dev), ud_qp(&dev));
     let (buf, lkey) = region(&dev, 128);
     b.post_recv(dev.mrs(), &[(1, sge(buf, lkey, 0, 128))]);
-    a.post_send(dev.mrs(), &[req(&dev, &b, 1, None, UdData::Inline(b"bad"), QKEY + 1)]);
-    assert!(wait(&dev, &a.send_cq).is_some(), "the sender completes anyway");
+    a.post_send(
+        dev.mrs(),
+        &[req(&dev, &b, 1, None, UdData::Inline(b"bad"), QKEY + 1)],
+    );
+    assert!(
+        wait(&dev, &a.send_cq).is_some(),
+        "the sender completes anyway"
+    );
     let end = Instant::now() + Duration::from_secs(2);
     while b.counters().qkey_violations == 0 && Instant::now() < end {
         dev.progress_inline();
@@ -180,11 +202,17 @@ fn a_wrong_qkey_or_a_missing_wqe_drops_the_packet_and_counts_it() {
     assert_eq!(b.counters().qkey_violations, 1);
     assert!(b.recv_cq.is_empty(), "no completion for a dropped packet");
     // The WQE is still there for a packet with the right Q_Key.
-    a.post_send(dev.mrs(), &[req(&dev, &b, 2, None, UdData::Inline(b"ok"), QKEY)]);
+    a.post_send(
+        dev.mrs(),
+        &[req(&dev, &b, 2, None, UdData::Inline(b"ok"), QKEY)],
+    );
     let r = wait(&dev, &b.recv_cq).expect("delivered");
     assert_eq!((r.cookie, r.byte_len), (1, 42));
     // Now no WQE is posted: dropped and counted.
-    a.post_send(dev.mrs(), &[req(&dev, &b, 3, None, UdData::Inline(b"lost"), QKEY)]);
+    a.post_send(
+        dev.mrs(),
+        &[req(&dev, &b, 3, None, UdData::Inline(b"lost"), QKEY)],
+    );
     let end = Instant::now() + Duration::from_secs(2);
     while b.counters().no_recv_wqe == 0 && Instant::now() < end {
         dev.progress_inline();
@@ -206,16 +234,33 @@ fn an_mtu_sized_message_passes_and_a_larger_one_is_refused_at_post() {
         *x = i as u8;
     }
     b.post_recv(dev.mrs(), &[(1, sge(buf, lkey, 0, 40 + mtu))]);
-    let big = req(&dev, &b, 1, None, UdData::Sges(sge(src, skey, 0, mtu + 1)), QKEY);
+    let big = req(
+        &dev,
+        &b,
+        1,
+        None,
+        UdData::Sges(sge(src, skey, 0, mtu + 1)),
+        QKEY,
+    );
     let (n, e) = a.post_send(dev.mrs(), &[big]);
     let e = e.expect("refused");
     assert_eq!((n, e.kind()), (0, ErrorKind::InvalidArgument));
     assert!(e.message().contains("exceeds the MTU"), "{e}");
     assert!(a.send_cq.is_empty());
-    let fit = req(&dev, &b, 2, None, UdData::Sges(sge(src, skey, 0, mtu)), QKEY);
+    let fit = req(
+        &dev,
+        &b,
+        2,
+        None,
+        UdData::Sges(sge(src, skey, 0, mtu)),
+        QKEY,
+    );
     assert_eq!(a.post_send(dev.mrs(), &[fit]).0, 1);
     let r = wait(&dev, &b.recv_cq).expect("MTU-sized message");
-    assert_eq!((r.status, r.byte_len as usize), (WcStatus::Success, 40 + mtu));
+    assert_eq!(
+        (r.status, r.byte_len as usize),
+        (WcStatus::Success, 40 + mtu)
+    );
     assert_eq!(&buf[40..40 + mtu], &src[..mtu]);
 }
 
@@ -225,7 +270,10 @@ fn a_receive_buffer_without_room_for_the_grh_completes_with_a_length_error() {
     let (a, b) = (ud_qp(&dev), ud_qp(&dev));
     let (buf, lkey) = region(&dev, 64);
     b.post_recv(dev.mrs(), &[(5, sge(buf, lkey, 0, 40))]);
-    a.post_send(dev.mrs(), &[req(&dev, &b, 1, None, UdData::Inline(b"x"), QKEY)]);
+    a.post_send(
+        dev.mrs(),
+        &[req(&dev, &b, 1, None, UdData::Inline(b"x"), QKEY)],
+    );
     let r = wait(&dev, &b.recv_cq).expect("completion");
     assert_eq!((r.cookie, r.status), (5, WcStatus::LocLenErr));
 }
@@ -246,7 +294,11 @@ fn modify_follows_the_ud_masks_and_err_flushes_receives() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     let e = qp
-        .modify(mrs, &init, m::STATE | m::PKEY_INDEX | m::PORT | ATTR_QKEY | m::AV)
+        .modify(
+            mrs,
+            &init,
+            m::STATE | m::PKEY_INDEX | m::PORT | ATTR_QKEY | m::AV,
+        )
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     assert_eq!(qp.state(), QpState::Reset);
@@ -258,7 +310,10 @@ fn modify_follows_the_ud_masks_and_err_flushes_receives() {
     assert_eq!(qp.attr().qkey, 5);
     assert_eq!(qp.post_recv(mrs, &[(1, sge(buf, lkey, 0, 64))]).0, 1);
     let (n, e) = qp.post_send(mrs, &[req(&dev, &qp, 1, None, UdData::Inline(b"x"), 5)]);
-    assert_eq!((n, e.map(|e| e.kind())), (0, Some(ErrorKind::InvalidArgument)));
+    assert_eq!(
+        (n, e.map(|e| e.kind())),
+        (0, Some(ErrorKind::InvalidArgument))
+    );
     // RTR -> RTS needs SQ_PSN.
     let rtr = UdAttr {
         qp_state: QpState::Rtr,
