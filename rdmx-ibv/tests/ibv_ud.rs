@@ -1,0 +1,95 @@
+//! Unmodified libibverbs programs over UD QPs on `rdmx0`, through `rdmx-ibv exec`:
+//! `ibv_ud_pingpong` (address handles from the GID, 40-byte GRH buffers) and perftest's
+//! `ib_send_bw -c UD` (every size up to the MTU) and `ib_send_lat -c UD`. Each pair of
+//! processes uses its own loopback addresses and TCP port; every process runs under a
+//! deadline (the test fails past it). UD loses what finds no receive posted, so the
+//! programs' own flow (ping-pong; perftest's receive depth) is what keeps them whole.
+
+mod ibv_support;
+
+use ibv_support::*;
+use std::time::Duration;
+
+#[test]
+fn ibv_ud_pingpong() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("ibv_ud_pingpong");
+    skip_unless_platform!();
+    let (s, c) = pair(
+        "ud_pingpong",
+        "127.0.73.2",
+        "127.0.73.3",
+        &[
+            "ibv_ud_pingpong",
+            "-d",
+            "rdmx0",
+            "-g",
+            "0",
+            "-p",
+            "18641",
+            "-n",
+            "200",
+        ],
+        Duration::from_secs(60),
+    );
+    for out in [&s, &c] {
+        assert!(out.contains("200 iters in"), "{out}");
+    }
+    // Each side printed the peer's GID: the AH was made from it.
+    assert!(c.contains("GID ::ffff:127.0.73.2"), "{c}");
+}
+
+fn perftest_ud(tool: &str, port: &str, extra: &[&str], srv: &str, cli: &str) -> (String, String) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool(tool);
+    if let Some(why) = platform_cannot() {
+        eprintln!("SKIPPED (the platform cannot run rdmx-ibv exec): {why}");
+        return (String::new(), String::new());
+    }
+    let mut cmd = vec![tool, "-d", "rdmx0", "-x", "0", "-F", "-c", "UD", "-p", port];
+    cmd.extend_from_slice(extra);
+    pair(tool, srv, cli, &cmd, Duration::from_secs(90))
+}
+
+#[test]
+fn perftest_send_bw_ud_every_size_up_to_the_mtu() {
+    let (s, c) = perftest_ud(
+        "ib_send_bw",
+        "18642",
+        &["-a", "-n", "100"],
+        "127.0.73.4",
+        "127.0.73.5",
+    );
+    if c.is_empty() {
+        return;
+    }
+    assert!(c.contains("Connection type : UD"), "{c}");
+    // perftest caps UD messages at the port MTU: 2 .. 4096 bytes, each a result row.
+    for size in ["2 ", "64 ", "1024 ", "4096 "] {
+        assert!(
+            c.lines().any(|l| l.trim_start().starts_with(size)),
+            "no row for {size}bytes:\n{c}"
+        );
+    }
+    assert!(
+        !c.lines().any(|l| l.trim_start().starts_with("8192 ")),
+        "{c}"
+    );
+    assert!(s.contains("#bytes"), "{s}");
+}
+
+#[test]
+fn perftest_send_lat_ud() {
+    let (_, c) = perftest_ud(
+        "ib_send_lat",
+        "18643",
+        &["-n", "200"],
+        "127.0.73.6",
+        "127.0.73.7",
+    );
+    if c.is_empty() {
+        return;
+    }
+    assert!(c.contains("Connection type : UD"), "{c}");
+    assert!(c.contains("t_typical"), "{c}");
+}
