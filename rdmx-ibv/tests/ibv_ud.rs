@@ -26,7 +26,7 @@ fn ibv_ud_pingpong() {
             "-g",
             "0",
             "-p",
-            "18641",
+            "18661",
             "-n",
             "200",
         ],
@@ -55,7 +55,7 @@ fn perftest_ud(tool: &str, port: &str, extra: &[&str], srv: &str, cli: &str) -> 
 fn perftest_send_bw_ud_every_size_up_to_the_mtu() {
     let (s, c) = perftest_ud(
         "ib_send_bw",
-        "18642",
+        "18662",
         &["-a", "-n", "100"],
         "127.0.73.4",
         "127.0.73.5",
@@ -82,7 +82,7 @@ fn perftest_send_bw_ud_every_size_up_to_the_mtu() {
 fn perftest_send_lat_ud() {
     let (_, c) = perftest_ud(
         "ib_send_lat",
-        "18643",
+        "18663",
         &["-n", "200"],
         "127.0.73.6",
         "127.0.73.7",
