@@ -2,7 +2,8 @@
 //! `ibv_ud_pingpong` (address handles from the GID, 40-byte GRH buffers) and perftest's
 //! `ib_send_bw -c UD` (every size up to the MTU) and `ib_send_lat -c UD`. Each pair of
 //! processes uses its own loopback addresses and TCP port; every process runs under a
-//! deadline (the test fails past it). UD loses what finds no receive posted, so the
+//! deadline (the test fails past it). And `ffi-tests/ibv_ud.c`, the C API's view: AH
+//! refusals, the completion fields and GRH bytes, the MTU refusal, multicast EOPNOTSUPP. UD loses what finds no receive posted, so the
 //! programs' own flow (ping-pong; perftest's receive depth) is what keeps them whole.
 
 mod ibv_support;
@@ -92,4 +93,36 @@ fn perftest_send_lat_ud() {
     }
     assert!(c.contains("Connection type : UD"), "{c}");
     assert!(c.contains("t_typical"), "{c}");
+}
+
+#[test]
+fn the_c_api_sees_ud_completions_the_mtu_refusal_and_no_multicast() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("cc");
+    skip_unless_platform!();
+    let dir = scratch("ibv_ud_c");
+    let bin = dir.join("ibv_ud");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../ffi-tests/ibv_ud.c");
+    let out = std::process::Command::new("cc")
+        .args([
+            "-std=c11",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-o",
+        ])
+        .arg(&bin)
+        .arg(src)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run_alone(&dir, "ibv_ud", "127.0.73.8", &[bin.to_str().unwrap()]);
+    assert!(out.contains("ibv_ud: all passed (MTU 4096)"), "{out}");
 }
