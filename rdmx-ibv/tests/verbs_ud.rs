@@ -301,3 +301,64 @@ fn address_handles_and_qp_types_refuse_what_roce_cannot_do() {
     assert_eq!(q.state(), QpState::Init);
     q.destroy().unwrap();
 }
+
+#[test]
+fn a_ud_qp_on_an_srq_takes_its_receives_from_it() {
+    let a = UdSide::new("127.0.72.10");
+    let b = UdSide::new("127.0.72.11");
+    let srq = Srq::new(
+        &b.pd,
+        &SrqAttr {
+            max_wr: 8,
+            max_sge: 1,
+            srq_limit: 0,
+        },
+        0x5000,
+    )
+    .unwrap();
+    let mut ia = init(&b.scq, &b.rcq, QPT_UD);
+    ia.srq = Some(Arc::clone(&srq));
+    let q = UdQp::new(&b.pd, &ia, 0x7200).unwrap();
+    let mut at = QpAttr {
+        qp_state: QpState::Init,
+        qkey: QKEY,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    q.modify(
+        &at,
+        attr_mask::STATE | attr_mask::PKEY_INDEX | attr_mask::PORT | ATTR_QKEY,
+    )
+    .unwrap();
+    at.qp_state = QpState::Rtr;
+    q.modify(&at, attr_mask::STATE).unwrap();
+    // Receives go to the SRQ, not the QP.
+    let wr = RecvWr {
+        wr_id: 9,
+        sg_list: b.sge(2048, 256),
+    };
+    assert!(q.post_recv(std::slice::from_ref(&wr)).is_err());
+    srq.post_recv(&[wr]).unwrap();
+    let ah = a.ah_to(&b);
+    a.buf_write(0, b"via srq");
+    let w = UdSendWr {
+        wr_id: 1,
+        opcode: WrOpcode::Send,
+        send_flags: send_flags::SIGNALED,
+        sg_list: a.sge(0, 7),
+        imm_data: 0,
+        ah,
+        remote_qpn: q.qp_num(),
+        remote_qkey: QKEY,
+    };
+    // SAFETY: no INLINE flag.
+    unsafe { a.qp.post_send(&[w]) }.unwrap();
+    let r = wait_wc(&b.rcq);
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len, r.qp_num),
+        (9, 0, 47, q.qp_num())
+    );
+    assert_eq!(&b.buf[2048 + 40..2048 + 47], b"via srq");
+    q.destroy().unwrap();
+    srq.destroy().unwrap();
+}

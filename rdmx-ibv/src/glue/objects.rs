@@ -1178,10 +1178,10 @@ unsafe fn post_send_ud(u: &UdQp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_sen
         ptrs.push(p);
         p = w.next;
     }
-    // SAFETY: inline SGEs point to memory the caller keeps readable for the call.
     let res = if wrs.is_empty() {
         Ok(())
     } else {
+        // SAFETY: inline SGEs point to memory the caller keeps readable for the call.
         unsafe { u.post_send(&wrs) }
     };
     match res {

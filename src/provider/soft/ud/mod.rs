@@ -694,7 +694,8 @@ impl UdQp {
             Some(srq) => srq.take().map(|(cookie, sges)| RecvWqe { cookie, sges }),
             None => g.rq.pop_front(),
         };
-        drop(g);
+        // The lock stays held until the completion is queued: a destroy (RESET) that
+        // returns has no delivery into a WQE of this QP still in progress.
         let Some(wqe) = wqe else {
             bump(&c.no_recv_wqe);
             return UdReceived::Dropped;
@@ -734,6 +735,7 @@ impl UdQp {
         if !self.recv_cq.push_solicited(wc, p.solicited) {
             log::error!(target: "rdmx::soft", "UD QP {:#x}: receive completion queue overrun", self.qpn);
         }
+        drop(g);
         UdReceived::Delivered
     }
 }
