@@ -126,3 +126,46 @@ fn the_c_api_sees_ud_completions_the_mtu_refusal_and_no_multicast() {
     let out = run_alone(&dir, "ibv_ud", "127.0.73.8", &[bin.to_str().unwrap()]);
     assert!(out.contains("ibv_ud: all passed (MTU 4096)"), "{out}");
 }
+
+/// UCX's UCP layer over `ud_verbs` alone (its wireup and data on UD QPs): needs the GRH
+/// area, `src_qp`, and the RoCEv2/IPv4 packet type UCX reads from `wc.sl`
+/// (`verbs::qp::ud::roce_v2_sl`); with rc_verbs too, rendezvous goes over RC.
+#[test]
+fn ucx_perftest_tag_bw_over_ud_verbs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("ucx_perftest");
+    skip_unless_platform!();
+    for (tls, port, size, srv, cli) in [
+        ("ud_verbs,self", "18664", "8", "127.0.73.10", "127.0.73.11"),
+        (
+            "rc_verbs,ud_verbs,self",
+            "18665",
+            "65536",
+            "127.0.73.12",
+            "127.0.73.13",
+        ),
+    ] {
+        let tls = format!("UCX_TLS={tls}");
+        let (_, c) = pair(
+            "ucx_tag_bw",
+            srv,
+            cli,
+            &[
+                "env",
+                &tls,
+                "UCX_NET_DEVICES=rdmx0:1",
+                "ucx_perftest",
+                "-p",
+                port,
+                "-t",
+                "tag_bw",
+                "-n",
+                "2000",
+                "-s",
+                size,
+            ],
+            Duration::from_secs(90),
+        );
+        assert!(c.contains("Final:"), "{tls}:\n{c}");
+    }
+}

@@ -169,7 +169,8 @@ fn ud_send_through_an_ah_lands_behind_the_grh_with_ud_completion_fields() {
     assert_eq!(r.src_qp, a.qp.qp_num());
     assert_eq!(r.wc_flags, wc_flags::GRH | wc_flags::WITH_IMM);
     assert_eq!(r.imm_data, imm);
-    assert_eq!((r.pkey_index, r.slid, r.sl), (0, 0, 0));
+    // sl: the RoCEv2/IPv4 packet type as ConnectX reports it (UCX reads it).
+    assert_eq!((r.pkey_index, r.slid, r.sl), (0, 0, 0xA));
     assert_eq!(&b.buf[40..40 + msg.len()], msg);
     // RoCEv2 over IPv4 (rxe): 20 zero bytes, then the IPv4 header with both addresses.
     assert_eq!(&b.buf[..20], &[0u8; 20]);

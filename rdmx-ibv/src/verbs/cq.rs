@@ -235,6 +235,9 @@ impl Cq {
             let n = self.soft.poll(&mut buf[..want]);
             for (o, w) in out[done..done + n].iter_mut().zip(&buf[..n]) {
                 *o = WorkCompletion::from_soft(w);
+                if w.src_qp.is_some() {
+                    o.sl = super::qp::ud::roce_v2_sl(self.dev.ip);
+                }
                 if o.status != 0 {
                     super::stats::wc_error(o.status, o.qp_num);
                 }

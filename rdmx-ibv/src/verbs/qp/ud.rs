@@ -7,6 +7,7 @@ use rdmx::error::{Error, ErrorKind, Result};
 use rdmx::provider::soft::ud::{UdAttr, UdCaps, UdData, UdDest, UdQp as SoftUdQp, UdSendReq};
 use rdmx::rc::verbs::send_flags;
 use rdmx::rc::{QpState, SgeList, WrOpcode};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -17,6 +18,20 @@ use super::{CUR_STATE, InitAttr, QpAttr, RecvWr, mtu_to_ibv};
 
 /// `IBV_QPT_UD`.
 pub const QPT_UD: u32 = 4;
+
+/// `ibv_wc.sl` of a UD receive: what ConnectX NICs report through rdma-core's mlx5
+/// provider for RoCE (the CQE's packet type: bit 3 = UDP header present, i.e. RoCEv2;
+/// bits 2..0 = L3 header, 2 IPv4, 1 IPv6), not a service level (RoCE has none here).
+/// UCX's `ud_verbs` (1.11 to 1.17) reads the GRH area as IPv4 or IPv6 by these bits and,
+/// with anything else (rxe's 0), looks for an IPv6 destination GID in an IPv4 header and
+/// drops every packet; every other program ignores `sl` on RoCE.
+pub fn roce_v2_sl(device_ip: IpAddr) -> u8 {
+    if device_ip.is_ipv4() {
+        0x8 | 0x2
+    } else {
+        0x8 | 0x1
+    }
+}
 
 /// One UD send WR (`struct ibv_send_wr` with `wr.ud`).
 #[derive(Debug, Clone)]

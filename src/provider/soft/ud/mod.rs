@@ -670,14 +670,17 @@ impl UdQp {
         let c = &self.counters;
         if !udp::verify(src, dst, data) {
             bump(&c.bad_icrc);
+            log::trace!(target: "rdmx::soft", "UD QP {:#x}: bad ICRC from {src}", self.qpn);
             return UdReceived::Dropped;
         }
         let Ok(p) = UdPacketRepr::parse(data) else {
             bump(&c.malformed);
+            log::trace!(target: "rdmx::soft", "UD QP {:#x}: malformed packet from {src}", self.qpn);
             return UdReceived::Dropped;
         };
         let mut g = self.inner.lock();
         if !matches!(g.attr.qp_state, QpState::Rtr | QpState::Rts) {
+            log::trace!(target: "rdmx::soft", "UD QP {:#x}: packet in {:?}", self.qpn, g.attr.qp_state);
             bump(&c.not_ready);
             return UdReceived::Dropped;
         }
@@ -687,6 +690,7 @@ impl UdQp {
             return UdReceived::Dropped;
         }
         if p.deth.qkey != g.attr.qkey {
+            log::trace!(target: "rdmx::soft", "UD QP {:#x}: Q_Key {:#x} from {src}, expected {:#x}", self.qpn, p.deth.qkey, g.attr.qkey);
             bump(&c.qkey_violations);
             return UdReceived::Dropped;
         }
@@ -697,6 +701,7 @@ impl UdQp {
         // The lock stays held until the completion is queued: a destroy (RESET) that
         // returns has no delivery into a WQE of this QP still in progress.
         let Some(wqe) = wqe else {
+            log::trace!(target: "rdmx::soft", "UD QP {:#x}: no receive WQE for a packet from {src}", self.qpn);
             bump(&c.no_recv_wqe);
             return UdReceived::Dropped;
         };
@@ -736,6 +741,7 @@ impl UdQp {
             log::error!(target: "rdmx::soft", "UD QP {:#x}: receive completion queue overrun", self.qpn);
         }
         drop(g);
+        log::trace!(target: "rdmx::soft", "UD QP {:#x}: {byte_len} bytes from QP {:#x} at {src}: {status:?}", self.qpn, p.deth.src_qp);
         UdReceived::Delivered
     }
 }
