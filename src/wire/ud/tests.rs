@@ -153,3 +153,41 @@ fn the_ipv6_grh_area_is_the_ipv6_header() {
     assert_eq!(&g[8..24], &s.octets());
     assert_eq!(&g[24..], &d.octets());
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn emit_then_parse_gives_the_packet_back(
+            solicited: bool,
+            pkey: u16,
+            dest_qp in 0u32..=MASK_24,
+            psn in 0u32..=MASK_24,
+            qkey: u32,
+            src_qp in 0u32..=MASK_24,
+            imm: Option<u32>,
+            payload in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            let r = UdPacketRepr {
+                solicited,
+                pkey,
+                dest_qp,
+                psn,
+                deth: DethRepr { qkey, src_qp },
+                imm,
+                payload: &payload,
+            };
+            let mut out = vec![0u8; r.buffer_len()];
+            prop_assert_eq!(r.emit(&mut out).unwrap(), out.len());
+            prop_assert_eq!(out.len() % 4, 0);
+            prop_assert_eq!(UdPacketRepr::parse(&out).unwrap(), r);
+        }
+
+        #[test]
+        fn parse_is_total(bytes in proptest::collection::vec(any::<u8>(), 0..96)) {
+            let _ = UdPacketRepr::parse(&bytes);
+        }
+    }
+}
