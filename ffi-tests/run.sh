@@ -188,4 +188,9 @@ cc -std=c11 -g -O1 -Wall -Wextra -Werror -pedantic -o "$out/ibv_async_destroy" \
   "$here/ibv_async_destroy.c" -libverbs
 "$launcher" exec --ip 127.0.0.2 -- "$out/ibv_async_destroy_san"
 "$launcher" exec --ip 127.0.0.2 -- "${vg[@]}" "$out/ibv_async_destroy"
+# UD QPs and address handles through the C API (GRH, src_qp, MTU refusal, no multicast).
+cc -std=c11 -g -Wall -Wextra -Werror -pedantic $san -o "$out/ibv_ud_san" "$here/ibv_ud.c" -libverbs
+cc -std=c11 -g -O1 -Wall -Wextra -Werror -pedantic -o "$out/ibv_ud" "$here/ibv_ud.c" -libverbs
+"$launcher" exec --ip 127.0.0.2 -- "$out/ibv_ud_san"
+"$launcher" exec --ip 127.0.0.2 -- "${vg[@]}" "$out/ibv_ud"
 echo "== ffi-tests: all passed"

@@ -30,6 +30,7 @@ const EMPTY: Wc = Wc {
     byte_len: 0,
     imm: None,
     qp_num: 0,
+    src_qp: None,
 };
 
 fn wait(c: &rdmx::msgr::Connection, n: usize) -> Vec<Wc> {

@@ -17,6 +17,17 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(PacketRepr::parse(&out[..n]), Ok(packet));
     }
 
+    // UD: reserved bits, MigReq, FECN/BECN, AckReq and pad contents are not kept, so the
+    // re-emitted packet parses to the same value (not necessarily the same bytes).
+    if let Ok(packet) = rdmx::wire::ud::UdPacketRepr::parse(data) {
+        assert_eq!(packet.buffer_len(), data.len());
+        let mut out = [0u8; 65536];
+        let n = packet.emit(&mut out).expect("a parsed UD packet re-emits");
+        assert_eq!(n, data.len());
+        assert_eq!(rdmx::wire::ud::UdPacketRepr::parse(&out[..n]), Ok(packet));
+    }
+    let _ = rdmx::wire::DethRepr::parse(&rdmx::wire::Deth::new_unchecked(data));
+
     let _ = BthRepr::parse(&Bth::new_unchecked(data));
     let _ = RethRepr::parse(&Reth::new_unchecked(data));
     let _ = AethRepr::parse(&Aeth::new_unchecked(data));

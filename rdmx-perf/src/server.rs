@@ -368,5 +368,6 @@ pub fn empty_wc() -> Wc {
         byte_len: 0,
         imm: None,
         qp_num: 0,
+        src_qp: None,
     }
 }

@@ -536,6 +536,7 @@ impl BlkClient {
                 byte_len: 0,
                 imm: None,
                 qp_num: 0,
+                src_qp: None,
             };
             64
         ];

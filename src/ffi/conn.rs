@@ -761,6 +761,7 @@ pub unsafe extern "C" fn rdmx_poll(
             byte_len: 0,
             imm: None,
             qp_num: 0,
+            src_qp: None,
         }; 64];
         let k = c.inner.poll(&mut buf[..max.min(64)]);
         for (i, w) in buf[..k].iter().enumerate() {

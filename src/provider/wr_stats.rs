@@ -132,6 +132,7 @@ mod tests {
             byte_len,
             imm: None,
             qp_num: 0,
+            src_qp: None,
         }
     }
 

@@ -72,6 +72,8 @@ pub mod access {
 
 /// `enum ibv_wc_flags` bits.
 pub mod wc_flags {
+    /// The receive buffer starts with a 40-byte GRH (UD).
+    pub const GRH: u32 = 1;
     pub const WITH_IMM: u32 = 2;
 }
 

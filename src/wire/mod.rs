@@ -4,8 +4,9 @@
 //! byte buffer (`Bth<T: AsRef<[u8]>>`, with a private `field` module of byte ranges,
 //! `new_checked`, getters and setters) and a plain-data `*Repr` with `parse`/`emit`/
 //! `buffer_len`. [`PacketRepr`] ties them together for a whole RC packet (the UDP payload:
-//! BTH, extension headers chosen by the opcode, payload, pad, ICRC) and [`icrc`] computes the
-//! invariant CRC over the masked IP/UDP/IB headers.
+//! BTH, extension headers chosen by the opcode, payload, pad, ICRC), [`ud::UdPacketRepr`] for
+//! a UD one (BTH + DETH [+ ImmDt]), and [`icrc`] computes the invariant CRC over the masked
+//! IP/UDP/IB headers.
 //!
 //! This layer never allocates and never does IO. Every `Repr::parse` and [`PacketRepr::parse`]
 //! is total: any byte string yields `Ok` or a [`WireError`], never a panic (checked by
@@ -17,6 +18,7 @@ mod aeth;
 mod atomic_ack_eth;
 mod atomic_eth;
 mod bth;
+mod deth;
 mod error;
 pub mod icrc;
 mod ieth;
@@ -24,6 +26,7 @@ mod immdt;
 mod opcode;
 mod packet;
 mod reth;
+pub mod ud;
 
 #[cfg(test)]
 mod tests;
@@ -32,6 +35,7 @@ pub use aeth::{Aeth, AethRepr, HEADER_LEN as AETH_LEN, NakCode, Syndrome};
 pub use atomic_ack_eth::{AtomicAckEth, AtomicAckEthRepr, HEADER_LEN as ATOMIC_ACK_ETH_LEN};
 pub use atomic_eth::{AtomicEth, AtomicEthRepr, HEADER_LEN as ATOMIC_ETH_LEN};
 pub use bth::{Bth, BthRepr, HEADER_LEN as BTH_LEN};
+pub use deth::{Deth, DethRepr, HEADER_LEN as DETH_LEN};
 pub use error::{Result, WireError};
 pub use icrc::ICRC_LEN;
 pub use ieth::{HEADER_LEN as IETH_LEN, Ieth, IethRepr};

@@ -412,6 +412,7 @@ pub fn empty_wc() -> Wc {
         byte_len: 0,
         imm: None,
         qp_num: 0,
+        src_qp: None,
     }
 }
 

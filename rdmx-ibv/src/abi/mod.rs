@@ -21,8 +21,8 @@
 #![allow(non_camel_case_types)]
 
 use rdma_sys::{
-    ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_cq_ex, ibv_device,
-    ibv_device_attr_ex, ibv_mr, ibv_pd, ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_ex,
+    ibv_ah, ibv_ah_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_cq_ex,
+    ibv_device, ibv_device_attr_ex, ibv_mr, ibv_pd, ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_ex,
     ibv_qp_init_attr, ibv_query_device_ex_input, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_srq_attr,
     ibv_srq_init_attr, ibv_wc, verbs_context,
 };
@@ -197,7 +197,8 @@ pub struct verbs_context_ops {
     pub bind_mw: UnusedOp,
     pub close_xrcd: UnusedOp,
     pub cq_event: Option<unsafe extern "C" fn(cq: *mut ibv_cq)>,
-    pub create_ah: UnusedOp,
+    pub create_ah:
+        Option<unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah>,
     pub create_counters: UnusedOp,
     pub create_cq: Option<
         unsafe extern "C" fn(
@@ -222,7 +223,7 @@ pub struct verbs_context_ops {
     pub dealloc_pd: Option<unsafe extern "C" fn(pd: *mut ibv_pd) -> c_int>,
     pub dealloc_td: UnusedOp,
     pub dereg_mr: Option<unsafe extern "C" fn(vmr: *mut verbs_mr) -> c_int>,
-    pub destroy_ah: UnusedOp,
+    pub destroy_ah: Option<unsafe extern "C" fn(ah: *mut ibv_ah) -> c_int>,
     pub destroy_counters: UnusedOp,
     pub destroy_cq: Option<unsafe extern "C" fn(cq: *mut ibv_cq) -> c_int>,
     pub destroy_flow: UnusedOp,

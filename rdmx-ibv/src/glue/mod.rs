@@ -9,6 +9,7 @@
 //! Every `extern "C"` function runs its body under [`guard`]: a panic is caught, logged,
 //! and returned as the op's error (EIO / NULL), never unwound into C.
 
+pub mod ah;
 pub mod channel;
 pub mod context;
 pub mod objects;

@@ -17,8 +17,8 @@ use super::retire::{Retired, read_locked};
 use super::{fail, guard, set_errno};
 use crate::abi::{IBV_MR_TYPE_MR, verbs_cq, verbs_mr, verbs_qp, verbs_srq};
 use crate::verbs::{
-    self, AhAttr, Cq, InitAttr, Mr, Pd, Qp, QpAttr, QpCap, RecvWr, SendWr, Sge, SgeList, Srq,
-    SrqAttr, WorkCompletion, WrOpcode, attr_mask,
+    self, AhAttr, Cq, InitAttr, Mr, Pd, QPT_UD, Qp, QpAttr, QpCap, RecvWr, SendWr, Sge, SgeList,
+    Srq, SrqAttr, UdQp, UdSendWr, WorkCompletion, WrOpcode, attr_mask,
 };
 use rdma_sys::{
     ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
@@ -76,7 +76,9 @@ struct SrqObj {
 struct QpObj {
     vqp: verbs_qp,
     magic: u64,
+    /// An RC QP, or (`ud`) a UD one; never both.
     inner: Option<Arc<Qp>>,
+    ud: Option<Arc<UdQp>>,
 }
 
 /// A zeroed box of `T` (a `#[repr(C)]` object whose C part is plain data and whose Rust
@@ -84,7 +86,7 @@ struct QpObj {
 ///
 /// # Safety
 /// All-zero must be a valid `T`.
-unsafe fn zeroed_box<T>() -> Box<T> {
+pub(super) unsafe fn zeroed_box<T>() -> Box<T> {
     // SAFETY: per the contract.
     Box::new(unsafe { std::mem::zeroed() })
 }
@@ -119,6 +121,24 @@ unsafe fn srq_obj<'a>(srq: *mut ibv_srq) -> Option<&'a SrqObj> {
 unsafe fn qp_obj<'a>(qp: *mut ibv_qp) -> Option<&'a QpObj> {
     // SAFETY: forwarded contract.
     unsafe { obj::<QpObj>(qp.cast(), |o| o.magic, MAGIC_QP) }
+}
+
+/// The verbs PD behind `pd`, if it is a live one of ours.
+///
+/// # Safety
+/// As [`obj`].
+pub(super) unsafe fn pd_obj_inner(pd: *mut ibv_pd) -> Option<Arc<Pd>> {
+    // SAFETY: forwarded contract.
+    unsafe { pd_obj(pd) }.and_then(|o| o.inner.clone())
+}
+
+/// The UD QP behind `qp`, if it is one of ours of that type.
+///
+/// # Safety
+/// As [`obj`].
+unsafe fn ud_obj<'a>(qp: *mut ibv_qp) -> Option<&'a Arc<UdQp>> {
+    // SAFETY: forwarded contract.
+    unsafe { qp_obj(qp) }.and_then(|o| o.ud.as_ref())
 }
 
 fn init_mutex_cond(mutex: *mut c_void, cond: *mut c_void) {
@@ -259,10 +279,28 @@ event_obj!(CqObj, |o| {
     unsafe { o.vcq.cq.context }
 });
 event_obj!(SrqObj, |o| o.vsrq.srq.context);
-event_obj!(QpObj, |o| {
-    // SAFETY: every member of verbs_qp's union starts with the plain `struct ibv_qp`.
-    unsafe { o.vqp.u.qp.context }
-});
+impl EventObj for QpObj {
+    fn destroy_inner(&self) -> Option<Result<u64, rdmx::error::Error>> {
+        if let Some(u) = &self.ud {
+            // A UD QP raises no async event.
+            return Some(u.destroy().map(|()| 0));
+        }
+        let i = self.inner.as_ref()?;
+        Some(i.destroy().map(|()| i.events_written()))
+    }
+    fn magic(&self) -> u64 {
+        self.magic
+    }
+    fn context(&self) -> *mut ibv_context {
+        // SAFETY: every member of verbs_qp's union starts with the plain `struct ibv_qp`.
+        unsafe { self.vqp.u.qp.context }
+    }
+    fn clear(&mut self) {
+        self.magic = 0;
+        self.inner = None;
+        self.ud = None;
+    }
+}
 
 /// `ibv_destroy_cq`/`_srq`/`_qp`: destroys the verbs object (its own rules: EBUSY while
 /// used, EINVAL when destroyed already, so only one call gets past this), then retires the
@@ -675,14 +713,32 @@ pub(crate) unsafe extern "C" fn create_qp(
         // SAFETY: QpObj is plain C data and an Option.
         let mut b = unsafe { zeroed_box::<QpObj>() };
         let handle = &*b as *const QpObj as u64;
-        let qp = match Qp::new(&p, &ia, handle) {
-            Ok(q) => q,
-            Err(e) => {
-                set_errno(fail("create_qp", &e));
-                return null_mut();
+        let (qp_num, granted) = if ia.qp_type == QPT_UD {
+            match UdQp::new(&p, &ia, handle) {
+                Ok(q) => {
+                    let n = q.qp_num();
+                    b.ud = Some(q);
+                    (n, ia.clone())
+                }
+                Err(e) => {
+                    set_errno(fail("create_qp", &e));
+                    return null_mut();
+                }
+            }
+        } else {
+            match Qp::new(&p, &ia, handle) {
+                Ok(q) => {
+                    let (_, granted) = q.query(0);
+                    let n = q.qp_num();
+                    b.inner = Some(q);
+                    (n, granted)
+                }
+                Err(e) => {
+                    set_errno(fail("create_qp", &e));
+                    return null_mut();
+                }
             }
         };
-        let (_, granted) = qp.query(0);
         init.cap.max_send_wr = granted.cap.max_send_wr;
         init.cap.max_recv_wr = granted.cap.max_recv_wr;
         init.cap.max_send_sge = granted.cap.max_send_sge;
@@ -699,7 +755,7 @@ pub(crate) unsafe extern "C" fn create_qp(
             q.recv_cq = init.recv_cq;
             q.srq = init.srq;
             q.handle = 0;
-            q.qp_num = qp.qp_num();
+            q.qp_num = qp_num;
             q.state = 0; // IBV_QPS_RESET
             q.qp_type = init.qp_type;
             q.events_completed = 0;
@@ -708,13 +764,12 @@ pub(crate) unsafe extern "C" fn create_qp(
                 std::ptr::addr_of_mut!(q.cond).cast(),
             );
         }
-        b.inner = Some(qp);
         b.magic = MAGIC_QP;
         Box::into_raw(b).cast()
     })
 }
 
-fn ah_from_ibv(a: &ibv_ah_attr) -> AhAttr {
+pub(super) fn ah_from_ibv(a: &ibv_ah_attr) -> AhAttr {
     AhAttr {
         // SAFETY: reading the raw bytes of a GID union (any bit pattern is valid).
         dgid: unsafe { a.grh.dgid.raw },
@@ -752,10 +807,7 @@ pub(crate) unsafe extern "C" fn modify_qp(
 ) -> c_int {
     guard("modify_qp", libc::EIO, || {
         // SAFETY: libibverbs passes a QP of ours and the caller's attributes.
-        let (Some(q), Some(a)) = (
-            unsafe { qp_obj(qp) }.and_then(|o| o.inner.as_ref()),
-            unsafe { attr.as_ref() },
-        ) else {
+        let (Some(o), Some(a)) = (unsafe { qp_obj(qp) }, unsafe { attr.as_ref() }) else {
             return libc::EINVAL;
         };
         let mask = mask as u32;
@@ -796,7 +848,12 @@ pub(crate) unsafe extern "C" fn modify_qp(
         v.timeout = a.timeout;
         v.retry_cnt = a.retry_cnt;
         v.rnr_retry = a.rnr_retry;
-        match q.modify(&v, mask) {
+        let r = match (&o.inner, &o.ud) {
+            (Some(q), _) => q.modify(&v, mask),
+            (None, Some(u)) => u.modify(&v, mask),
+            (None, None) => return libc::EINVAL,
+        };
+        match r {
             Ok(()) => 0,
             Err(e) => fail("modify_qp", &e),
         }
@@ -811,14 +868,18 @@ pub(crate) unsafe extern "C" fn query_qp(
 ) -> c_int {
     guard("query_qp", libc::EIO, || {
         // SAFETY: libibverbs passes a QP of ours and the caller's output structures.
-        let (Some(q), Some(a), Some(init)) = (
-            unsafe { qp_obj(qp) }.and_then(|o| o.inner.as_ref()),
-            unsafe { attr.as_mut() },
-            unsafe { init.as_mut() },
-        ) else {
+        let (Some(o), Some(a), Some(init)) =
+            (unsafe { qp_obj(qp) }, unsafe { attr.as_mut() }, unsafe {
+                init.as_mut()
+            })
+        else {
             return libc::EINVAL;
         };
-        let (v, ia) = q.query(mask as u32);
+        let (v, ia) = match (&o.inner, &o.ud) {
+            (Some(q), _) => q.query(mask as u32),
+            (None, Some(u)) => u.query(),
+            (None, None) => return libc::EINVAL,
+        };
         // SAFETY: all-zero is a valid ibv_qp_attr (integers, GIDs); fields RC does not use
         // (alternate path, rate limit) read as zero.
         *a = unsafe { std::mem::zeroed() };
@@ -921,6 +982,11 @@ pub(crate) unsafe extern "C" fn post_send(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     guard("post_send", libc::EIO, || {
+        // SAFETY: libibverbs passes a QP of ours.
+        if let Some(u) = unsafe { ud_obj(qp) } {
+            // SAFETY: wr is the caller's chain.
+            return unsafe { post_send_ud(u, wr, bad_wr) };
+        }
         // SAFETY: libibverbs passes a QP of ours.
         let Some(q) = (unsafe { qp_obj(qp) }).and_then(|o| o.inner.as_ref()) else {
             set_bad(bad_wr, wr);
@@ -1054,6 +1120,11 @@ pub(crate) unsafe extern "C" fn post_recv(
 ) -> c_int {
     guard("post_recv", libc::EIO, || {
         // SAFETY: libibverbs passes a QP of ours.
+        if let Some(u) = unsafe { ud_obj(qp) } {
+            // SAFETY: wr is the caller's chain.
+            return unsafe { post_recv_chain(wr, bad_wr, |wrs| u.post_recv(wrs)) };
+        }
+        // SAFETY: libibverbs passes a QP of ours.
         let Some(q) = (unsafe { qp_obj(qp) }).and_then(|o| o.inner.as_ref()) else {
             set_bad(bad_wr, wr);
             return libc::EINVAL;
@@ -1061,4 +1132,69 @@ pub(crate) unsafe extern "C" fn post_recv(
         // SAFETY: wr is the caller's chain.
         unsafe { post_recv_chain(wr, bad_wr, |wrs| q.post_recv(wrs)) }
     })
+}
+
+/// `post_send` on a UD QP: converts the chain (`wr.ud`: AH, remote QPN and Q_Key) and
+/// posts it. A WR that cannot be converted (an opcode UD lacks is refused by the QP; a
+/// NULL or foreign AH, a bad SGE list here) stops the chain there with EINVAL.
+///
+/// # Safety
+/// `wr` is NULL or the caller's chain of send WRs.
+unsafe fn post_send_ud(u: &UdQp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    let mut wrs: Vec<UdSendWr> = Vec::new();
+    let mut ptrs: Vec<*mut ibv_send_wr> = Vec::new();
+    let mut refused: Option<*mut ibv_send_wr> = None;
+    let mut p = wr;
+    while !p.is_null() {
+        if ptrs.len() >= MAX_CHAIN {
+            refused = Some(p);
+            break;
+        }
+        // SAFETY: p is a WR of the caller's chain.
+        let w = unsafe { &*p };
+        // SAFETY: the WR's SGE list as the caller gave it; the ud member of the union is
+        // the one UD QPs use (its AH pointer is checked by magic).
+        let (Some(op), Some(sg), Some(ah)) = (
+            wr_opcode(w.opcode),
+            unsafe { sges(w.sg_list, w.num_sge) },
+            unsafe { super::ah::ah_of(w.wr.ud.ah) },
+        ) else {
+            refused = Some(p);
+            break;
+        };
+        wrs.push(UdSendWr {
+            wr_id: w.wr_id,
+            opcode: op,
+            send_flags: w.send_flags,
+            sg_list: sg,
+            // SAFETY: reading the imm_data member of a u32 union.
+            imm_data: unsafe { w.imm_data_invalidated_rkey_union.imm_data },
+            ah,
+            // SAFETY: as above.
+            remote_qpn: unsafe { w.wr.ud.remote_qpn },
+            // SAFETY: as above.
+            remote_qkey: unsafe { w.wr.ud.remote_qkey },
+        });
+        ptrs.push(p);
+        p = w.next;
+    }
+    let res = if wrs.is_empty() {
+        Ok(())
+    } else {
+        // SAFETY: inline SGEs point to memory the caller keeps readable for the call.
+        unsafe { u.post_send(&wrs) }
+    };
+    match res {
+        Err((i, e)) => {
+            set_bad(bad_wr, ptrs.get(i).copied().unwrap_or(wr));
+            fail("post_send", &e)
+        }
+        Ok(()) => match refused {
+            Some(p) => {
+                set_bad(bad_wr, p);
+                libc::EINVAL
+            }
+            None => 0,
+        },
+    }
 }

@@ -113,11 +113,14 @@ impl WorkCompletion {
             byte_len: w.byte_len,
             imm_data: w.imm.map_or(0, u32::to_be),
             qp_num: w.qp_num,
+            // UD receives: the sender's QPN, and the GRH area in front of the payload
+            // (pkey_index, slid, sl stay 0: one P_Key, RoCE has no LIDs or SLs here).
+            src_qp: w.src_qp.unwrap_or(0),
             wc_flags: if w.imm.is_some() {
                 wc_flags::WITH_IMM
             } else {
                 0
-            },
+            } | if w.src_qp.is_some() { wc_flags::GRH } else { 0 },
             ..Default::default()
         }
     }
@@ -224,6 +227,7 @@ impl Cq {
             byte_len: 0,
             imm: None,
             qp_num: 0,
+            src_qp: None,
         }; POLL_CHUNK];
         let mut done = 0;
         while done < out.len() {
@@ -231,6 +235,9 @@ impl Cq {
             let n = self.soft.poll(&mut buf[..want]);
             for (o, w) in out[done..done + n].iter_mut().zip(&buf[..n]) {
                 *o = WorkCompletion::from_soft(w);
+                if w.src_qp.is_some() {
+                    o.sl = super::qp::ud::roce_v2_sl(self.dev.ip);
+                }
                 if o.status != 0 {
                     super::stats::wc_error(o.status, o.qp_num);
                 }

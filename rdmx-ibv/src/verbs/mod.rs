@@ -19,6 +19,7 @@
 //! with MRs/QPs/SRQs, ...) and release the object's resources; the glue then drops its
 //! `Arc`. An object used after `destroy()` refuses with InvalidArgument.
 
+pub mod ah;
 pub mod cq;
 pub mod device;
 pub mod events;
@@ -28,15 +29,19 @@ pub mod srq;
 pub mod stats;
 mod sys;
 
+pub use ah::Ah;
 pub use cq::{CompChannel, Cq, WorkCompletion};
 pub use device::{Device, DeviceAttr, DeviceStats, PortAttr};
 pub use events::event_type;
 pub use pd::{Mr, Pd};
-pub use qp::{AhAttr, InitAttr, Qp, QpAttr, QpCap, RecvWr, SendWr, mtu_from_ibv, mtu_to_ibv};
+pub use qp::{
+    AhAttr, InitAttr, QPT_UD, Qp, QpAttr, QpCap, RecvWr, SendWr, UdQp, UdSendWr, mtu_from_ibv,
+    mtu_to_ibv,
+};
 pub use rdmx::error::{Error, ErrorKind, Result};
 pub use rdmx::rc::verbs::{access, attr_mask, send_flags, wc_flags};
 pub use rdmx::rc::{QpState, Sge, SgeList, WcOpcode, WcStatus, WrOpcode};
 pub use srq::{Srq, SrqAttr, srq_attr_mask};
 
-/// `IBV_QPT_RC`: the only QP type the soft provider implements.
+/// `IBV_QPT_RC` (UD: [`QPT_UD`]).
 pub const QPT_RC: u32 = 2;

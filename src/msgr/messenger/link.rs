@@ -901,5 +901,6 @@ fn empty_wc() -> Wc {
         byte_len: 0,
         imm: None,
         qp_num: 0,
+        src_qp: None,
     }
 }

@@ -36,6 +36,9 @@ pub struct Wc {
     pub byte_len: u32,
     pub imm: Option<u32>,
     pub qp_num: u32,
+    /// A UD receive: the sending QP's number (the packet's DETH SrcQP); its buffer starts
+    /// with the 40-byte GRH area, as verbs' `IBV_WC_GRH`. None for every other completion.
+    pub src_qp: Option<u32>,
 }
 
 /// Least time between two overflow log lines of one CQ.
@@ -274,6 +277,7 @@ mod tests {
             byte_len: 0,
             imm: None,
             qp_num: 1,
+            src_qp: None,
         }
     }
 

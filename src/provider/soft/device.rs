@@ -27,6 +27,9 @@ use super::qp::{Received, SendReq, SoftQp, TxOptions};
 use super::sys::{self, EventFd};
 use super::udp::{self, RxBatch, UdpPort};
 
+/// UD QPs: their table, create/destroy and receive dispatch (`device/ud.rs`).
+mod ud;
+
 /// Messages per recvmmsg call (datagrams, or GRO buffers of several).
 const RX_BATCH: usize = 64;
 /// Receive with UDP GRO: on first use the device port turns `UDP_GRO` on and its receive
@@ -292,6 +295,8 @@ struct Shared {
     /// The IPv4 port, then the IPv6 one if the host has IPv6.
     ports: Vec<RxPort>,
     qps: RwLock<HashMap<u32, Arc<SoftQp>>>,
+    /// UD QPs (`device/ud.rs`); numbers unique across both tables.
+    ud_qps: ud::UdTable,
     /// TCP side channels to watch for EOF: fd -> QP.
     watches: Mutex<HashMap<RawFd, u32>>,
     /// The same fds, as the epoll set the progress thread polls.
@@ -459,6 +464,7 @@ impl SoftDevice {
             mrs: Arc::new(MrTable::default()),
             ports,
             qps: RwLock::new(HashMap::default()),
+            ud_qps: RwLock::new(HashMap::default()),
             watches: Mutex::new(HashMap::default()),
             watch_set: WatchSet::new()?,
             timers: Arc::new(DeviceTimers::new()?),
@@ -625,10 +631,12 @@ impl SoftDevice {
         for _ in 0..QPN_RACES {
             let qpn = {
                 let qps = self.shared.qps.read();
-                pick_qpn(&|q| qps.contains_key(&q), draw)?
+                pick_qpn(&|q| qps.contains_key(&q) || self.shared.is_ud_qpn(q), draw)?
             };
             let qp = Arc::new(make(qpn)?);
-            if let std::collections::hash_map::Entry::Vacant(v) = self.shared.qps.write().entry(qpn)
+            let mut qps = self.shared.qps.write();
+            if !self.shared.is_ud_qpn(qpn)
+                && let std::collections::hash_map::Entry::Vacant(v) = qps.entry(qpn)
             {
                 v.insert(Arc::clone(&qp));
                 return Ok(qp);
@@ -1112,6 +1120,9 @@ impl Shared {
                     continue;
                 }
                 let Some(qp) = qps.get(&bth.dest_qp()) else {
+                    if self.receive_ud(&mut view, bth.dest_qp(), &d) {
+                        continue;
+                    }
                     drops.unknown_qpn.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };

@@ -9,6 +9,7 @@ pub(crate) mod mtu;
 pub mod qp;
 pub mod srq;
 pub(crate) mod sys;
+pub mod ud;
 pub(crate) mod udp;
 
 /// Not part of the API (no stability promise): the soft provider's UDP socket layer

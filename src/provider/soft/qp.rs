@@ -873,6 +873,7 @@ impl SoftQp {
                 byte_len: c.byte_len,
                 imm: c.imm,
                 qp_num: c.qp_num,
+                src_qp: None,
             };
             let fits = if c.is_recv {
                 self.recv_cq.push_solicited(wc, c.solicited)
@@ -1002,6 +1003,7 @@ mod tests {
             byte_len: 0,
             imm: None,
             qp_num: 0,
+            src_qp: None,
         }; 4];
         assert_eq!(q.send_cq.poll(&mut out), 4);
         assert!(out.iter().all(|w| w.status == WcStatus::WrFlushErr));

@@ -252,6 +252,7 @@ const EMPTY_WC: Wc = Wc {
     byte_len: 0,
     imm: None,
     qp_num: 0,
+    src_qp: None,
 };
 
 impl VerbsQp {
@@ -922,6 +923,7 @@ impl VerbsQp {
                 byte_len: w.byte_len,
                 imm: self.imm(w),
                 qp_num: w.qp_num,
+                src_qp: None,
             });
         }
         let seq = w.wr_id;
@@ -950,6 +952,7 @@ impl VerbsQp {
             byte_len: w.byte_len,
             imm: None,
             qp_num: w.qp_num,
+            src_qp: None,
         })
     }
 

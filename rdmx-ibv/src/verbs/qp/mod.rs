@@ -1,12 +1,14 @@
-//! RC queue pairs: creation with CQs and an optional SRQ, `modify` through verbs' state
+//! RC queue pairs (UD ones: `ud.rs`): creation with CQs and an optional SRQ, `modify` through verbs' state
 //! machine (RESET -> INIT -> RTR -> RTS, -> ERR, -> RESET) with the peer's address taken
 //! from the AV's GID at RTR, `query`, posting, and the operator's `qp_override`.
 
 mod attr;
 mod inline;
 mod overrides;
+pub mod ud;
 
 pub use attr::{AhAttr, QpAttr, gid_to_ip, ip_to_gid, mtu_from_ibv, mtu_to_ibv, qp_state_from_ibv};
+pub use ud::{QPT_UD, UdQp, UdSendWr};
 
 use parking_lot::Mutex;
 use rdmx::error::{Error, ErrorKind, Result};
@@ -117,7 +119,7 @@ impl Qp {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 format!(
-                    "create_qp: qp_type {}: the soft provider implements RC (2) only",
+                    "create_qp: qp_type {}: the soft provider implements RC (2) and UD (4)",
                     init.qp_type
                 ),
             ));
