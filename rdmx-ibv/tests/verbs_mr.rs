@@ -20,7 +20,12 @@ fn extra_mr(side: &Side, buf: &mut [u8], flags: u32) -> Mr {
 
 #[test]
 fn dereg_with_a_posted_receive_then_the_send_into_it_fails_without_touching_it() {
-    let (a, b) = pair("127.0.86.2", "127.0.86.3", &Opts::default(), &Opts::default());
+    let (a, b) = pair(
+        "127.0.86.2",
+        "127.0.86.3",
+        &Opts::default(),
+        &Opts::default(),
+    );
     let mut rbuf = vec![0u8; 4096];
     let mr = extra_mr(&b, &mut rbuf, access::LOCAL_WRITE);
     let mut sg = SgeList::new();
@@ -42,13 +47,21 @@ fn dereg_with_a_posted_receive_then_the_send_into_it_fails_without_touching_it()
     assert_eq!((r.wr_id, r.status), (5, LOC_PROT_ERR), "{r:?}");
     let s = wait_wc(&a.scq);
     assert_eq!(s.wr_id, 6);
-    assert_ne!(s.status, 0, "the sender learns its SEND was not placed: {s:?}");
+    assert_ne!(
+        s.status, 0,
+        "the sender learns its SEND was not placed: {s:?}"
+    );
     assert_eq!(rbuf, vec![0u8; 4096], "deregistered memory was written");
 }
 
 #[test]
 fn rdma_write_to_a_deregistered_rkey_is_a_remote_access_error() {
-    let (a, b) = pair("127.0.86.4", "127.0.86.5", &Opts::default(), &Opts::default());
+    let (a, b) = pair(
+        "127.0.86.4",
+        "127.0.86.5",
+        &Opts::default(),
+        &Opts::default(),
+    );
     let mut target = vec![0u8; 4096];
     let mr = extra_mr(&b, &mut target, access::LOCAL_WRITE | access::REMOTE_WRITE);
     let (rkey, raddr) = (mr.rkey, mr.addr);

@@ -35,7 +35,10 @@ pub(crate) fn refusal(attr: &ibv_qp_init_attr_ex) -> Option<(i32, String)> {
         ));
     }
     if attr.comp_mask & MASK_PD == 0 || attr.pd.is_null() {
-        return Some((libc::EINVAL, "a PD is required (comp_mask IBV_QP_INIT_ATTR_PD)".into()));
+        return Some((
+            libc::EINVAL,
+            "a PD is required (comp_mask IBV_QP_INIT_ATTR_PD)".into(),
+        ));
     }
     None
 }

@@ -542,11 +542,17 @@ mod tests {
         let mut v = t.view();
         let local = v.write(Key::Local(r.lkey), r.addr, &[1], 0);
         let remote = v.write(Key::Remote(r.rkey), r.addr, &[1], access::REMOTE_WRITE);
-        assert_eq!((local, remote), (Err(MemError::BadKey), Err(MemError::BadKey)));
+        assert_eq!(
+            (local, remote),
+            (Err(MemError::BadKey), Err(MemError::BadKey))
+        );
         drop(v);
         t.hold(&[r.lkey], false);
         assert_eq!(buf, [0u8; 16], "memory untouched after revoke");
-        assert_eq!(t.revoke(r.lkey).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(
+            t.revoke(r.lkey).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
     }
 
     #[test]
