@@ -38,7 +38,8 @@ tests="$work/pyverbs-$version/rdma-core/tests"
 # One address per run (RoCEv2's port is fixed: one receiver per IP), from a /24 no other
 # test uses, varied by pid so that two runs on one host do not collide.
 ip="127.0.28.$(( $$ % 250 + 2 ))"
-# Each test file gets 300 s (run.py); the whole run is bounded too.
-exec timeout -k 10 1800 "$bin" exec --ip "$ip" -- \
+# Each test file gets 300 s (run.py); the whole run is bounded too. Not `exec`: the trap
+# removes the unpacked tests afterwards.
+timeout -k 10 1800 "$bin" exec --ip "$ip" -- \
   "$here/sysview.sh" env PATH="$here:$PATH" /usr/bin/python3 "$here/run.py" \
   "$tests" "$here/expected.tsv" "${args[@]}"
