@@ -19,6 +19,7 @@ PKGS=(
   fio                              # ceph-harness/: fio's rados engine (4K random read/write, verify)
   python3-matplotlib               # ceph-harness/: IOPS-over-time PNGs (failover, RNR storm)
   uuid-runtime                     # ceph-harness/: uuidgen for the cluster fsid and OSD uuids
+  python3-pyverbs python3-pip      # rdmx-ibv/pyverbs/: rdma-core's Python tests on rdmx0 (pyverbs 44)
 )
 
 missing=()
@@ -93,3 +94,20 @@ if [ "${#blk_missing[@]}" -gt 0 ]; then
   while_locked $SUDO "${APT[@]}" install -y -q --no-install-recommends "${blk_missing[@]}"
 fi
 "$(cd "$(dirname "$0")/.." && pwd)/fio/fio-src.sh" >/dev/null
+
+# --- rdma-core's Python tests (rdmx-ibv/pyverbs/run.sh, docs/ibv-device.md) ---------------
+# The tests are in no Debian package; the PyPI sdist of pyverbs 57.0 carries rdma-core's
+# whole tree, tests/ included. Cached outside the repository (never committed), checked
+# against the digest it had when the runner's expected list was made.
+PYVERBS_VERSION=57.0
+PYVERBS_SHA256=6d3a452bf14b8c56dec9281d64101573a7574bc879471bf0d3521168755ca9fe
+pyverbs_cache=${PYVERBS_SDIST_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rdmx-pyverbs}
+pyverbs_sdist="$pyverbs_cache/pyverbs-$PYVERBS_VERSION.tar.gz"
+if ! echo "$PYVERBS_SHA256  $pyverbs_sdist" | sha256sum -c --status 2>/dev/null; then
+  echo "install-deps: fetching the pyverbs $PYVERBS_VERSION sdist (rdma-core's tests) into $pyverbs_cache"
+  mkdir -p "$pyverbs_cache"
+  rm -f "$pyverbs_sdist"
+  /usr/bin/python3 -m pip download --quiet --no-deps --no-binary pyverbs \
+    -d "$pyverbs_cache" "pyverbs==$PYVERBS_VERSION"
+  echo "$PYVERBS_SHA256  $pyverbs_sdist" | sha256sum -c --quiet
+fi

@@ -35,6 +35,12 @@ if ! git diff --exit-code -- include/ || [ -n "$(git status --porcelain -- inclu
   exit 1
 fi
 
+# rdma-core's own Python tests (v57's tests/ on Debian's pyverbs 44) on rdmx0 under
+# rdmx-ibv exec: pass/fail/skip per file; fails on any failure not on
+# rdmx-ibv/pyverbs/expected.tsv (version gap, connection manager).
+step "rdma-core's Python tests (rdmx-ibv/pyverbs/run.sh)"
+"$root/rdmx-ibv/pyverbs/run.sh"
+
 step "ffi-tests (C and C++ under ASan+UBSan and valgrind)"
 "$root/ffi-tests/run.sh"
 

@@ -23,8 +23,8 @@
 use rdma_sys::{
     ibv_ah, ibv_ah_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_cq_ex,
     ibv_device, ibv_device_attr_ex, ibv_mr, ibv_pd, ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_ex,
-    ibv_qp_init_attr, ibv_query_device_ex_input, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_srq_attr,
-    ibv_srq_init_attr, ibv_wc, verbs_context,
+    ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_query_device_ex_input, ibv_recv_wr, ibv_send_wr,
+    ibv_srq, ibv_srq_attr, ibv_srq_init_attr, ibv_wc, verbs_context,
 };
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::{offset_of, size_of};
@@ -213,7 +213,9 @@ pub struct verbs_context_ops {
     pub create_flow_action_esp: UnusedOp,
     pub create_qp:
         Option<unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp>,
-    pub create_qp_ex: UnusedOp,
+    pub create_qp_ex: Option<
+        unsafe extern "C" fn(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp,
+    >,
     pub create_rwq_ind_table: UnusedOp,
     pub create_srq:
         Option<unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq>,

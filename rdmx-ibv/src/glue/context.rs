@@ -290,6 +290,7 @@ unsafe extern "C" fn query_device_ex(
         o.max_pkeys = a.max_pkeys;
         o.local_ca_ack_delay = a.local_ca_ack_delay;
         o.phys_port_cnt = a.phys_port_cnt;
+        ex.phys_port_cnt_ex = u32::from(a.phys_port_cnt);
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's buffer holds attr_size bytes (ibv_query_device passes the
         // size of its ibv_device_attr); we copy no more than that.
@@ -374,7 +375,7 @@ pub(crate) static CONTEXT_OPS: verbs_context_ops = {
         create_flow: None,
         create_flow_action_esp: None,
         create_qp: Some(o::create_qp),
-        create_qp_ex: None,
+        create_qp_ex: Some(super::qp_ex::create_qp_ex),
         create_rwq_ind_table: None,
         create_srq: Some(o::create_srq),
         create_srq_ex: None,

@@ -13,6 +13,7 @@ pub mod ah;
 pub mod channel;
 pub mod context;
 pub mod objects;
+mod qp_ex;
 mod retire;
 
 use crate::abi::{self, verbs_device_ops, verbs_match_ent};

@@ -433,7 +433,7 @@ pub(crate) unsafe extern "C" fn create_cq(
     ctx: *mut ibv_context,
     cqe: c_int,
     chan: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard("create_cq", null_mut(), || {
         // SAFETY: libibverbs dispatches only contexts of ours here.
@@ -445,6 +445,17 @@ pub(crate) unsafe extern "C" fn create_cq(
             }
         };
         if cqe < 1 {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
+        // As the kernel's create_cq (comp_vector is unsigned there, so negative ones are
+        // out of range too): EINVAL unless comp_vector < the context's num_comp_vectors.
+        // SAFETY: ctx is a live context of ours (device_of checked it).
+        let vectors = unsafe { (*ctx).num_comp_vectors };
+        if comp_vector < 0 || comp_vector >= vectors {
+            log::debug!(
+                "rdmx-ibv: ibv_create_cq: comp_vector {comp_vector} out of range (num_comp_vectors {vectors})"
+            );
             set_errno(libc::EINVAL);
             return null_mut();
         }

@@ -118,6 +118,9 @@ pub struct Device {
     pub(crate) overrides: AtomicU64,
 }
 
+/// `vendor_id` of `ibv_query_device`: rxe's (see [`Device::query_device`]).
+pub const VENDOR_ID: u32 = 0x00ff_ffff;
+
 /// Device limits (the soft provider's, honest): see [`Device::query_device`].
 pub(crate) mod limits {
     /// Each QP binds its own UDP source port in 0xC000-0xFFFF.
@@ -199,7 +202,11 @@ impl Device {
             max_mr_size: memlock_limit(),
             // As rxe: any page size from 4 KiB up.
             page_size_cap: 0xFFFF_F000,
-            vendor_id: 0,
+            // rxe's (RXE_VENDOR_ID, rxe_param.h): a software device's placeholder that is
+            // no PCI vendor's ID or IEEE OUI, so no vendor-specific path (mlx5, efa, irdma
+            // checks in rdma-core's tests, perftest's device table) takes rdmx0 for
+            // hardware; 0 made rdma-core's query_device tests fail ("vendor_id != 0").
+            vendor_id: VENDOR_ID,
             vendor_part_id: 0,
             hw_ver: 0,
             max_qp: MAX_QP,

@@ -9,6 +9,32 @@ use super::device::Device;
 
 /// `IBV_ACCESS_OPTIONAL_RANGE`: access bits a provider may ignore (verbs.h).
 const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+/// `IBV_ACCESS_MW_BIND`: accepted and dropped, as the kernel does for a device without
+/// memory windows (the bit only allows binding a window to the MR; `ibv_alloc_mw` itself
+/// answers EOPNOTSUPP here).
+const ACCESS_MW_BIND: u32 = 1 << 4;
+/// Access bits of features this device lacks, refused with EOPNOTSUPP as rxe does
+/// (`rxe_reg_user_mr`: anything outside `RXE_ACCESS_SUPPORTED_MR`) and as the kernel's
+/// `ib_check_mr_access` does for ON_DEMAND without ODP: ZERO_BASED (1 << 5), ON_DEMAND
+/// (1 << 6), HUGETLB (1 << 7), FLUSH_GLOBAL (1 << 8), FLUSH_PERSISTENT (1 << 9).
+const ACCESS_UNSUPPORTED: u32 = 0x3e0;
+
+/// The names of `ACCESS_UNSUPPORTED`'s bits, for the error message.
+fn unsupported_access_names(bits: u32) -> String {
+    const NAMES: [(u32, &str); 5] = [
+        (1 << 5, "ZERO_BASED"),
+        (1 << 6, "ON_DEMAND (ODP)"),
+        (1 << 7, "HUGETLB"),
+        (1 << 8, "FLUSH_GLOBAL"),
+        (1 << 9, "FLUSH_PERSISTENT"),
+    ];
+    let v: Vec<&str> = NAMES
+        .iter()
+        .filter(|(b, _)| bits & b != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    v.join(", ")
+}
 
 /// A protection domain (`ibv_alloc_pd`).
 #[derive(Debug)]
@@ -53,9 +79,11 @@ impl Pd {
     /// `ibv_reg_mr`: registers `[addr, addr + len)` with `access` (`ibv_access_flags`:
     /// LOCAL_WRITE 1, REMOTE_WRITE 2, REMOTE_READ 4; REMOTE_ATOMIC 8 is accepted and
     /// never exercised: the device has no atomics). REMOTE_WRITE requires LOCAL_WRITE, as
-    /// `ibv_reg_mr(3)`; optional bits (0x3ff00000, e.g. RELAXED_ORDERING) are ignored;
-    /// other unknown bits are refused (InvalidArgument). The pages are pinned
-    /// (mlock) within RLIMIT_MEMLOCK (ResourceLimit otherwise).
+    /// `ibv_reg_mr(3)`; optional bits (0x3ff00000, e.g. RELAXED_ORDERING) and MW_BIND are
+    /// accepted and dropped; ZERO_BASED, ON_DEMAND, HUGETLB and the FLUSH bits are refused
+    /// (Unsupported = EOPNOTSUPP, as rxe); other unknown bits are refused
+    /// (InvalidArgument). The pages are pinned (mlock) within RLIMIT_MEMLOCK (ResourceLimit
+    /// otherwise).
     ///
     /// # Safety
     /// The range must stay valid and mapped until [`Mr::dereg`] succeeds: local work
@@ -72,6 +100,16 @@ impl Pd {
         // verbs' optional access flags (IBV_ACCESS_OPTIONAL_RANGE, e.g. RELAXED_ORDERING,
         // which perftest passes) are hints a provider may ignore; the rest is checked.
         let access = access & !ACCESS_OPTIONAL_RANGE;
+        if access & ACCESS_UNSUPPORTED != 0 {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "reg_mr: access flag(s) {} not supported by rdmx0",
+                    unsupported_access_names(access & ACCESS_UNSUPPORTED)
+                ),
+            ));
+        }
+        let access = access & !ACCESS_MW_BIND;
         // SAFETY: the caller's contract (above) is MrTable::register's.
         let r = unsafe { self.dev.soft.mrs().register(addr, len, access) }?;
         self.users.fetch_add(1, Ordering::AcqRel);
@@ -124,9 +162,12 @@ impl Mr {
         &self.pd
     }
 
-    /// `ibv_dereg_mr`: Busy while posted work requests (not yet completed) name the
-    /// region; after success the memory is no longer touched and the keys are invalid.
-    /// A second call is refused (InvalidArgument).
+    /// `ibv_dereg_mr`: not refused while posted work requests name the region (verbs
+    /// refuses deregistration only for bound memory windows, which this device does not
+    /// have; programs and rdma-core's tests tear down QPs and SRQs after their MRs). After
+    /// success the memory is no longer touched and the keys are invalid: such a work
+    /// request completes in error if it reaches the region (`MrTable::revoke`). A second
+    /// call is refused (InvalidArgument).
     pub fn dereg(&self) -> Result<()> {
         if self.dead.load(Ordering::Acquire) {
             return Err(Error::new(
@@ -134,7 +175,7 @@ impl Mr {
                 format!("dereg_mr: lkey {:#x} already deregistered", self.lkey),
             ));
         }
-        self.pd.dev.soft.mrs().deregister(self.lkey)?;
+        self.pd.dev.soft.mrs().revoke(self.lkey)?;
         self.dead.store(true, Ordering::Release);
         self.pd.users.fetch_sub(1, Ordering::AcqRel);
         Ok(())
@@ -143,7 +184,7 @@ impl Mr {
 
 impl Drop for Mr {
     /// A region the application never deregistered (or whose process drops the glue's
-    /// objects at exit) is deregistered here, best effort (Busy leaves it registered).
+    /// objects at exit) is deregistered here, best effort.
     fn drop(&mut self) {
         if !self.dead.load(Ordering::Acquire) {
             let _ = self.dereg();

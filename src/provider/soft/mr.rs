@@ -3,7 +3,13 @@
 //!
 //! Contract with the caller (stated in the header too): registered memory stays valid and
 //! mapped until `deregister` returns, and a region cannot be deregistered while work
-//! requests that name it are in flight (`Busy`).
+//! requests that name it are in flight (`Busy`). `revoke` is verbs' `ibv_dereg_mr`
+//! instead, which is not refused for work requests in flight (verbs refuses it only for
+//! bound memory windows): that is safe because the engine reaches memory only by looking
+//! a key up in this table under a view (a read lock), never through a pointer kept across
+//! views. Once `revoke` has taken the write lock and removed the keys, a work request that
+//! still names the region fails its next access (a LOC_PROT_ERR or REM_ACCESS_ERR
+//! completion) and the memory is never touched again.
 //!
 //! Registration costs what it costs on a NIC: the pages are pinned (mlock) within
 //! RLIMIT_MEMLOCK, and unpinned on deregistration. Pins are counted per page, so regions
@@ -240,6 +246,29 @@ impl MrTable {
         t.by_lkey.remove(&lkey);
         t.by_rkey.remove(&rkey);
         t.unpin(addr, len);
+        Ok(())
+    }
+
+    /// Removes the region with `lkey` even while work requests name it (verbs'
+    /// `ibv_dereg_mr`; see the module comment): their next access finds no key and fails
+    /// with a completion error, and the memory is the caller's again when this returns.
+    pub fn revoke(&self, lkey: u32) -> Result<()> {
+        let mut t = self.tables.write();
+        let Some(r) = t.by_lkey.remove(&lkey) else {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("no memory region with lkey {lkey:#x}"),
+            ));
+        };
+        let n = r.inflight.load(Ordering::Acquire);
+        if n > 0 {
+            log::debug!(
+                target: "rdmx::soft",
+                "memory region lkey {lkey:#x} deregistered while {n} work request(s) name it: they complete in error if they reach it"
+            );
+        }
+        t.by_rkey.remove(&r.rkey);
+        t.unpin(r.addr, r.len);
         Ok(())
     }
 
@@ -493,6 +522,35 @@ mod tests {
         t.deregister(r.lkey).unwrap();
         assert_eq!(
             t.deregister(r.lkey).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+
+    /// `revoke` (verbs' dereg) with a work request in flight: accepted; afterwards the
+    /// engine's accesses through either key fail instead of touching the memory, and the
+    /// late `hold(.., false)` of that work request is harmless.
+    #[test]
+    fn revoke_with_work_requests_in_flight_makes_later_accesses_fail() {
+        let t = MrTable::default();
+        let mut buf = vec![0u8; 16];
+        let flags = access::LOCAL_WRITE | access::REMOTE_WRITE;
+        let r = reg(&t, buf.as_mut_ptr(), 16, flags).unwrap();
+        t.hold(&[r.lkey], true);
+        assert_eq!(t.deregister(r.lkey).unwrap_err().kind(), ErrorKind::Busy);
+        t.revoke(r.lkey).unwrap();
+        assert_eq!(t.pinned_bytes(), 0);
+        let mut v = t.view();
+        let local = v.write(Key::Local(r.lkey), r.addr, &[1], 0);
+        let remote = v.write(Key::Remote(r.rkey), r.addr, &[1], access::REMOTE_WRITE);
+        assert_eq!(
+            (local, remote),
+            (Err(MemError::BadKey), Err(MemError::BadKey))
+        );
+        drop(v);
+        t.hold(&[r.lkey], false);
+        assert_eq!(buf, [0u8; 16], "memory untouched after revoke");
+        assert_eq!(
+            t.revoke(r.lkey).unwrap_err().kind(),
             ErrorKind::InvalidArgument
         );
     }
