@@ -1,7 +1,8 @@
 //! Unmodified libibverbs programs on the device `rdmx0`, through `rdmx-ibv exec`:
 //! `ibv_devices`, `ibv_devinfo -v`, `ibv_rc_pingpong` (with and without completion
 //! events), perftest's `ib_send_bw`, `ib_write_bw`, `ib_read_bw`, `ib_send_lat`,
-//! `ib_read_lat`, and a perftest server killed mid-run (the client gets an error
+//! `ib_read_lat` (those two also with completion events, `-e`), `ib_write_lat -a`, and a
+//! perftest server killed mid-run (the client gets an error
 //! completion and exits). Server and client are two processes, each with its own
 //! loopback address (127.0.0.x: its own UDP 4791 and GID).
 //!
@@ -277,6 +278,56 @@ fn perftest_read_lat() {
         "127.0.0.15",
     );
     assert_results("ib_read_lat", &o);
+}
+
+/// Completion events (`-e`): perftest's latency loops wait in `ibv_get_cq_event`, re-arm,
+/// then poll exactly once and expect a completion (an event for a completion queued
+/// before the arming made them fail: "Couldn't post send: scnt=3" for ib_read_lat, an
+/// uninitialised status for ib_send_lat).
+#[test]
+fn perftest_read_lat_events() {
+    let o = perftest(
+        "ib_read_lat",
+        "28601",
+        &["-n", "200", "-e"],
+        "127.0.28.1",
+        "127.0.28.2",
+    );
+    assert_results("ib_read_lat -e", &o);
+}
+
+#[test]
+fn perftest_send_lat_events() {
+    let o = perftest(
+        "ib_send_lat",
+        "28602",
+        &["-n", "200", "-e"],
+        "127.0.28.3",
+        "127.0.28.4",
+    );
+    assert_results("ib_send_lat -e", &o);
+}
+
+/// `ib_write_lat` waits by spinning on the last byte of its buffer, not by polling: the
+/// progress thread must land the peer's WRITEs. `-a`: every size from 2 bytes to 8 MiB
+/// (-n 100 per size; it did not finish in 35 s with 1000 when the WRITEs waited for the
+/// 1 ms handover).
+#[test]
+fn perftest_write_lat_all_sizes() {
+    let o = perftest(
+        "ib_write_lat",
+        "28603",
+        &["-a", "-n", "10"],
+        "127.0.28.5",
+        "127.0.28.6",
+    );
+    assert_results("ib_write_lat -a", &o);
+    if !o.is_empty() {
+        assert!(
+            o.lines().any(|l| l.trim_start().starts_with("8388608")),
+            "ib_write_lat -a stopped before 8 MiB:\n{o}"
+        );
+    }
 }
 
 /// The server dies mid-run: the client's WRITEs go unanswered, retry_cnt runs out, the
