@@ -79,6 +79,48 @@ fn launcher_help_and_errors() {
     );
 }
 
+/// An `RDMX_` variable of the user's own (no key, nor a typo of one) is passed to CMD and
+/// named on stderr, and the provider inside CMD opens the device all the same; a typo of a
+/// key stops exec before CMD runs, with the suggestion.
+#[test]
+fn foreign_rdmx_variables_pass_and_typos_stop() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("ibv_devinfo");
+    skip_unless_platform!();
+    let out = Command::new(launcher())
+        .env("RDMX_MY_APP_DIR", "/opt/my-app")
+        .args([
+            "exec",
+            "--ip",
+            "127.0.28.7",
+            "--",
+            "sh",
+            "-c",
+            "echo dir=$RDMX_MY_APP_DIR; ibv_devinfo",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("dir=/opt/my-app"), "{stdout}");
+    assert!(stdout.contains("PORT_ACTIVE"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("RDMX_MY_APP_DIR is not an rdmx configuration variable"),
+        "{stderr}"
+    );
+    let out = Command::new(launcher())
+        .env("RDMX_RNR_RETYR", "3")
+        .args(["exec", "--ip", "127.0.28.7", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("did you mean 'RDMX_RNR_RETRY'"), "{stderr}");
+}
+
 #[test]
 fn host_dev_is_untouched() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -498,7 +498,11 @@ mod tests {
         a.push(wc(1));
         assert_eq!(tally.load(Ordering::SeqCst), 1, "fired");
         b.push(wc(2));
-        assert_eq!(tally.load(Ordering::SeqCst), 1, "not solicited: still armed");
+        assert_eq!(
+            tally.load(Ordering::SeqCst),
+            1,
+            "not solicited: still armed"
+        );
         b.disarm();
         assert_eq!(tally.load(Ordering::SeqCst), 0);
         a.arm(false);

@@ -1276,8 +1276,12 @@ const APP_ABSENT_NS: u64 = 20_000;
 /// was about to).
 const APP_POLLING_NS: u64 = 5_000;
 /// Redundant wakeups in a row after which the progress thread leaves receiving to the
-/// application again (`thread_rx` off): it polls for what it waits for.
-const REDUNDANT_WAKES: u32 = 64;
+/// application again (`thread_rx` off): it polls for what it waits for. Large: a memory
+/// spinner (ib_write_lat) often takes a WRITE itself while it polls for its own
+/// completion, and each time it gives receiving back costs it a handover wait (up to
+/// 1 ms) before the thread learns again; a polling program that was taken for a waiter
+/// (preempted) pays only extra wakeups of the thread (~1,000 in a row: a few ms).
+const REDUNDANT_WAKES: u32 = 1000;
 /// After a wakeup that found the receive lock taken (the application is receiving), the
 /// thread leaves the still readable sockets out of its poll set this long, instead of
 /// spinning on them.
@@ -1316,8 +1320,7 @@ impl Learner {
             return;
         };
         if looked {
-            if pass.taken > 0 && absent >= APP_ABSENT_NS && !s.thread_rx.load(Ordering::Relaxed)
-            {
+            if pass.taken > 0 && absent >= APP_ABSENT_NS && !s.thread_rx.load(Ordering::Relaxed) {
                 log::debug!(target: "rdmx::soft", "progress: datagrams waited {absent} ns for an application that polls now and then; the progress thread receives");
                 s.thread_rx.store(true, Ordering::SeqCst);
                 self.redundant = 0;
@@ -1360,7 +1363,8 @@ fn progress_thread(s: &Shared) {
         // elsewhere), or it sleeps on the sockets itself (`app_watchers`); this thread
         // then only runs timers and watches side channels, and looks every handover time.
         let handover = Duration::from_nanos(inline_handover_ns(s));
-        let app_polling = inline && (s.app_watchers.load(Ordering::Acquire) > 0 || s.app_polls(now));
+        let app_polling =
+            inline && (s.app_watchers.load(Ordering::Acquire) > 0 || s.app_polls(now));
         let backoff = learner.backoff_until.saturating_sub(now);
         let watch = !app_polling && backoff == 0;
         pfds.clear();
