@@ -374,7 +374,7 @@ fn a_program_spinning_on_memory_gets_its_writes_landed_by_the_progress_thread() 
         let t = std::time::Instant::now();
         a.post(w).unwrap();
         // Rings a's doorbell (and may already find the completion).
-        let mut got = a.scq.poll(&mut wc);
+        let got = a.scq.poll(&mut wc);
         // b spins on memory.
         while b.read(7, 1)[0] != byte {
             assert!(t.elapsed() < WAIT, "round {i}: the WRITE never landed");

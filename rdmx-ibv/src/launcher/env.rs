@@ -11,12 +11,15 @@
 
 use std::ffi::OsString;
 
+/// `(name, value)` pairs of rdmx's variables.
+pub type Vars = Vec<(String, String)>;
+
 /// The environment's `RDMX_*` variables: (rdmx's, with UTF-8 values; names of foreign
 /// ones). A non-UTF-8 value of one of rdmx's is an error (it cannot be valid); other
 /// variables are not looked at.
 pub fn split(
     env: impl IntoIterator<Item = (OsString, OsString)>,
-) -> Result<(Vec<(String, String)>, Vec<String>), String> {
+) -> Result<(Vars, Vec<String>), String> {
     let mut ours = Vec::new();
     let mut foreign = Vec::new();
     for (name, value) in env {

@@ -310,10 +310,11 @@ struct Shared {
     armed_cqs: Arc<AtomicUsize>,
     /// Learned by the progress thread (progress=inline): the application waits without
     /// polling (on a completion channel, or spinning on memory an RDMA WRITE lands in), so
-    /// the thread receives even while the application also polls now and then. Set when a
-    /// look of the thread finds datagrams the application left queued (or by an arming),
-    /// cleared after [`REDUNDANT_WAKES`] wakeups in a row found the application had taken
-    /// what woke the thread (it polls). See docs/ibv-device.md, "Who receives".
+    /// the thread receives even while the application also polls now and then. Set when
+    /// [`ENTER_LOOKS`] looks of the thread in a row find datagrams the application left
+    /// queued (or by an arming), cleared when the wakeups it finds redundant (the
+    /// application had taken what woke the thread: it polls) outweigh the needed ones
+    /// ([`SCORE_START`]). See docs/ibv-device.md, "Who receives".
     thread_rx: AtomicBool,
     /// The progress thread sleeps with the receiving sockets in its poll set (an arming
     /// then needs no wakeup).
@@ -1275,13 +1276,21 @@ const APP_ABSENT_NS: u64 = 20_000;
 /// polled for this long; otherwise as redundant (the application polls and took it, or
 /// was about to).
 const APP_POLLING_NS: u64 = 5_000;
-/// Redundant wakeups in a row after which the progress thread leaves receiving to the
-/// application again (`thread_rx` off): it polls for what it waits for. Large: a memory
-/// spinner (ib_write_lat) often takes a WRITE itself while it polls for its own
-/// completion, and each time it gives receiving back costs it a handover wait (up to
-/// 1 ms) before the thread learns again; a polling program that was taken for a waiter
-/// (preempted) pays only extra wakeups of the thread (~1,000 in a row: a few ms).
-const REDUNDANT_WAKES: u32 = 1000;
+/// Looks in a row (at the handover interval, while the application counts as polling)
+/// that must find datagrams it left queued before the thread takes over (`thread_rx`):
+/// one could be a polling program that was preempted for 20 us on a busy host.
+const ENTER_LOOKS: u32 = 2;
+/// While the thread receives for the application (`thread_rx`), a score: it starts at
+/// `SCORE_START`, gains `SCORE_NEEDED` (up to `SCORE_MAX`) for each wakeup that took
+/// datagrams while the application was not polling, loses 1 for each redundant one (the
+/// application took the datagram, or had polled within `APP_POLLING_NS`, or held the
+/// receive lock); at 0 the thread gives receiving back. A memory spinner (ib_write_lat)
+/// often takes a WRITE itself while it polls for its own completion: it keeps the thread
+/// as long as more than one wakeup in nine is needed. A polling program taken for a
+/// waiter pays `SCORE_START` extra wakeups of the thread.
+const SCORE_START: u32 = 256;
+const SCORE_NEEDED: u32 = 8;
+const SCORE_MAX: u32 = 1024;
 /// After a wakeup that found the receive lock taken (the application is receiving), the
 /// thread leaves the still readable sockets out of its poll set this long, instead of
 /// spinning on them.
@@ -1291,8 +1300,12 @@ const RX_BUSY_BACKOFF_NS: u64 = 20_000;
 /// that is not app-driven): see `Shared::thread_rx`.
 #[derive(Default)]
 struct Learner {
-    /// Redundant wakeups in a row while `thread_rx`.
-    redundant: u32,
+    /// Looks in a row that found datagrams left queued by an absent application.
+    stale_looks: u32,
+    /// The learner's view of `thread_rx` (an arming sets it from another thread).
+    on: bool,
+    /// While `on`: see [`SCORE_START`].
+    score: u32,
     /// Engine ns until which the sockets stay out of the poll set (lock found busy).
     backoff_until: u64,
 }
@@ -1311,6 +1324,12 @@ impl Learner {
         last_poll: u64,
         at: u64,
     ) {
+        let rx = s.thread_rx.load(Ordering::SeqCst);
+        if rx != self.on {
+            // Set by an arming (or cleared by `set_app_driven`).
+            self.on = rx;
+            self.score = SCORE_START;
+        }
         let absent = at.saturating_sub(last_poll);
         let Some(pass) = pass else {
             if woke {
@@ -1319,15 +1338,22 @@ impl Learner {
             }
             return;
         };
-        if looked {
-            if pass.taken > 0 && absent >= APP_ABSENT_NS && !s.thread_rx.load(Ordering::Relaxed) {
-                log::debug!(target: "rdmx::soft", "progress: datagrams waited {absent} ns for an application that polls now and then; the progress thread receives");
-                s.thread_rx.store(true, Ordering::SeqCst);
-                self.redundant = 0;
+        if looked && !rx {
+            if pass.taken > 0 && absent >= APP_ABSENT_NS {
+                self.stale_looks += 1;
+                if self.stale_looks >= ENTER_LOOKS {
+                    log::debug!(target: "rdmx::soft", "progress: datagrams waited {absent} ns for an application that polls now and then; the progress thread receives");
+                    s.thread_rx.store(true, Ordering::SeqCst);
+                    self.stale_looks = 0;
+                    self.on = true;
+                    self.score = SCORE_START;
+                }
+            } else {
+                self.stale_looks = 0;
             }
-        } else if woke && s.thread_rx.load(Ordering::Relaxed) {
+        } else if woke && rx {
             if pass.taken > 0 && absent >= APP_POLLING_NS {
-                self.redundant = 0;
+                self.score = (self.score + SCORE_NEEDED).min(SCORE_MAX);
             } else {
                 self.redundant(s);
             }
@@ -1335,12 +1361,17 @@ impl Learner {
     }
 
     fn redundant(&mut self, s: &Shared) {
-        self.redundant += 1;
-        if self.redundant >= REDUNDANT_WAKES {
-            self.redundant = 0;
+        if !self.on {
+            return;
+        }
+        self.score = self.score.saturating_sub(1);
+        if self.score == 0 {
             if s.armed_cqs.load(Ordering::SeqCst) == 0 {
                 log::debug!(target: "rdmx::soft", "progress: the application polls for what it waits for; it receives");
                 s.thread_rx.store(false, Ordering::SeqCst);
+                self.on = false;
+            } else {
+                self.score = SCORE_START;
             }
         }
     }
