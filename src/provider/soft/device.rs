@@ -1284,13 +1284,19 @@ const ENTER_LOOKS: u32 = 2;
 /// `SCORE_START`, gains `SCORE_NEEDED` (up to `SCORE_MAX`) for each wakeup that took
 /// datagrams while the application was not polling, loses 1 for each redundant one (the
 /// application took the datagram, or had polled within `APP_POLLING_NS`, or held the
-/// receive lock); at 0 the thread gives receiving back. A memory spinner (ib_write_lat)
-/// often takes a WRITE itself while it polls for its own completion: it keeps the thread
-/// as long as more than one wakeup in nine is needed. A polling program taken for a
-/// waiter pays `SCORE_START` extra wakeups of the thread.
+/// receive lock); at 0, and no sooner than [`RX_HOLD_NS`] after it began, the thread
+/// gives receiving back. A polling program taken for a waiter pays extra wakeups of the
+/// thread for that long.
 const SCORE_START: u32 = 256;
 const SCORE_NEEDED: u32 = 8;
 const SCORE_MAX: u32 = 1024;
+/// Least time the thread keeps receiving once it took over. A memory spinner
+/// (ib_write_lat) often takes the peer's WRITE itself, while it polls for its own
+/// completion, and the WRITEs the thread lands arrive a few microseconds after that poll,
+/// so its wakeups look redundant; each time it gave receiving back, two looks (about 2 ms
+/// of handover waits) went by before it took over again. With this hold that is at most
+/// once per 200 ms.
+const RX_HOLD_NS: u64 = 200_000_000;
 /// After a wakeup that found the receive lock taken (the application is receiving), the
 /// thread leaves the still readable sockets out of its poll set this long, instead of
 /// spinning on them.
@@ -1306,6 +1312,8 @@ struct Learner {
     on: bool,
     /// While `on`: see [`SCORE_START`].
     score: u32,
+    /// When `on` became true (engine ns).
+    since: u64,
     /// Engine ns until which the sockets stay out of the poll set (lock found busy).
     backoff_until: u64,
 }
@@ -1329,12 +1337,13 @@ impl Learner {
             // Set by an arming (or cleared by `set_app_driven`).
             self.on = rx;
             self.score = SCORE_START;
+            self.since = at;
         }
         let absent = at.saturating_sub(last_poll);
         let Some(pass) = pass else {
             if woke {
                 self.backoff_until = at + RX_BUSY_BACKOFF_NS;
-                self.redundant(s);
+                self.redundant(s, at);
             }
             return;
         };
@@ -1347,6 +1356,7 @@ impl Learner {
                     self.stale_looks = 0;
                     self.on = true;
                     self.score = SCORE_START;
+                    self.since = at;
                 }
             } else {
                 self.stale_looks = 0;
@@ -1355,23 +1365,24 @@ impl Learner {
             if pass.taken > 0 && absent >= APP_POLLING_NS {
                 self.score = (self.score + SCORE_NEEDED).min(SCORE_MAX);
             } else {
-                self.redundant(s);
+                self.redundant(s, at);
             }
         }
     }
 
-    fn redundant(&mut self, s: &Shared) {
+    fn redundant(&mut self, s: &Shared, at: u64) {
         if !self.on {
             return;
         }
         self.score = self.score.saturating_sub(1);
-        if self.score == 0 {
+        if self.score == 0 && at.saturating_sub(self.since) >= RX_HOLD_NS {
             if s.armed_cqs.load(Ordering::SeqCst) == 0 {
                 log::debug!(target: "rdmx::soft", "progress: the application polls for what it waits for; it receives");
                 s.thread_rx.store(false, Ordering::SeqCst);
                 self.on = false;
             } else {
                 self.score = SCORE_START;
+                self.since = at;
             }
         }
     }
