@@ -1,7 +1,8 @@
 //! Unmodified libibverbs programs on the device `rdmx0`, through `rdmx-ibv exec`:
 //! `ibv_devices`, `ibv_devinfo -v`, `ibv_rc_pingpong` (with and without completion
 //! events), perftest's `ib_send_bw`, `ib_write_bw`, `ib_read_bw`, `ib_send_lat`,
-//! `ib_read_lat` (those two also with completion events, `-e`), `ib_write_lat -a`, and a
+//! `ib_read_lat` (those two also with completion events, `-e`), `ib_write_lat -a`, a C
+//! program checking `ibv_req_notify_cq`'s contract (`tests/c/ibv_notify.c`), and a
 //! perftest server killed mid-run (the client gets an error
 //! completion and exits). Server and client are two processes, each with its own
 //! loopback address (127.0.0.x: its own UDP 4791 and GID).
@@ -320,6 +321,43 @@ fn perftest_read_lat() {
         "127.0.0.15",
     );
     assert_results("ib_read_lat", &o);
+}
+
+/// `ibv_req_notify_cq`'s contract through unmodified libibverbs, in C (`tests/c/ibv_notify.c`,
+/// built here with cc -Wall -Wextra -Werror): no event for a completion queued before the
+/// arming, one for the next; solicited-only arming ignores an unsolicited receive and
+/// signals a solicited one and an error completion.
+#[test]
+fn c_program_req_notify_contract() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("cc");
+    skip_unless_platform!();
+    let dir = scratch("ibv_notify");
+    let exe = dir.join("ibv_notify");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/ibv_notify.c");
+    let cc = Command::new("cc")
+        .args([
+            "-std=c11",
+            "-g",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(src)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = run_alone(&dir, "ibv_notify", "127.0.28.8", &[exe.to_str().unwrap()]);
+    assert!(out.contains("ibv_notify: all passed"), "{out}");
 }
 
 /// Completion events (`-e`): perftest's latency loops wait in `ibv_get_cq_event`, re-arm,
