@@ -262,7 +262,7 @@ impl Cq {
             ));
         }
         self.soft.arm(solicited_only);
-        self.dev.soft.app_sleeping();
+        self.dev.soft.app_waits_on_channel();
         Ok(())
     }
 

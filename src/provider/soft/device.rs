@@ -854,11 +854,10 @@ impl SoftDevice {
         self.shared.settings.progress
     }
 
-    /// The application armed a CQ and is about to sleep on its completion channel
-    /// instead of polling (progress=inline): the progress thread takes over receiving at
-    /// once rather than after the inline handover time, and keeps it (`thread_rx`) until
-    /// it finds the application polling again; what waits on the doorbell list is sent
-    /// now. The thread is woken only if it sleeps without the receiving sockets.
+    /// The application is about to sleep on a completion channel instead of polling
+    /// (progress=inline): the progress thread takes over receiving at once rather than
+    /// after the inline handover time; what waits on the doorbell list is sent now. The
+    /// thread is woken only if it sleeps without the receiving sockets.
     pub fn app_sleeping(&self) {
         let s = &self.shared;
         if s.settings.progress == Progress::Inline {
@@ -866,11 +865,6 @@ impl SoftDevice {
             s.ring_doorbells(now);
             s.release_acks(now, 0);
             s.last_app_poll.store(0, Ordering::Relaxed);
-            // An app-driven caller (the messenger) polls again when it wakes, and sleeps
-            // on the sockets itself: nothing to learn.
-            if !s.hold_acks.load(Ordering::Relaxed) {
-                s.thread_rx.store(true, Ordering::SeqCst);
-            }
             // SeqCst with the thread's store of `thread_watching` before it reads
             // `thread_rx`/`armed_cqs`: either it sees this arming, or this sees it did
             // not watch and wakes it.
@@ -878,6 +872,18 @@ impl SoftDevice {
                 s.timers.wake.signal();
             }
         }
+    }
+
+    /// As [`SoftDevice::app_sleeping`], for a verbs application that armed a CQ
+    /// (`ibv_req_notify_cq`): such an application waits on its channel, polls once after
+    /// each event and re-arms, so the thread also keeps receiving across that gap
+    /// (`thread_rx`) until it finds the application polling for what it waits for.
+    pub fn app_waits_on_channel(&self) {
+        let s = &self.shared;
+        if s.settings.progress == Progress::Inline && !s.hold_acks.load(Ordering::Relaxed) {
+            s.thread_rx.store(true, Ordering::SeqCst);
+        }
+        self.app_sleeping();
     }
 
     /// The tally of armed CQs the progress thread looks at: a verbs CQ counts itself in
