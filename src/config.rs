@@ -420,6 +420,27 @@ fn unknown_key(raw: &str, normalized: &str) -> Error {
     Error::new(ErrorKind::UnknownKey, message)
 }
 
+/// Whether `name` is an `RDMX_` variable that is not rdmx's: no configuration key or Ceph
+/// name, not one of [`env::NON_CONFIG_ENV_VARS`], and not close enough to one to be a typo
+/// of it (no "did you mean"). A program's own `RDMX_HOME` is foreign; `RDMX_RNR_RETYR` is
+/// not (a misspelt key that would otherwise be dropped silently). A launcher that runs
+/// other people's programs (`rdmx-ibv exec`) leaves foreign variables alone instead of
+/// refusing them; [`Config::from_env`] still refuses every unknown `RDMX_` variable.
+pub fn is_foreign_env_var(name: &str) -> bool {
+    let Some(key) = name.strip_prefix(env::ENV_PREFIX) else {
+        return false;
+    };
+    if env::NON_CONFIG_ENV_VARS.contains(&name) {
+        return false;
+    }
+    match resolve(key) {
+        Err(e) if e.kind() == ErrorKind::UnknownKey => {
+            suggest::did_you_mean(&normalize_key(key), known_names()).is_none()
+        }
+        _ => false,
+    }
+}
+
 fn unknown_env_var(var: &str, key: &str) -> Error {
     let mut message = format!("unknown environment variable '{}'", value::quote(var));
     if let Some(best) = suggest::did_you_mean(&normalize_key(key), known_names()) {

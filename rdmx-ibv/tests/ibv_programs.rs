@@ -1,7 +1,9 @@
 //! Unmodified libibverbs programs on the device `rdmx0`, through `rdmx-ibv exec`:
 //! `ibv_devices`, `ibv_devinfo -v`, `ibv_rc_pingpong` (with and without completion
 //! events), perftest's `ib_send_bw`, `ib_write_bw`, `ib_read_bw`, `ib_send_lat`,
-//! `ib_read_lat`, and a perftest server killed mid-run (the client gets an error
+//! `ib_read_lat` (those two also with completion events, `-e`), `ib_write_lat -a`, a C
+//! program checking `ibv_req_notify_cq`'s contract (`tests/c/ibv_notify.c`), and a
+//! perftest server killed mid-run (the client gets an error
 //! completion and exits). Server and client are two processes, each with its own
 //! loopback address (127.0.0.x: its own UDP 4791 and GID).
 //!
@@ -76,6 +78,48 @@ fn launcher_help_and_errors() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// An `RDMX_` variable of the user's own (no key, nor a typo of one) is passed to CMD and
+/// named on stderr, and the provider inside CMD opens the device all the same; a typo of a
+/// key stops exec before CMD runs, with the suggestion.
+#[test]
+fn foreign_rdmx_variables_pass_and_typos_stop() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("ibv_devinfo");
+    skip_unless_platform!();
+    let out = Command::new(launcher())
+        .env("RDMX_MY_APP_DIR", "/opt/my-app")
+        .args([
+            "exec",
+            "--ip",
+            "127.0.28.7",
+            "--",
+            "sh",
+            "-c",
+            "echo dir=$RDMX_MY_APP_DIR; ibv_devinfo",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("dir=/opt/my-app"), "{stdout}");
+    assert!(stdout.contains("PORT_ACTIVE"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("RDMX_MY_APP_DIR is not an rdmx configuration variable"),
+        "{stderr}"
+    );
+    let out = Command::new(launcher())
+        .env("RDMX_RNR_RETYR", "3")
+        .args(["exec", "--ip", "127.0.28.7", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("did you mean 'RDMX_RNR_RETRY'"), "{stderr}");
 }
 
 #[test]
@@ -277,6 +321,93 @@ fn perftest_read_lat() {
         "127.0.0.15",
     );
     assert_results("ib_read_lat", &o);
+}
+
+/// `ibv_req_notify_cq`'s contract through unmodified libibverbs, in C (`tests/c/ibv_notify.c`,
+/// built here with cc -Wall -Wextra -Werror): no event for a completion queued before the
+/// arming, one for the next; solicited-only arming ignores an unsolicited receive and
+/// signals a solicited one and an error completion.
+#[test]
+fn c_program_req_notify_contract() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("cc");
+    skip_unless_platform!();
+    let dir = scratch("ibv_notify");
+    let exe = dir.join("ibv_notify");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/ibv_notify.c");
+    let cc = Command::new("cc")
+        .args([
+            "-std=c11",
+            "-g",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(src)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = run_alone(&dir, "ibv_notify", "127.0.28.8", &[exe.to_str().unwrap()]);
+    assert!(out.contains("ibv_notify: all passed"), "{out}");
+}
+
+/// Completion events (`-e`): perftest's latency loops wait in `ibv_get_cq_event`, re-arm,
+/// then poll exactly once and expect a completion (an event for a completion queued
+/// before the arming made them fail: "Couldn't post send: scnt=3" for ib_read_lat, an
+/// uninitialised status for ib_send_lat).
+#[test]
+fn perftest_read_lat_events() {
+    let o = perftest(
+        "ib_read_lat",
+        "28601",
+        &["-n", "200", "-e"],
+        "127.0.28.1",
+        "127.0.28.2",
+    );
+    assert_results("ib_read_lat -e", &o);
+}
+
+#[test]
+fn perftest_send_lat_events() {
+    let o = perftest(
+        "ib_send_lat",
+        "28602",
+        &["-n", "200", "-e"],
+        "127.0.28.3",
+        "127.0.28.4",
+    );
+    assert_results("ib_send_lat -e", &o);
+}
+
+/// `ib_write_lat` waits by spinning on the last byte of its buffer, not by polling: the
+/// progress thread must land the peer's WRITEs. `-a`: every size from 2 bytes to 8 MiB
+/// (-n 100 per size; it did not finish in 35 s with 1000 when the WRITEs waited for the
+/// 1 ms handover).
+#[test]
+fn perftest_write_lat_all_sizes() {
+    let o = perftest(
+        "ib_write_lat",
+        "28603",
+        &["-a", "-n", "10"],
+        "127.0.28.5",
+        "127.0.28.6",
+    );
+    assert_results("ib_write_lat -a", &o);
+    if !o.is_empty() {
+        assert!(
+            o.lines().any(|l| l.trim_start().starts_with("8388608")),
+            "ib_write_lat -a stopped before 8 MiB:\n{o}"
+        );
+    }
 }
 
 /// The server dies mid-run: the client's WRITEs go unanswered, retry_cnt runs out, the

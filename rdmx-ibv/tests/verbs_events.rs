@@ -257,3 +257,177 @@ fn a_read_without_remote_read_access_fails_both_qps() {
     );
     assert_eq!(async_event(&a.dev, Duration::from_millis(200)), None);
 }
+
+/// `ibv_req_notify_cq` (verbs contract): completions queued when the CQ is armed raise no
+/// event; the next new one does, once. (perftest's `-e` loops poll once per event: an
+/// event for an old entry made them read an empty CQ.)
+#[test]
+fn arming_does_not_signal_for_completions_already_queued() {
+    let (a, b) = pair(
+        "127.0.73.2",
+        "127.0.73.3",
+        &Opts::default(),
+        &Opts::default(),
+    );
+    let fd = b.chan.fd();
+    b.post_recv(1, 0, 64);
+    b.post_recv(2, 64, 64);
+    a.post(a.wr(1, WrOpcode::Send, 0, 8)).unwrap();
+    // Acknowledged: b's receive completion is queued (b has not polled).
+    assert_eq!(wait_wc(&a.scq).status, 0);
+    b.rcq.req_notify(false).unwrap();
+    assert!(
+        read_record::<8>(fd, SHORT).is_none(),
+        "an event for a completion queued before the arming"
+    );
+    a.post(a.wr(2, WrOpcode::Send, 0, 8)).unwrap();
+    let rec = read_record::<8>(fd, WAIT).expect("an event for the new completion");
+    assert_eq!(u64::from_ne_bytes(rec), b.rcq.handle());
+    assert_eq!(wait_wc(&b.rcq).wr_id, 1);
+    assert_eq!(wait_wc(&b.rcq).wr_id, 2);
+    assert!(read_record::<8>(fd, SHORT).is_none(), "one event per arm");
+    assert_eq!(wait_wc(&a.scq).status, 0);
+}
+
+/// Solicited-only arming: an error completion (a receive flushed when the QP goes to
+/// ERR) signals too.
+#[test]
+fn solicited_only_arming_signals_an_error_completion() {
+    let (_a, b) = pair(
+        "127.0.73.4",
+        "127.0.73.5",
+        &Opts::default(),
+        &Opts::default(),
+    );
+    b.post_recv(1, 0, 64);
+    b.rcq.req_notify(true).unwrap();
+    b.qp.modify(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        },
+        attr_mask::STATE,
+    )
+    .unwrap();
+    let rec = read_record::<8>(b.chan.fd(), WAIT).expect("an event for the flush");
+    assert_eq!(u64::from_ne_bytes(rec), b.rcq.handle());
+    let w = wait_wc(&b.rcq);
+    assert_eq!((w.wr_id, w.status), (1, WcStatus::WrFlushErr as u32));
+}
+
+/// `ibv_rc_pingpong -e` arms, polls once, posts its answer and sleeps on the channel: with
+/// a CQ armed the answer leaves at once (it waited for the next poll, up to the handover
+/// time: 1.1 ms per iteration), and the progress thread receives for the sleeper.
+#[test]
+fn with_a_cq_armed_posts_leave_at_once_and_the_thread_receives() {
+    let (a, b) = pair(
+        "127.0.73.6",
+        "127.0.73.7",
+        &Opts::default(),
+        &Opts::default(),
+    );
+    let mut wc = [WorkCompletion::default(); 4];
+    for i in 0..20u64 {
+        b.post_recv(i, 0, 64);
+        b.rcq.req_notify(false).unwrap();
+        a.scq.req_notify(false).unwrap();
+        a.scq.poll(&mut wc); // a polled just now, and would batch without the arming
+        let before = a.qp.counters().tx_packets;
+        a.post(a.wr(i, WrOpcode::Send, 0, 8)).unwrap();
+        assert_eq!(
+            a.qp.counters().tx_packets - before,
+            1,
+            "round {i}: the post waited for a poll that does not come"
+        );
+        assert!(a.dev.soft().thread_receives());
+        // b sleeps on its channel; its progress thread receives.
+        let rec = read_record::<8>(b.chan.fd(), WAIT).expect("b's event");
+        assert_eq!(u64::from_ne_bytes(rec), b.rcq.handle());
+        assert_eq!(wait_wc(&b.rcq).wr_id, i);
+        let rec = read_record::<8>(a.chan.fd(), WAIT).expect("a's event");
+        assert_eq!(u64::from_ne_bytes(rec), a.scq.handle());
+        assert_eq!(wait_wc(&a.scq).status, 0);
+    }
+}
+
+/// `ib_write_lat`: each side polls its send CQ, then spins on the last byte of its buffer
+/// until the peer's RDMA WRITE lands, without polling. The progress thread learns that
+/// datagrams wait for an application that polls only now and then, and receives for it.
+#[test]
+fn a_program_spinning_on_memory_gets_its_writes_landed_by_the_progress_thread() {
+    let (a, b) = pair(
+        "127.0.73.8",
+        "127.0.73.9",
+        &Opts::default(),
+        &Opts::default(),
+    );
+    let mut wc = [WorkCompletion::default(); 4];
+    let mut learned = false;
+    let mut lands = Vec::new();
+    for i in 1..=300u32 {
+        b.scq.poll(&mut wc); // b polled just now (for its own sends, as ib_write_lat)
+        let byte = (i % 251) as u8;
+        a.write(0, &[byte; 8]);
+        let mut w = a.wr(u64::from(i), WrOpcode::RdmaWrite, 0, 8);
+        w.remote_addr = b.addr(0);
+        w.rkey = b.mr.rkey;
+        let t = std::time::Instant::now();
+        a.post(w).unwrap();
+        // Rings a's doorbell (and may already find the completion).
+        let got = a.scq.poll(&mut wc);
+        // b spins on memory.
+        while b.read(7, 1)[0] != byte {
+            assert!(t.elapsed() < WAIT, "round {i}: the WRITE never landed");
+            std::hint::spin_loop();
+        }
+        lands.push(t.elapsed());
+        learned |= b.dev.soft().thread_receives();
+        if got == 0 {
+            wc[0] = wait_wc(&a.scq);
+        }
+        assert_eq!((wc[0].wr_id, wc[0].status), (u64::from(i), 0));
+    }
+    lands.sort();
+    eprintln!(
+        "WRITE landed after p50 {:?}, p90 {:?} (handover 1 ms)",
+        lands[lands.len() / 2],
+        lands[lands.len() * 9 / 10]
+    );
+    assert!(
+        learned,
+        "b's progress thread never took over receiving for the memory spinner"
+    );
+}
+
+/// `polling_us` is the inline handover time, capped at 1 ms: 1.5 ms after its last poll an
+/// application with polling_us = 5000 no longer counts as polling (its post leaves at
+/// once); with polling_us = 0 it never does.
+#[test]
+fn polling_us_is_the_handover_capped_at_one_ms() {
+    for (polling_us, wait) in [("5000", Duration::from_micros(1500)), ("0", Duration::ZERO)] {
+        let o = Opts {
+            extra: vec![("polling_us", polling_us)],
+            ..Opts::default()
+        };
+        let (ip_a, ip_b) = if polling_us == "0" {
+            ("127.0.73.10", "127.0.73.11")
+        } else {
+            ("127.0.73.12", "127.0.73.13")
+        };
+        let (a, b) = pair(ip_a, ip_b, &o, &Opts::default());
+        let mut wc = [WorkCompletion::default(); 1];
+        a.scq.poll(&mut wc);
+        std::thread::sleep(wait);
+        let before = a.qp.counters().tx_packets;
+        let mut w = a.wr(1, WrOpcode::RdmaWrite, 0, 8);
+        w.remote_addr = b.addr(0);
+        w.rkey = b.mr.rkey;
+        a.post(w).unwrap();
+        assert_eq!(
+            a.qp.counters().tx_packets - before,
+            1,
+            "polling_us {polling_us}: the post was held for a poll"
+        );
+        assert_eq!(wait_wc(&a.scq).status, 0);
+    }
+}

@@ -129,8 +129,9 @@ fn open_device() -> Result<Arc<Device>, String> {
     if let Some(d) = slot.upgrade() {
         return Ok(d);
     }
-    let settings = rdmx::config::Config::from_env()
-        .and_then(|c| c.settings())
+    // Foreign RDMX_ variables (the program's own) are left alone, as the launcher did.
+    let settings = crate::launcher::env::config_from_env()
+        .and_then(|c| c.settings().map_err(|e| e.to_string()))
         .map_err(|e| format!("rdmx configuration (RDMX_* variables): {e}"))?;
     let dev = Device::open(&settings).map_err(|e| format!("opening the soft device: {e}"))?;
     *slot = Arc::downgrade(&dev);

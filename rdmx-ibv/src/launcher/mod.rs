@@ -16,6 +16,7 @@
 //! 3. Sets `SYSFS_PATH`, `RDMAV_DRIVERS`, `LD_PRELOAD` and the `RDMX_*` variables and
 //!    executes CMD (the process keeps its pid).
 
+pub mod env;
 pub mod ns;
 pub mod sysfs;
 
@@ -175,16 +176,27 @@ pub fn rdmx_vars(args: &ExecArgs) -> Vec<(String, String)> {
 }
 
 /// Checks the configuration CMD will see: the environment's `RDMX_*` overridden by
-/// `exec`'s.
-pub fn check_config(vars: &[(String, String)]) -> Result<(), String> {
-    let mut all: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with(rdmx::config::env::ENV_PREFIX))
+/// `exec`'s. Returns the foreign `RDMX_` variables of the environment ([`env`]: the
+/// user's own, not a key nor a typo of one), which are left out of the check and passed
+/// to CMD untouched.
+pub fn check_config(vars: &[(String, String)]) -> Result<Vec<String>, String> {
+    check_config_in(std::env::vars_os(), vars)
+}
+
+/// [`check_config`] over the environment `environ`.
+pub fn check_config_in(
+    environ: impl IntoIterator<Item = (OsString, OsString)>,
+    vars: &[(String, String)],
+) -> Result<Vec<String>, String> {
+    let (ours, foreign) = env::split(environ).map_err(|e| format!("rdmx configuration: {e}"))?;
+    let mut all: Vec<(String, String)> = ours
+        .into_iter()
         .filter(|(k, _)| !vars.iter().any(|(n, _)| n == k))
         .collect();
     all.extend(vars.iter().cloned());
     rdmx::config::Config::from_env_vars(all)
         .and_then(|c| c.settings())
-        .map(|_| ())
+        .map(|_| foreign)
         .map_err(|e| format!("rdmx configuration: {e}"))
 }
 
@@ -219,8 +231,15 @@ pub fn exec(args: &ExecArgs) -> String {
         return e;
     }
     let vars = rdmx_vars(args);
-    if let Err(e) = check_config(&vars) {
-        return e;
+    match check_config(&vars) {
+        Ok(foreign) => {
+            for name in foreign {
+                eprintln!(
+                    "rdmx-ibv: {name} is not an rdmx configuration variable (nor close to one): passed to CMD, not applied"
+                );
+            }
+        }
+        Err(e) => return e,
     }
     let provider = match find_provider() {
         Ok(p) => p,
@@ -340,11 +359,27 @@ mod tests {
 
     #[test]
     fn checks_the_configuration() {
-        assert!(check_config(&[("RDMX_SOFT_ADDR".into(), "127.0.0.2".into())]).is_ok());
-        let e = check_config(&[("RDMX_NO_SUCH_KEY".into(), "1".into())]).unwrap_err();
+        let addr = [("RDMX_SOFT_ADDR".to_string(), "127.0.0.2".to_string())];
+        assert_eq!(check_config_in(Vec::new(), &addr), Ok(vec![]));
+        // exec's own --set is never foreign.
+        let e =
+            check_config_in(Vec::new(), &[("RDMX_NO_SUCH_KEY".into(), "1".into())]).unwrap_err();
         assert!(
             e.contains("NO_SUCH_KEY") || e.contains("no_such_key"),
             "{e}"
         );
+        // The user's own RDMX_ variable is left alone and named; a typo of a key stops
+        // exec with the suggestion; a bad value of a key too.
+        let environ = |k: &str, v: &str| vec![(OsString::from(k), OsString::from(v))];
+        assert_eq!(
+            check_config_in(environ("RDMX_HOME", "/opt/x"), &addr),
+            Ok(vec!["RDMX_HOME".to_string()])
+        );
+        let e = check_config_in(environ("RDMX_RNR_RETYR", "3"), &addr).unwrap_err();
+        assert!(e.contains("did you mean 'RDMX_RNR_RETRY'"), "{e}");
+        let e = check_config_in(environ("RDMX_RNR_RETRY", "8"), &addr).unwrap_err();
+        assert!(e.contains("RDMX_RNR_RETRY"), "{e}");
+        // exec's value wins over the environment's.
+        assert!(check_config_in(environ("RDMX_SOFT_ADDR", "nonsense"), &addr).is_ok());
     }
 }

@@ -177,6 +177,8 @@ impl Cq {
             None => Box::new(|| {}),
         };
         let soft = Arc::new(SoftCq::with_notify(cqe as usize, hook)?);
+        // Armed CQs tell the device's progress thread to receive (the application sleeps).
+        soft.count_armings_in(dev.soft.armed_cqs());
         if let Some(c) = &channel {
             c.cqs.fetch_add(1, Ordering::AcqRel);
         }
@@ -251,12 +253,14 @@ impl Cq {
         done
     }
 
-    /// `ibv_req_notify_cq`: the next completion added (`solicited_only`: the next
-    /// solicited receive completion or error completion) writes this CQ's handle to its
-    /// channel, once. Completions already queued at arming signal at once (so a waiter
-    /// cannot miss them). A CQ without a channel accepts the call (nothing is written, as
-    /// verbs). Tells the device the application is about to sleep (progress=inline hands
-    /// receiving to the progress thread at once).
+    /// `ibv_req_notify_cq`: the next completion added after this call (`solicited_only`:
+    /// the next solicited receive completion or error completion) writes this CQ's handle
+    /// to its channel, once. Completions already queued do not (the verbs contract: the
+    /// application polls them after arming; perftest's `-e` loops poll exactly once per
+    /// event and would read an empty CQ otherwise). A CQ without a channel accepts the
+    /// call (nothing is written, as verbs). Tells the device the application waits on a
+    /// channel (progress=inline: its progress thread receives while the CQ is armed, see
+    /// docs/ibv-device.md "Who receives").
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         if self.dead.load(Ordering::Acquire) {
             return Err(Error::new(
@@ -264,8 +268,8 @@ impl Cq {
                 "req_notify_cq: CQ destroyed",
             ));
         }
-        self.soft.req_notify_solicited(solicited_only);
-        self.dev.soft.app_sleeping();
+        self.soft.arm(solicited_only);
+        self.dev.soft.app_waits_on_channel();
         Ok(())
     }
 
@@ -286,6 +290,8 @@ impl Cq {
             ));
         }
         self.events.close();
+        // Its QPs are gone; an arming left would keep the device receiving for nobody.
+        self.soft.disarm();
         if let Some(c) = &self.channel {
             c.cqs.fetch_sub(1, Ordering::AcqRel);
         }

@@ -103,3 +103,24 @@ fn from_env_reads_the_process_environment() {
         assert_eq!(Config::from_env().unwrap(), Config::new());
     }
 }
+
+#[test]
+fn foreign_rdmx_variables_are_those_far_from_every_key() {
+    use crate::config::is_foreign_env_var;
+    // A program's own variables: no key is near.
+    assert!(is_foreign_env_var("RDMX_HOME"));
+    assert!(is_foreign_env_var("RDMX_MY_APP_BUILD_DIR"));
+    // Keys, Ceph names, rdmx's own non-config variables, and typos of keys are rdmx's.
+    for ours in [
+        "RDMX_RNR_RETRY",
+        "RDMX_MS_ASYNC_RDMA_SL",
+        "RDMX_LOG",
+        "RDMX_RNR_RETYR",
+        "RDMX_POLING_US",
+        "RDMX_MS_ASYNC_RDMA_CM",
+    ] {
+        assert!(!is_foreign_env_var(ours), "{ours}");
+    }
+    // Not an RDMX_ variable at all: not ours to judge.
+    assert!(!is_foreign_env_var("HOME"));
+}

@@ -57,6 +57,9 @@ pub struct Cq {
     hook: OnceLock<NotifyHook>,
     /// Run when a push finds the queue empty, armed or not (`Cq::on_first`).
     first: OnceLock<NotifyHook>,
+    /// Counts this CQ while it is armed (`Cq::count_armings_in`): the soft device's tally
+    /// of CQs an application waits on.
+    arm_tally: OnceLock<Arc<AtomicUsize>>,
     overflows: AtomicU64,
     /// Entries queued, as of the last push or poll: a lock-free look for a caller that
     /// polls many CQs and skips the empty ones.
@@ -79,6 +82,7 @@ impl Cq {
             solicited_only: AtomicBool::new(false),
             hook: OnceLock::new(),
             first: OnceLock::new(),
+            arm_tally: OnceLock::new(),
             overflows: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
             next_log_ns: AtomicU64::new(0),
@@ -110,9 +114,13 @@ impl Cq {
     /// As [`Cq::push`], for a receive completion whose message was `solicited` (a CQ armed
     /// for solicited completions only notifies for those and for errors).
     pub fn push_solicited(&self, wc: Wc, solicited: bool) -> bool {
-        let full = {
+        // The arming is looked at under the queue's lock, as `arm` sets it: an arming
+        // either comes before this entry (and may fire for it) or after it (and does not:
+        // the entry was already queued).
+        let (full, fire) = {
             let mut q = self.q.lock();
             let full = q.len() >= self.cap;
+            let mut fire = false;
             if !full {
                 // The hook runs before `queued` shows the entry: whoever sees
                 // `maybe_nonempty` can also see what the hook did.
@@ -123,20 +131,52 @@ impl Cq {
                 }
                 q.push_back(wc);
                 self.queued.store(q.len(), Ordering::Release);
+                let wanted = solicited
+                    || wc.status != WcStatus::Success
+                    || !self.solicited_only.load(Ordering::Acquire);
+                fire = wanted && self.take_arming();
             }
-            full
+            (full, fire)
         };
         if full {
             self.overflowed(&wc);
             return false;
         }
-        let wanted = solicited
-            || wc.status != WcStatus::Success
-            || !self.solicited_only.load(Ordering::Acquire);
-        if wanted && self.armed.swap(false, Ordering::AcqRel) {
+        if fire {
             self.notify();
         }
         true
+    }
+
+    /// Clears the arming; true if the CQ was armed (the caller then notifies).
+    fn take_arming(&self) -> bool {
+        let was = self.armed.swap(false, Ordering::AcqRel);
+        if was && let Some(t) = self.arm_tally.get() {
+            t.fetch_sub(1, Ordering::SeqCst);
+        }
+        was
+    }
+
+    /// Sets the arming; true if the CQ was not armed before.
+    fn set_arming(&self) -> bool {
+        let was = self.armed.swap(true, Ordering::AcqRel);
+        if !was && let Some(t) = self.arm_tally.get() {
+            t.fetch_add(1, Ordering::SeqCst);
+        }
+        !was
+    }
+
+    /// Counts this CQ in `tally` while it is armed (incremented when an arming is set,
+    /// decremented when it fires, is taken back, or the CQ goes): the soft device learns
+    /// that its application waits on a channel rather than polling. Once per CQ: false if
+    /// a tally was set.
+    pub fn count_armings_in(&self, tally: Arc<AtomicUsize>) -> bool {
+        self.arm_tally.set(tally).is_ok()
+    }
+
+    /// Whether the CQ is armed and has not fired.
+    pub fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::Acquire)
     }
 
     /// Signals the channel and runs the hook (one notification).
@@ -201,28 +241,37 @@ impl Cq {
         n
     }
 
-    /// Arms the channel: the next completion added signals it (`ibv_req_notify_cq`). If
-    /// completions are already queued it signals at once, so a waiter cannot miss them.
+    /// Arms the channel for rdmx's own waiters (the messenger, `rdmx_req_notify`): the
+    /// next completion added signals it, and if completions are already queued it
+    /// signals at once, so a waiter that arms and then sleeps cannot miss them. Verbs
+    /// applications get [`Cq::arm`] instead.
     pub fn req_notify(&self) {
-        self.req_notify_solicited(false);
-    }
-
-    /// `ibv_req_notify_cq(cq, solicited_only)`: as [`Cq::req_notify`]; with
-    /// `solicited_only` the next solicited receive completion or error completion signals.
-    /// Completions already queued signal at once either way (a waiter must look).
-    pub fn req_notify_solicited(&self, solicited_only: bool) {
-        self.solicited_only.store(solicited_only, Ordering::Release);
-        self.armed.store(true, Ordering::Release);
-        if !self.q.lock().is_empty() && self.armed.swap(false, Ordering::AcqRel) {
+        self.arm(false);
+        if !self.q.lock().is_empty() && self.take_arming() {
             self.notify();
         }
+    }
+
+    /// `ibv_req_notify_cq(cq, solicited_only)`, the verbs contract: the next completion
+    /// added *after* this call signals (with `solicited_only`: the next solicited receive
+    /// completion or error completion); completions already queued never do (the
+    /// application polls them after arming, as verbs programs do). Arming an armed CQ
+    /// keeps one pending notification; an arming for any completion is not narrowed by a
+    /// later solicited-only one (as rxe and the IB spec: "next completion" wins until it
+    /// fires).
+    pub fn arm(&self, solicited_only: bool) {
+        let _q = self.q.lock();
+        if !self.armed.load(Ordering::Acquire) || self.solicited_only.load(Ordering::Acquire) {
+            self.solicited_only.store(solicited_only, Ordering::Release);
+        }
+        self.set_arming();
     }
 
     /// Takes back an arming that has not fired: a thread that woke for another reason (its
     /// receiving sockets) and polls again has no use for the signal, which would cost an
     /// eventfd write now and a wakeup when it next sleeps.
     pub fn disarm(&self) {
-        self.armed.store(false, Ordering::Release);
+        self.take_arming();
     }
 
     /// Signals the channel regardless of arming (a QP failed: waiters must look).
@@ -252,6 +301,13 @@ impl Cq {
     /// Completions dropped because the CQ was full.
     pub fn overflows(&self) -> u64 {
         self.overflows.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // An armed CQ that goes leaves the tally.
+        self.take_arming();
     }
 }
 
@@ -354,6 +410,125 @@ mod tests {
         cq.req_notify();
         poll_readable(&[ch.raw_fd()], Duration::ZERO, &mut ready).unwrap();
         assert_eq!(ready, vec![0]);
+    }
+
+    fn signaled(ch: &EventFd) -> bool {
+        let mut ready = Vec::new();
+        poll_readable(&[ch.raw_fd()], Duration::ZERO, &mut ready).unwrap();
+        let s = !ready.is_empty();
+        ch.clear();
+        s
+    }
+
+    fn with_status(cookie: u64, status: WcStatus) -> Wc {
+        Wc {
+            status,
+            ..wc(cookie)
+        }
+    }
+
+    /// `ibv_req_notify_cq`: entries queued when the CQ is armed never signal, only the
+    /// next new one does, once per arming.
+    #[test]
+    fn arm_signals_for_the_next_new_completion_only() {
+        let ch = Arc::new(EventFd::new().unwrap());
+        let cq = Cq::new(8, Arc::clone(&ch));
+        cq.push(wc(1));
+        cq.push(wc(2));
+        cq.arm(false);
+        assert!(!signaled(&ch), "queued before the arming: no event");
+        assert!(cq.is_armed());
+        cq.push(wc(3));
+        assert!(signaled(&ch), "the next new completion signals");
+        assert!(!cq.is_armed());
+        cq.push(wc(4));
+        assert!(!signaled(&ch), "one event per arming");
+        // Arming twice leaves one notification.
+        cq.arm(false);
+        cq.arm(false);
+        cq.push(wc(5));
+        cq.push(wc(6));
+        assert!(signaled(&ch));
+        assert!(!cq.is_armed());
+        // rdmx's own req_notify still signals at once for what is queued.
+        cq.req_notify();
+        assert!(signaled(&ch));
+        assert!(!cq.is_armed());
+    }
+
+    /// `ibv_req_notify_cq(cq, 1)`: only a solicited completion or an error completion
+    /// signals; an arming for any completion is not narrowed by a later solicited one,
+    /// and a solicited arming is widened by a later one for any.
+    #[test]
+    fn solicited_only_arming_waits_for_solicited_or_error_completions() {
+        let ch = Arc::new(EventFd::new().unwrap());
+        let cq = Cq::new(16, Arc::clone(&ch));
+        cq.arm(true);
+        cq.push(wc(1));
+        cq.push_solicited(wc(2), false);
+        assert!(!signaled(&ch), "unsolicited successes do not signal");
+        cq.push_solicited(wc(3), true);
+        assert!(signaled(&ch), "a solicited receive signals");
+        cq.arm(true);
+        cq.push(with_status(4, WcStatus::WrFlushErr));
+        assert!(signaled(&ch), "an error completion signals");
+        // Any, then solicited-only: stays "any".
+        cq.arm(false);
+        cq.arm(true);
+        cq.push(wc(5));
+        assert!(signaled(&ch), "next-completion arming kept");
+        // Solicited-only, then any: widened.
+        cq.arm(true);
+        cq.arm(false);
+        cq.push(wc(6));
+        assert!(signaled(&ch), "widened to any completion");
+    }
+
+    /// The device's tally counts armed CQs: up at an arming, down when it fires, is taken
+    /// back, or the CQ goes.
+    #[test]
+    fn the_arm_tally_follows_armings() {
+        let tally = Arc::new(AtomicUsize::new(0));
+        let ch = Arc::new(EventFd::new().unwrap());
+        let a = Cq::new(4, Arc::clone(&ch));
+        let b = Cq::new(4, Arc::clone(&ch));
+        assert!(a.count_armings_in(Arc::clone(&tally)));
+        assert!(!a.count_armings_in(Arc::clone(&tally)), "once");
+        assert!(b.count_armings_in(Arc::clone(&tally)));
+        a.arm(false);
+        a.arm(false);
+        b.arm(true);
+        assert_eq!(tally.load(Ordering::SeqCst), 2);
+        a.push(wc(1));
+        assert_eq!(tally.load(Ordering::SeqCst), 1, "fired");
+        b.push(wc(2));
+        assert_eq!(
+            tally.load(Ordering::SeqCst),
+            1,
+            "not solicited: still armed"
+        );
+        b.disarm();
+        assert_eq!(tally.load(Ordering::SeqCst), 0);
+        a.arm(false);
+        drop(a);
+        assert_eq!(tally.load(Ordering::SeqCst), 0, "an armed CQ that goes");
+    }
+
+    /// A push racing an arming: the entry either fires the arming or was queued before it,
+    /// never both missed (entry after the arming, no event) nor an event for an old entry.
+    #[test]
+    fn arming_and_pushing_race_without_lost_or_stale_events() {
+        for _ in 0..200 {
+            let ch = Arc::new(EventFd::new().unwrap());
+            let cq = Arc::new(Cq::new(4, Arc::clone(&ch)));
+            let c2 = Arc::clone(&cq);
+            let t = std::thread::spawn(move || c2.push(wc(1)));
+            cq.arm(false);
+            t.join().unwrap();
+            // Either the push came after the arming (event, disarmed) or before it (no
+            // event, still armed).
+            assert_ne!(signaled(&ch), cq.is_armed());
+        }
     }
 
     /// A CQ nobody polls, flooded: it keeps its first `cap` completions, counts every

@@ -309,6 +309,21 @@ struct Shared {
     epoch: Instant,
     /// Last time the application drove progress itself (progress=inline), ns.
     last_app_poll: AtomicU64,
+    /// CQs an application armed and waits on (verbs `ibv_req_notify_cq`; counted by the
+    /// CQs themselves, [`Cq::count_armings_in`]): while one is armed the progress thread
+    /// receives, whatever the application's last poll (see [`Shared::app_polls`]).
+    armed_cqs: Arc<AtomicUsize>,
+    /// Learned by the progress thread (progress=inline): the application waits without
+    /// polling (on a completion channel, or spinning on memory an RDMA WRITE lands in), so
+    /// the thread receives even while the application also polls now and then. Set when
+    /// [`ENTER_LOOKS`] looks of the thread in a row find datagrams the application left
+    /// queued (or by an arming), cleared when the wakeups it finds redundant (the
+    /// application had taken what woke the thread: it polls) outweigh the needed ones
+    /// ([`SCORE_START`]). See docs/ibv-device.md, "Who receives".
+    thread_rx: AtomicBool,
+    /// The progress thread sleeps with the receiving sockets in its poll set (an arming
+    /// then needs no wakeup).
+    thread_watching: AtomicBool,
     /// Application threads asleep on the receiving sockets themselves (progress=inline,
     /// [`SoftDevice::app_watch`]): they receive when they wake, so the progress thread
     /// does not wait on the sockets (one wakeup per packet batch instead of two).
@@ -472,6 +487,9 @@ impl SoftDevice {
             rx: Mutex::new(RxBatch::new(RX_BATCH, crate::rc::max_packet_len(4096) + 64)),
             epoch: Instant::now(),
             last_app_poll: AtomicU64::new(0),
+            armed_cqs: Arc::new(AtomicUsize::new(0)),
+            thread_rx: AtomicBool::new(false),
+            thread_watching: AtomicBool::new(false),
             app_watchers: AtomicUsize::new(0),
             app_wake: EventFd::new()?,
             doorbells: Mutex::new(Vec::new()),
@@ -661,6 +679,9 @@ impl SoftDevice {
     /// receive and then stop polling, and its peer must not wait for its next poll.
     pub fn set_app_driven(&self, on: bool) {
         self.shared.hold_acks.store(on, Ordering::Relaxed);
+        if on {
+            self.shared.thread_rx.store(false, Ordering::SeqCst);
+        }
         if !on {
             self.shared.release_acks(self.shared.now(), 0);
         }
@@ -730,8 +751,9 @@ impl SoftDevice {
 
     /// Posts send WRs to `qp` (as [`SoftQp::post_send`]) for a caller that posts one WR at
     /// a time and then polls, as verbs applications do (perftest, Ceph): while the
-    /// application drives progress (progress=inline and it polled within the inline
-    /// handover time, the same test the progress thread makes) the packets are not sent
+    /// application drives progress (progress=inline, it polled within the inline handover
+    /// time and the device does not know it to wait otherwise: [`Shared::app_polls`], the
+    /// same test the progress thread makes) the packets are not sent
     /// by this call but by the next progress pass, which the application's next poll (of
     /// any thread) runs, so the WRs posted between two polls leave in one `sendmmsg`
     /// instead of one system call each (a NIC's doorbell costs ~100 ns, a system call here
@@ -741,9 +763,7 @@ impl SoftDevice {
     pub fn post_send_batched(&self, qp: &Arc<SoftQp>, wrs: &[SendReq]) -> (usize, Option<Error>) {
         let s = &self.shared;
         let now = s.now();
-        let polling = s.settings.progress == Progress::Inline
-            && now.saturating_sub(s.last_app_poll.load(Ordering::Relaxed))
-                < inline_handover(s).as_nanos() as u64;
+        let polling = s.app_polls(now);
         let (n, err) = qp.post_send_then(&s.mrs, now, wrs, !polling);
         // After the post: a pass that cleared the flag before driving sees these WRs.
         if polling && n > 0 {
@@ -760,7 +780,7 @@ impl SoftDevice {
         let hold = self.shared.settings.progress == Progress::Inline
             && self.shared.hold_acks.load(Ordering::Relaxed);
         let now = match self.shared.progress_once(false, hold) {
-            Some(now) => now,
+            Some(pass) => pass.now,
             None => self.shared.now(),
         };
         self.shared.last_app_poll.store(now, Ordering::Relaxed);
@@ -844,15 +864,46 @@ impl SoftDevice {
 
     /// The application is about to sleep on a completion channel instead of polling
     /// (progress=inline): the progress thread takes over receiving at once rather than
-    /// after the inline handover time; what waits on the doorbell list is sent now.
+    /// after the inline handover time; what waits on the doorbell list is sent now. The
+    /// thread is woken only if it sleeps without the receiving sockets.
     pub fn app_sleeping(&self) {
-        if self.shared.settings.progress == Progress::Inline {
-            let now = self.shared.now();
-            self.shared.ring_doorbells(now);
-            self.shared.release_acks(now, 0);
-            self.shared.last_app_poll.store(0, Ordering::Relaxed);
-            self.shared.timers.wake.signal();
+        let s = &self.shared;
+        if s.settings.progress == Progress::Inline {
+            let now = s.now();
+            s.ring_doorbells(now);
+            s.release_acks(now, 0);
+            s.last_app_poll.store(0, Ordering::Relaxed);
+            // SeqCst with the thread's store of `thread_watching` before it reads
+            // `thread_rx`/`armed_cqs`: either it sees this arming, or this sees it did
+            // not watch and wakes it.
+            if !s.thread_watching.load(Ordering::SeqCst) {
+                s.timers.wake.signal();
+            }
         }
+    }
+
+    /// As [`SoftDevice::app_sleeping`], for a verbs application that armed a CQ
+    /// (`ibv_req_notify_cq`): such an application waits on its channel, polls once after
+    /// each event and re-arms, so the thread also keeps receiving across that gap
+    /// (`thread_rx`) until it finds the application polling for what it waits for.
+    pub fn app_waits_on_channel(&self) {
+        let s = &self.shared;
+        if s.settings.progress == Progress::Inline && !s.hold_acks.load(Ordering::Relaxed) {
+            s.thread_rx.store(true, Ordering::SeqCst);
+        }
+        self.app_sleeping();
+    }
+
+    /// The tally of armed CQs the progress thread looks at: a verbs CQ counts itself in
+    /// it while armed ([`Cq::count_armings_in`]).
+    pub fn armed_cqs(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.shared.armed_cqs)
+    }
+
+    /// Whether the progress thread has learned that the application waits without
+    /// polling (and so receives for it): a look for tests and diagnostics.
+    pub fn thread_receives(&self) -> bool {
+        self.shared.thread_rx.load(Ordering::Relaxed)
     }
 }
 
@@ -868,6 +919,18 @@ impl Drop for SoftDevice {
 }
 
 impl Shared {
+    /// progress=inline: whether the application receives for itself, by polling: it
+    /// polled within the inline handover time, arms no CQ, and has not been found to
+    /// wait without polling (`thread_rx`). The progress thread then leaves the sockets to
+    /// it, and posts wait for its next poll (the doorbell list).
+    fn app_polls(&self, now: u64) -> bool {
+        self.settings.progress == Progress::Inline
+            && self.armed_cqs.load(Ordering::SeqCst) == 0
+            && !self.thread_rx.load(Ordering::SeqCst)
+            && now.saturating_sub(self.last_app_poll.load(Ordering::Relaxed))
+                < inline_handover_ns(self)
+    }
+
     /// Index of the receiving port for `ip`'s family.
     fn port_for(&self, ip: IpAddr) -> Option<usize> {
         let v4 = ip.to_canonical().is_ipv4();
@@ -980,14 +1043,15 @@ impl Shared {
 
     /// Receives queued datagrams (up to a bound), runs due timers, checks watched side
     /// channels. `wait` = block on the receive lock instead of skipping when it is busy.
-    /// Returns the time the pass ran at, or None if it skipped (the lock was busy).
+    /// Returns the time the pass ran at and the datagrams it took, or None if it skipped
+    /// (the lock was busy).
     /// `hold_acks`: the application's own pass (progress=inline), which is about to run
     /// its callbacks: positive ACKs that are all a QP has to send wait in `held_acks`, so
     /// the answer it posts carries them in the same `sendmmsg` (a pass after
     /// [`ACK_HOLD_NS`] or the application going to sleep sends them otherwise). Measured,
     /// request/reply paid a `sendmmsg` of its own for the ACK on both sides, before the
     /// answer.
-    fn progress_once(&self, wait: bool, hold_acks: bool) -> Option<u64> {
+    fn progress_once(&self, wait: bool, hold_acks: bool) -> Option<Pass> {
         let rx = if wait {
             Some(self.rx.lock())
         } else {
@@ -1015,6 +1079,7 @@ impl Shared {
         let mut start = start;
         let mut drained = true;
         let mut now = start;
+        let mut taken_total = 0;
         // A process stopped or preempted while receiving may have missed what arrived
         // meanwhile: that time leaves the clock and the socket is read once more before
         // any timer fires. (Once: a pass that is merely slow, say under valgrind, must
@@ -1031,6 +1096,7 @@ impl Shared {
                 drained &= d;
                 taken += n;
             }
+            taken_total += taken;
             let read = self.now();
             now = self.stall_inside(start, read, taken, timer_at_start);
             if now == read || round == 1 {
@@ -1079,7 +1145,10 @@ impl Shared {
         let end = self.stall_inside(now, self.now(), driven, timer);
         self.last_pass.store(end, Ordering::Relaxed);
         drop(rx);
-        Some(now)
+        Some(Pass {
+            now,
+            taken: taken_total,
+        })
     }
 
     /// Receives from `port` (bounded: at most 16 batches and RX_PASS_DATAGRAMS datagrams,
@@ -1191,16 +1260,149 @@ impl Shared {
     }
 }
 
+/// What a progress pass did.
+struct Pass {
+    /// The engine time it ran at.
+    now: u64,
+    /// Datagrams (or GRO messages) it took from the sockets.
+    taken: usize,
+}
+
 /// How long an application pass holds back positive ACKs at most (see `held_acks`): long
 /// enough for its callbacks to post the answer that carries them, and below every ACK
 /// timeout from code 4 (67 us) up (codes 1-3, 8-33 us, no userspace responder meets).
 const ACK_HOLD_NS: u64 = 50_000;
 
 /// How long after the application's last poll the thread takes over receiving
-/// (progress=inline): a passive side (e.g. a target only serving RDMA READs) that stops
-/// polling is still answered within this.
-fn inline_handover(s: &Shared) -> Duration {
-    Duration::from_micros(u64::from(s.settings.polling_us).max(1000))
+/// (progress=inline): `polling_us`, at most 1 ms. While the application polls, the thread
+/// looks this often whether it still does (a passive side, e.g. a target only serving RDMA
+/// READs, that stops polling is answered within this), and whether it left datagrams
+/// queued (then it waits elsewhere: `thread_rx`). 0: the thread always receives.
+fn inline_handover_ns(s: &Shared) -> u64 {
+    u64::from(s.settings.polling_us).min(MAX_HANDOVER_US) * 1000
+}
+
+/// The cap on `polling_us` as the inline handover time.
+const MAX_HANDOVER_US: u64 = 1000;
+/// A look of the progress thread that finds datagrams queued while the application has
+/// not polled for this long learns that it waits without polling (`thread_rx`): an
+/// application that polls takes a datagram within a few microseconds of its arrival.
+const APP_ABSENT_NS: u64 = 20_000;
+/// A wakeup of the progress thread (by a datagram, while it receives for the
+/// application) counts as needed when it took datagrams and the application had not
+/// polled for this long; otherwise as redundant (the application polls and took it, or
+/// was about to).
+const APP_POLLING_NS: u64 = 5_000;
+/// Looks in a row (at the handover interval, while the application counts as polling)
+/// that must find datagrams it left queued before the thread takes over (`thread_rx`):
+/// one could be a polling program that was preempted for 20 us on a busy host.
+const ENTER_LOOKS: u32 = 2;
+/// While the thread receives for the application (`thread_rx`), a score: it starts at
+/// `SCORE_START`, gains `SCORE_NEEDED` (up to `SCORE_MAX`) for each wakeup that took
+/// datagrams while the application was not polling, loses 1 for each redundant one (the
+/// application took the datagram, or had polled within `APP_POLLING_NS`, or held the
+/// receive lock); at 0, and no sooner than [`RX_HOLD_NS`] after it began, the thread
+/// gives receiving back. A polling program taken for a waiter pays extra wakeups of the
+/// thread for that long.
+const SCORE_START: u32 = 256;
+const SCORE_NEEDED: u32 = 8;
+const SCORE_MAX: u32 = 1024;
+/// Least time the thread keeps receiving once it took over. A memory spinner
+/// (ib_write_lat) often takes the peer's WRITE itself, while it polls for its own
+/// completion, and the WRITEs the thread lands arrive a few microseconds after that poll,
+/// so its wakeups look redundant; each time it gave receiving back, two looks (about 2 ms
+/// of handover waits) went by before it took over again. With this hold that is at most
+/// once per 200 ms.
+const RX_HOLD_NS: u64 = 200_000_000;
+/// After a wakeup that found the receive lock taken (the application is receiving), the
+/// thread leaves the still readable sockets out of its poll set this long, instead of
+/// spinning on them.
+const RX_BUSY_BACKOFF_NS: u64 = 20_000;
+
+/// What the progress thread learns about who receives (progress=inline, an application
+/// that is not app-driven): see `Shared::thread_rx`.
+#[derive(Default)]
+struct Learner {
+    /// Looks in a row that found datagrams left queued by an absent application.
+    stale_looks: u32,
+    /// The learner's view of `thread_rx` (an arming sets it from another thread).
+    on: bool,
+    /// While `on`: see [`SCORE_START`].
+    score: u32,
+    /// When `on` became true (engine ns).
+    since: u64,
+    /// Engine ns until which the sockets stay out of the poll set (lock found busy).
+    backoff_until: u64,
+}
+
+impl Learner {
+    /// After a pass of the thread: `looked` = it ran while the application was taken to
+    /// poll (a look at the handover interval), `woke` = a socket woke it, `pass` = what
+    /// the pass did (None: the lock was busy), `last_poll` = the application's last poll
+    /// before the pass, `at` = when the pass began.
+    fn after_pass(
+        &mut self,
+        s: &Shared,
+        looked: bool,
+        woke: bool,
+        pass: Option<&Pass>,
+        last_poll: u64,
+        at: u64,
+    ) {
+        let rx = s.thread_rx.load(Ordering::SeqCst);
+        if rx != self.on {
+            // Set by an arming (or cleared by `set_app_driven`).
+            self.on = rx;
+            self.score = SCORE_START;
+            self.since = at;
+        }
+        let absent = at.saturating_sub(last_poll);
+        let Some(pass) = pass else {
+            if woke {
+                self.backoff_until = at + RX_BUSY_BACKOFF_NS;
+                self.redundant(s, at);
+            }
+            return;
+        };
+        if looked && !rx {
+            if pass.taken > 0 && absent >= APP_ABSENT_NS {
+                self.stale_looks += 1;
+                if self.stale_looks >= ENTER_LOOKS {
+                    log::debug!(target: "rdmx::soft", "progress: datagrams waited {absent} ns for an application that polls now and then; the progress thread receives");
+                    s.thread_rx.store(true, Ordering::SeqCst);
+                    self.stale_looks = 0;
+                    self.on = true;
+                    self.score = SCORE_START;
+                    self.since = at;
+                }
+            } else {
+                self.stale_looks = 0;
+            }
+        } else if woke && rx {
+            if pass.taken > 0 && absent >= APP_POLLING_NS {
+                self.score = (self.score + SCORE_NEEDED).min(SCORE_MAX);
+            } else {
+                self.redundant(s, at);
+            }
+        }
+    }
+
+    fn redundant(&mut self, s: &Shared, at: u64) {
+        if !self.on {
+            return;
+        }
+        self.score = self.score.saturating_sub(1);
+        if self.score == 0 && at.saturating_sub(self.since) >= RX_HOLD_NS {
+            if s.armed_cqs.load(Ordering::SeqCst) == 0 {
+                log::debug!(target: "rdmx::soft", "progress: the application polls for what it waits for; it receives");
+                s.thread_rx.store(false, Ordering::SeqCst);
+                self.on = false;
+            } else {
+                self.score = SCORE_START;
+                self.since = at;
+            }
+        }
+    }
 }
 
 fn progress_thread(s: &Shared) {
@@ -1212,26 +1414,29 @@ fn progress_thread(s: &Shared) {
     let mut readable: Vec<RawFd> = Vec::with_capacity(64);
     let inline = s.settings.progress == Progress::Inline;
     let t = &s.timers;
+    let mut learner = Learner::default();
     while !s.stop.load(Ordering::Acquire) {
         let now = s.now();
-        // progress=thread: this thread receives. progress=inline: the caller's poll does,
-        // and this thread only runs timers and watches side channels, unless the caller
-        // has not polled for a while.
-        let handover = inline_handover(s);
-        let app_polling = inline
-            && (s.app_watchers.load(Ordering::Acquire) > 0
-                || now.saturating_sub(s.last_app_poll.load(Ordering::Relaxed))
-                    < handover.as_nanos() as u64);
+        // progress=thread: this thread receives. progress=inline: the caller's poll does
+        // while it polls (`app_polls`: recently, no CQ armed, not learned to wait
+        // elsewhere), or it sleeps on the sockets itself (`app_watchers`); this thread
+        // then only runs timers and watches side channels, and looks every handover time.
+        let handover = Duration::from_nanos(inline_handover_ns(s));
+        let app_polling =
+            inline && (s.app_watchers.load(Ordering::Acquire) > 0 || s.app_polls(now));
+        let backoff = learner.backoff_until.saturating_sub(now);
+        let watch = !app_polling && backoff == 0;
         pfds.clear();
         pfds.push(sys::pollin(t.wake.raw_fd()));
         pfds.push(sys::pollin(s.watch_set.raw_fd()));
-        if !app_polling {
+        if watch {
             pfds.extend(
                 s.ports
                     .iter()
                     .filter(|p| p.qps.load(Ordering::Acquire) > 0)
                     .map(|p| sys::pollin(p.sock.raw_fd())),
             );
+            s.thread_watching.store(true, Ordering::SeqCst);
         }
         // Announce the longest sleep first, then look at the deadlines: a timer armed
         // between the two sees the long sleep and kicks; one before is in the heap's
@@ -1247,12 +1452,18 @@ fn progress_thread(s: &Shared) {
             // Look again when the caller may have stopped polling.
             timeout = timeout.min(handover);
         }
+        if backoff > 0 {
+            timeout = timeout.min(Duration::from_nanos(backoff));
+        }
         t.planned_wake
             .store(now + timeout.as_nanos() as u64, Ordering::Release);
         if let Err(e) = sys::poll_set(&mut pfds, timeout) {
             log::error!(target: "rdmx::soft", "progress: {e}");
             std::thread::sleep(Duration::from_millis(10));
         }
+        // Before anything reads `armed_cqs`/`thread_rx` again (see `app_sleeping`).
+        s.thread_watching.store(false, Ordering::SeqCst);
+        let socket_woke = watch && pfds[2..].iter().any(|p| p.revents != 0);
         t.wake.clear();
         readable.clear();
         if pfds[1].revents != 0 {
@@ -1266,8 +1477,8 @@ fn progress_thread(s: &Shared) {
         // found it taken ~100,000 times a second at 60K rpc/s, each time a pass with nothing
         // and a poll(2) that returned at once on the still unread socket.
         let after = s.now();
-        let still_polling = inline
-            && s.hold_acks.load(Ordering::Relaxed)
+        let app_driven = inline && s.hold_acks.load(Ordering::Relaxed);
+        let still_polling = app_driven
             && (s.app_watchers.load(Ordering::Acquire) > 0
                 || after.saturating_sub(s.last_app_poll.load(Ordering::Relaxed))
                     < handover.as_nanos() as u64);
@@ -1278,11 +1489,15 @@ fn progress_thread(s: &Shared) {
         // acting on a side-channel event always receive first (waiting for the lock): a peer
         // that answers (e.g. with a NAK) and then closes must have its answer processed
         // before its EOF fails the QP.
-        s.progress_once(!inline || side_channel_event, false);
+        let last_poll = s.last_app_poll.load(Ordering::Relaxed);
+        let pass = s.progress_once(!inline || side_channel_event, false);
+        if inline && !app_driven {
+            learner.after_pass(s, app_polling, socket_woke, pass.as_ref(), last_poll, after);
+        }
         if side_channel_event {
             s.check_watches(&readable);
         }
-        if inline && s.hold_acks.load(Ordering::Relaxed) {
+        if app_driven {
             // An app-driven caller may sleep on the sockets this pass drained.
             s.app_wake.signal();
         }
