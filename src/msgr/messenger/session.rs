@@ -488,7 +488,7 @@ impl Session {
         // Messages, within credits.
         let max_sge = link.max_sge();
         while let Some(m) = self.waiting.front() {
-            if !link.credits.can_send_data() || link.sq_room() < m.sq_need(max_sge) {
+            if !link.credits.can_send_data() || link.data_room() < m.sq_need(max_sge) {
                 if !self.stalled {
                     self.stalled = true;
                     self.counters.credit_stalls += 1;
@@ -564,7 +564,10 @@ impl Session {
             ack = false;
             announce = false;
         }
-        if (ack || ping || announce) && link.credits.can_send_control() {
+        // A send queue full of READs and messages waits for their completions; the data
+        // path leaves the control reserve (`link::CONTROL_RESERVE`), so this is only when
+        // the QP itself is behind: the acknowledgement goes on a later pass.
+        if (ack || ping || announce) && link.credits.can_send_control() && link.sq_room() > 0 {
             let mut h = Header::new(if ping { Kind::Ping } else { Kind::Ack });
             h.ack = self.delivered;
             // Out of credits with messages waiting: say so here too (immediate messages
@@ -590,6 +593,7 @@ impl Session {
         link.flush()?;
         self.counters.rnr_naks += link.take_rnr();
         self.counters.send_completions += std::mem::take(&mut link.send_wcs);
+        self.counters.partial_posts += std::mem::take(&mut link.partial_posts);
         if link.live.dead(now, s.keepalive, s.keepalive_timeout) {
             return Err(Error::new(
                 ErrorKind::Timeout,
