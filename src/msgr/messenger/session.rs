@@ -264,7 +264,7 @@ impl Session {
         };
         match kind {
             Kind::Hello => self.on_hello(r, s, ev),
-            Kind::Msg => self.on_msg(r),
+            Kind::Msg => self.on_msg(r, s),
             Kind::Ack | Kind::Ping | Kind::Pong => Ok(()),
             Kind::Bye => Err(Error::fixed(
                 ErrorKind::Closed,
@@ -333,7 +333,7 @@ impl Session {
         Ok(())
     }
 
-    fn on_msg(&mut self, r: Received) -> Result<()> {
+    fn on_msg(&mut self, r: Received, s: &MsgrSettings) -> Result<()> {
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
@@ -372,6 +372,18 @@ impl Session {
             let parsed = wire::parse_block(&r.h, block);
             link.give_back(c);
             let (front, segs) = parsed?;
+            // Within this side's limits, before a chunk is taken for it (`post_reads`).
+            let bytes = segs.iter().map(|g| u64::from(g.len)).sum();
+            if let Err(e) = s.limits.check_recv(segs.len(), bytes) {
+                self.counters.oversized += 1;
+                log::warn!(
+                    target: "rdmx::msgr",
+                    "session {:#x} (peer {}): {e}",
+                    self.id,
+                    self.peer.map_or_else(|| "?".to_string(), |p| p.to_string())
+                );
+                return Err(e);
+            }
             entry.front = front;
             entry.segs = segs
                 .into_iter()

@@ -617,6 +617,8 @@ impl Core {
                 ),
             ));
         }
+        let bytes: u64 = msg.data.iter().map(|p| p.len() as u64).sum();
+        self.settings.limits.check_send(msg.data.len(), bytes)?;
         let mut block = msg.front.len().next_multiple_of(8);
         for p in &msg.data {
             let parts = match p {

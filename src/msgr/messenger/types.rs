@@ -532,7 +532,8 @@ pub enum Fault {
     /// Move this side's QP to ERR (outstanding work flushes), side channel left open.
     QpError,
     /// The next `posts` posts of work requests on this side's connection take only the
-    /// first half of their WRs (none of a single one), as a send queue with less room
-    /// would: the rest must go on a later pass ([`SessionCounters::partial_posts`]).
+    /// first half of their WRs (a single one: none, every other time), as a send queue
+    /// with less room would: the rest must go on a later pass
+    /// ([`SessionCounters::partial_posts`]).
     PartialPosts { posts: u32 },
 }
