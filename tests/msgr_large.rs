@@ -3,7 +3,9 @@
 //! largest size the limits allow (`msgr_max_message_bytes`, `msgr_max_segments`), content
 //! checked; posts the send queue takes only part of, resumed; sends over the limits
 //! refused, and a peer's message over this side's limits refused before anything is
-//! allocated for it (counted, the session ended). Every wait is bounded.
+//! allocated for it (counted, the session ended). Every wait is bounded. The depth, 16 MiB
+//! and partial-post cases run again on the verbs provider under `rdmx-ibv exec` (whose
+//! QP counts its send queue itself).
 
 use rdmx::config::Config;
 use rdmx::error::ErrorKind;
@@ -13,6 +15,8 @@ use rdmx::msgr::messenger::{
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+mod support;
 
 const MIB: usize = 1 << 20;
 
@@ -49,6 +53,7 @@ fn config(kv: &[(&str, &str)]) -> Config {
     let mut c = Config::new();
     c.set("soft_port", "0").unwrap();
     c.set("timeout", "17").unwrap();
+    support::apply_provider(&mut c);
     for (k, v) in kv {
         c.set(k, v).unwrap();
     }
@@ -333,4 +338,17 @@ fn limits_fit_the_pool() {
     )
     .unwrap();
     assert_eq!(m.settings().limits.max_message_bytes, 2 * MIB as u64);
+}
+
+#[test]
+fn large_messages_on_verbs_under_rdmx_ibv() {
+    support::rerun_under_rdmx_ibv(
+        "127.0.0.2",
+        &[
+            "one_mib_messages_32_deep",
+            "sixteen_mib_segments",
+            "partial_posts_are_resumed",
+        ],
+        Duration::from_secs(180),
+    );
 }
