@@ -376,12 +376,7 @@ impl Session {
             let bytes = segs.iter().map(|g| u64::from(g.len)).sum();
             if let Err(e) = s.limits.check_recv(segs.len(), bytes) {
                 self.counters.oversized += 1;
-                log::warn!(
-                    target: "rdmx::msgr",
-                    "session {:#x} (peer {}): {e}",
-                    self.id,
-                    self.peer.map_or_else(|| "?".to_string(), |p| p.to_string())
-                );
+                warn_oversized(self.id, self.peer, &e);
                 return Err(e);
             }
             entry.front = front;
@@ -617,4 +612,31 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Logs a peer's message refused for its size at most once a second, process-wide: a peer
+/// that keeps opening sessions to send them must not flood the log (each is counted in
+/// `SessionCounters::oversized` all the same).
+fn warn_oversized(id: u64, peer: Option<SocketAddr>, e: &Error) {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    static NEXT_MS: AtomicU64 = AtomicU64::new(0);
+    static SKIPPED: AtomicU64 = AtomicU64::new(0);
+    let now = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64;
+    let due = NEXT_MS.load(Relaxed);
+    if now < due
+        || NEXT_MS
+            .compare_exchange(due, now + 1000, Relaxed, Relaxed)
+            .is_err()
+    {
+        SKIPPED.fetch_add(1, Relaxed);
+        return;
+    }
+    let skipped = match SKIPPED.swap(0, Relaxed) {
+        0 => String::new(),
+        n => format!(" ({n} more since the last line)"),
+    };
+    let peer = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+    log::warn!(target: "rdmx::msgr", "session {id:#x} (peer {peer}): {e}{skipped}");
 }
