@@ -6,6 +6,7 @@
  * every 50th 64 KiB) with the data from unregistered memory (copied), a lent pool chunk or
  * a registered buffer in turn, at most WINDOW echoes outstanding, and verifies every echo:
  * in order, each number once, data page-aligned and intact. Also: NULL and bad arguments,
+ * a send over msgr_max_segments (8 here) and a msgr_max_message_bytes the pool cannot hold,
  * RDMX_FULL at the send queue bound (msgr_send_queue_msgs = 16) then SEND_READY, a QP
  * fault in the middle (poll mode, lossless: reconnect and replay, still exactly once in
  * order), the session counters, and the pools back to their baseline at the end. */
@@ -255,6 +256,26 @@ static void bad_arguments(void) {
   CHECK_STATUS(rdmx_session_send(M, S, 1, big_front, sizeof big_front, NULL, 0, NULL),
                RDMX_INVALID_ARGUMENT);
   CHECK_ERR_HAS("front of 4096 bytes");
+  /* Over the message limits (main sets msgr_max_segments = 8): refused at send. */
+  rdmx_msg_iov nine[9];
+  memset(nine, 0, sizeof nine);
+  for (int k = 0; k < 9; k++) {
+    nine[k].kind = RDMX_SEG_COPY;
+    nine[k].addr = big_front;
+    nine[k].length = 16;
+  }
+  CHECK_STATUS(rdmx_session_send(M, S, 1, NULL, 0, nine, 9, NULL), RDMX_INVALID_ARGUMENT);
+  CHECK_ERR_HAS("msgr_max_segments");
+  /* A byte limit the data pool cannot hold (half of it at most) is refused at creation. */
+  rdmx_config *small = NULL;
+  rdmx_msgr *refused = NULL;
+  CHECK_STATUS(rdmx_config_new(&small), RDMX_OK);
+  CHECK_STATUS(rdmx_config_set(small, "msgr_pool_chunks", "1024"), RDMX_OK);
+  CHECK_STATUS(rdmx_config_set(small, "msgr_max_message_bytes", "4194304"), RDMX_OK);
+  CHECK_STATUS(rdmx_msgr_new(small, NULL, NULL, &refused), RDMX_CONFLICT);
+  CHECK_ERR_HAS("msgr_max_message_bytes");
+  CHECK(refused == NULL);
+  rdmx_config_free(small);
   CHECK_STATUS(rdmx_msgr_chunk_put(M, &iov), RDMX_INVALID_ARGUMENT);
   CHECK_STATUS(rdmx_session_inject_fault(M, S, 99), RDMX_INVALID_ARGUMENT);
   rdmx_session_info info;
@@ -293,6 +314,7 @@ int main(int argc, char **argv) {
   CHECK_STATUS(rdmx_config_set(cfg, "soft_port", "0"), RDMX_OK);
   CHECK_STATUS(rdmx_config_set(cfg, "msgr_threads", "0"), RDMX_OK);
   CHECK_STATUS(rdmx_config_set(cfg, "msgr_send_queue_msgs", "16"), RDMX_OK);
+  CHECK_STATUS(rdmx_config_set(cfg, "msgr_max_segments", "8"), RDMX_OK);
   CHECK_STATUS(rdmx_config_set(cfg, "msgr_keepalive_timeout_ms", "30000"), RDMX_OK);
   CHECK_STATUS(rdmx_msgr_new(cfg, callback_mode ? on_event : NULL, &tag, &M), RDMX_OK);
   rdmx_config_free(cfg);

@@ -79,9 +79,14 @@ run_fio randwrite-read - "$A" m0 read randwrite
 run_fio rw7030-rpc - "$A" m0 rpc rw7030-verify
 run_fio rw7030-read - "$A" m0 read rw7030-verify
 run_fio rw7030-rpc-numjobs2-batch - "$A" m0 rpc rw7030-verify --numjobs=2 --iodepth_batch_complete_min=4
+# 1 MiB writes 32 and 128 deep (issue 27: EIO at depth >= 24), verified.
+run_fio write1m-qd32-rpc - "$A" m0 rpc write1m-verify
+run_fio write1m-qd128-rpc - "$A" m0 rpc write1m-verify --iodepth=128 --iodepth_batch_complete_max=128
+run_fio write1m-qd32-read - "$A" m0 read write1m-verify
 run_fio fill-file - "$A" f0 rpc fill
 run_fio randread-file-verify - "$A" f0 rpc randread --verify=crc32c --verify_fatal=1
 run_fio rw7030-file - "$A" f0 rpc rw7030-verify
+run_fio write1m-qd32-file - "$A" f0 rpc write1m-verify
 kill "$TPID"
 wait "$TPID" 2>/dev/null || true
 
@@ -140,5 +145,6 @@ else
   run_fio ns-randwrite-rpc "$nb" "$ADDR" m0 rpc randwrite
   run_fio ns-rw7030-rpc "$nb" "$ADDR" m0 rpc rw7030-verify
   run_fio ns-rw7030-read "$nb" "$ADDR" m0 read rw7030-verify
+  run_fio ns-write1m-qd32-rpc "$nb" "$ADDR" m0 rpc write1m-verify
 fi
 echo "== fio: all passed"

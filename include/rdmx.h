@@ -791,6 +791,16 @@ typedef struct {
    */
   uint64_t imm_sent;
   uint64_t imm_received;
+  /**
+   * Posts the connection's send queue took only part of (or none of): the rest went on
+   * a later pass, in order.
+   */
+  uint64_t partial_posts;
+  /**
+   * The peer's messages refused for breaking this side's `msgr_max_message_bytes` /
+   * `msgr_max_segments` (each ended the session).
+   */
+  uint64_t oversized;
 } rdmx_session_counters;
 
 /**

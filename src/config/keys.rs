@@ -404,6 +404,18 @@ pub static KEYS: &[KeySpec] = &[
         "16",
         "messages a session takes from its connection per progress pass: the answers its callbacks send leave before the next ones are taken, so a peer with many requests outstanding gets the first replies while the rest are served and both sides work at once, instead of one batch of every request going back and forth between sides that take turns",
     ),
+    key(
+        "msgr_max_message_bytes",
+        uint(4096, 1 << 30),
+        "16777216",
+        "most data bytes (all segments) in one message: a send over it is refused (InvalidArgument), and a peer's message over it is refused, counted (oversized) and ends the session; received data is READ into the data pool before delivery, so at most half of msgr_pool_chunks x 4 KiB (the default is lowered to that)",
+    ),
+    key(
+        "msgr_max_segments",
+        uint(1, 64),
+        "64",
+        "most data segments in one message, sent or received (a peer's message with more is refused like an oversized one)",
+    ),
     // --- profiles ---
     key(
         "profile",

@@ -790,6 +790,12 @@ pub struct rdmx_session_counters {
     /// block target answers placed reads with them when the client asks.
     pub imm_sent: u64,
     pub imm_received: u64,
+    /// Posts the connection's send queue took only part of (or none of): the rest went on
+    /// a later pass, in order.
+    pub partial_posts: u64,
+    /// The peer's messages refused for breaking this side's `msgr_max_message_bytes` /
+    /// `msgr_max_segments` (each ended the session).
+    pub oversized: u64,
 }
 
 impl From<&SessionCounters> for rdmx_session_counters {
@@ -815,6 +821,8 @@ impl From<&SessionCounters> for rdmx_session_counters {
             send_completions: c.send_completions,
             imm_sent: c.imm_sent,
             imm_received: c.imm_received,
+            partial_posts: c.partial_posts,
+            oversized: c.oversized,
         }
     }
 }

@@ -56,6 +56,8 @@ msgr_pool_chunks = 16384  # default
 msgr_eager_max = 4096  # default
 msgr_eager_write = true  # default
 msgr_rx_batch = 16  # default
+msgr_max_message_bytes = 16777216  # default
+msgr_max_segments = 64  # default
 profile = none  # default
 ";
 

@@ -121,6 +121,8 @@ pub struct Link {
     spare_hdr: Vec<Chunk>,
     spare_data: Vec<Chunk>,
     sq: VecDeque<SqEntry>,
+    /// Entries of `sq` that are READs (posted, not completed): at most [`Link::max_reads`].
+    reads_queued: usize,
     next_cookie: u64,
     max_sq: usize,
     max_sge: usize,
@@ -151,10 +153,23 @@ pub struct Link {
     /// granted (`msgr_eager_write`; set before the first send: the pool must take remote
     /// writes).
     pub eager_write: bool,
+    /// Posts the QP took only part of (or none of, being full): the rest went on a later
+    /// pass (added to the session's counters by the pass).
+    pub partial_posts: u64,
+    /// Posts still to cut short ([`super::Fault::PartialPosts`], tests).
+    pub inject_partial: u32,
     /// Its CQs tell the shard when a completion lands in them (`park.rs`): the session
     /// may be parked while quiet. Not on verbs, where only a poll tells.
     pub parkable: bool,
 }
+
+/// Send-queue entries kept for a control message (acknowledgement, credits, keepalive):
+/// data messages and READs leave them free, so the SEND that acknowledges what the peer
+/// sent (and returns its credits) always finds room. Without it a receiver whose READs
+/// filled the send queue (a 16 MiB segment is 256 READs of 64 KiB, the whole default
+/// queue; 1 MiB writes 32 deep are 512) could not queue its acknowledgement, and the
+/// refusal ended the connection.
+pub const CONTROL_RESERVE: usize = 1;
 
 /// Most grants a link keeps: more than any receive window (`msgr_recv_window` <= 32,768),
 /// so a peer that announces more is malformed, and the queue stays bounded.
@@ -184,6 +199,7 @@ impl Link {
             spare_hdr: Vec::new(),
             spare_data: Vec::new(),
             sq: VecDeque::new(),
+            reads_queued: 0,
             next_cookie: 1 << 32,
             max_sq,
             max_sge: max_sge.max(2),
@@ -200,6 +216,8 @@ impl Link {
             sends: 0,
             eager_write: false,
             parkable: false,
+            partial_posts: 0,
+            inject_partial: 0,
         }
     }
 
@@ -253,9 +271,32 @@ impl Link {
         self.rx.is_empty() && self.unposted.is_empty() && self.credits.deficit() == 0
     }
 
-    /// Free send-queue entries.
+    /// Free send-queue entries. The link counts an entry from its post until the
+    /// completion that retires it is polled (an unsignaled WR: a later signaled one's), so
+    /// the QP always has at least this much room: both the soft engine and a verbs QP free
+    /// a WR's slot no later than that completion, and both take `max_send_wr` WRs of any
+    /// size (a READ of many packets, or one waiting for `max_rd_atomic`, is one WR).
     pub fn sq_room(&self) -> usize {
         self.max_sq.saturating_sub(self.sq.len())
+    }
+
+    /// Send-queue entries a data message may take: the free ones but the control
+    /// reserve ([`CONTROL_RESERVE`]).
+    pub fn data_room(&self) -> usize {
+        self.sq_room().saturating_sub(CONTROL_RESERVE)
+    }
+
+    /// READs the send queue may hold at once: half of it, so the answers the session
+    /// sends meanwhile (a target's replies to the writes it is reading) find room too.
+    /// More would not go faster: only `max_rd_atomic` of them are on the wire at a time.
+    fn max_reads(&self) -> usize {
+        (self.max_sq / 2).max(1)
+    }
+
+    /// READs that may be posted now.
+    fn read_room(&self) -> usize {
+        self.data_room()
+            .min(self.max_reads().saturating_sub(self.reads_queued))
     }
 
     /// Posts receives up to the credit window (pool permitting).
@@ -320,21 +361,33 @@ impl Link {
                 w.flags &= !send_flags::SIGNALED;
             }
         }
-        let n = self.conn.post_send(&self.unposted);
+        let n = post(&self.conn, &self.unposted, &mut self.inject_partial);
         let want = self.unposted.len();
-        self.unposted.clear();
         // Why it refused (say, the side channel closed and the QP went to ERR): a pass posts
-        // before it polls, so this may be the first the session hears of the fault.
+        // before it polls, so this may be the first the session hears of the fault. A full
+        // send queue is not a fault: what it did not take stays queued, in order, and the
+        // next flush (every pass while anything is unposted: `is_quiet`) posts it.
         match n {
-            Ok(k) if k == want => Ok(()),
-            Ok(k) => Err(Error::new(
-                ErrorKind::Closed,
-                format!("messenger: the connection took {k} of {want} sends"),
-            )),
-            Err(e) => Err(Error::new(
-                ErrorKind::Closed,
-                format!("messenger: the connection refused a send: {}", e.message()),
-            )),
+            Ok(k) if k == want => {
+                self.unposted.clear();
+                Ok(())
+            }
+            Ok(k) => {
+                self.unposted.drain(..k);
+                self.partial_posts += 1;
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::Full => {
+                self.partial_posts += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.unposted.clear();
+                Err(Error::new(
+                    ErrorKind::Closed,
+                    format!("messenger: the connection refused a send: {}", e.message()),
+                ))
+            }
         }
     }
 
@@ -580,27 +633,33 @@ impl Link {
         });
     }
 
-    /// Posts READs for entry `e` (rendezvous) while the send queue has room; allocates the
-    /// segment's chunks first. Returns Ok(false) when it has to wait (pool or queue).
+    /// Posts READs for entry `idx` (rendezvous) while the send queue has room for them
+    /// ([`Link::read_room`]). The chunks of all the message's segments are taken from the
+    /// pool at once, or none: a message holding part of what it needs while other messages
+    /// (of this or other sessions) hold the rest would wait for ever on the shared pool.
+    /// Returns Ok(false) when it has to wait (pool, queue, or a post the QP took only part
+    /// of: the rest goes on a later pass).
     pub fn post_reads(&mut self, idx: usize) -> Result<bool> {
         // The send queue completes in posting order: queued SENDs go first.
         self.flush()?;
+        if !self.unposted.is_empty() {
+            return Ok(false); // the QP did not take them all: READs go after them
+        }
         let max_sge = self.max_sge;
-        let mut wrs: SmallVec<[SendReq; 8]> = SmallVec::new();
-        let room = self.sq_room();
+        let room = self.read_room();
+        let chunk_size = self.data.chunk_size();
         let Some(e) = self.rx.get_mut(idx) else {
             return Ok(true);
         };
+        if !take_chunks(&self.data, e) {
+            return Ok(false);
+        }
         let seq = e.seq;
-        let chunk_size = self.data.chunk_size();
-        'segs: for seg in e.segs.iter_mut() {
+        let mut wrs: SmallVec<[SendReq; 8]> = SmallVec::new();
+        // Where each WR starts (segment, byte): a WR the QP does not take is built again.
+        let mut starts: SmallVec<[(usize, usize); 8]> = SmallVec::new();
+        'segs: for (si, seg) in e.segs.iter_mut().enumerate() {
             let len = seg.desc.len as usize;
-            while seg.chunks.len() * chunk_size < len {
-                match self.data.get() {
-                    Ok(c) => seg.chunks.push(c),
-                    Err(_) => break 'segs,
-                }
-            }
             while seg.next < len {
                 if wrs.len() >= room {
                     break 'segs;
@@ -644,28 +703,35 @@ impl Link {
                     rkey: p.rkey,
                     imm: 0,
                 });
+                starts.push((si, seg.next));
                 seg.next = pos;
             }
         }
-        let all = e.segs.iter().all(|s| s.next >= s.desc.len as usize);
         if wrs.is_empty() {
-            return Ok(all);
+            return Ok(e.segs.iter().all(|s| s.next >= s.desc.len as usize));
         }
-        let n = self.conn.post_send(&wrs)?;
-        if n != wrs.len() {
-            return Err(Error::fixed(
-                ErrorKind::Closed,
-                "messenger: the connection refused a READ",
-            ));
+        let n = match post(&self.conn, &wrs, &mut self.inject_partial) {
+            Ok(n) => n,
+            Err(err) if err.kind() == ErrorKind::Full => 0,
+            Err(err) => return Err(err),
+        };
+        if n < wrs.len() {
+            // The QP took only the first `n`: the others are built again next time, from
+            // the first one's start (each segment back to its earliest untaken byte).
+            self.partial_posts += 1;
+            for &(si, start) in starts[n..].iter().rev() {
+                e.segs[si].next = start;
+            }
         }
         e.reads_in_flight += n as u32;
-        for w in &wrs {
+        for w in &wrs[..n] {
             self.sq.push_back(SqEntry {
                 cookie: w.cookie,
                 work: SqWork::Read { seq },
             });
         }
-        Ok(all)
+        self.reads_queued += n;
+        Ok(n == wrs.len() && e.segs.iter().all(|s| s.next >= s.desc.len as usize))
     }
 
     /// Takes up to `max` completions, of which at most `max_recv` receives (it asks the
@@ -801,6 +867,7 @@ impl Link {
                         }
                     }
                     SqWork::Read { seq } => {
+                        self.reads_queued = self.reads_queued.saturating_sub(1);
                         if let Some(r) = self.rx.iter_mut().find(|r| r.seq == seq) {
                             r.reads_in_flight = r.reads_in_flight.saturating_sub(1);
                         }
@@ -876,6 +943,70 @@ impl Drop for Link {
             let _ = self.data.put(c);
         }
     }
+}
+
+/// Takes the pool chunks entry `e`'s segments still lack, all of them or none (see
+/// [`Link::post_reads`]). Whether the entry has them all now.
+fn take_chunks(pool: &Pool, e: &mut RxEntry) -> bool {
+    let size = pool.chunk_size();
+    let need: usize = e
+        .segs
+        .iter()
+        .map(|s| {
+            (s.desc.len as usize)
+                .div_ceil(size)
+                .saturating_sub(s.chunks.len())
+        })
+        .sum();
+    if need == 0 {
+        return true;
+    }
+    // A look before taking: a message waiting for the pool costs one look per pass, not
+    // thousands of chunks taken and given back.
+    let st = pool.stats();
+    if (st.chunks_cap - st.chunks_in_use) < need as u32 {
+        return false;
+    }
+    let had: SmallVec<[usize; 4]> = e.segs.iter().map(|s| s.chunks.len()).collect();
+    for seg in e.segs.iter_mut() {
+        let len = seg.desc.len as usize;
+        while seg.chunks.len() * size < len {
+            match pool.get() {
+                Ok(c) => seg.chunks.push(c),
+                Err(_) => {
+                    // Another session took them meanwhile (or an arena could not be
+                    // mapped): give back what this call took, and wait.
+                    for (seg, &h) in e.segs.iter_mut().zip(&had) {
+                        for c in seg.chunks.drain(h..) {
+                            let _ = pool.put(c);
+                        }
+                    }
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Posts `wrs` on `conn`; with an injected partial post pending
+/// ([`super::Fault::PartialPosts`]) only the first half of them, as a QP with less room
+/// would take them, and a single one every other time not at all (as a full QP).
+fn post(conn: &Connection, wrs: &[SendReq], inject: &mut u32) -> Result<usize> {
+    if *inject > 0 {
+        *inject -= 1;
+        let k = wrs.len() / 2;
+        if k > 0 {
+            return conn.post_send(&wrs[..k]);
+        }
+        if *inject % 2 == 1 {
+            return Err(Error::fixed(
+                ErrorKind::Full,
+                "messenger: injected: the send queue took none of the work requests",
+            ));
+        }
+    }
+    conn.post_send(wrs)
 }
 
 fn recv_sges(hdr: &Chunk, data: &Chunk) -> SgeList {

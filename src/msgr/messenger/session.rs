@@ -264,7 +264,7 @@ impl Session {
         };
         match kind {
             Kind::Hello => self.on_hello(r, s, ev),
-            Kind::Msg => self.on_msg(r),
+            Kind::Msg => self.on_msg(r, s),
             Kind::Ack | Kind::Ping | Kind::Pong => Ok(()),
             Kind::Bye => Err(Error::fixed(
                 ErrorKind::Closed,
@@ -333,7 +333,7 @@ impl Session {
         Ok(())
     }
 
-    fn on_msg(&mut self, r: Received) -> Result<()> {
+    fn on_msg(&mut self, r: Received, s: &MsgrSettings) -> Result<()> {
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
@@ -372,6 +372,13 @@ impl Session {
             let parsed = wire::parse_block(&r.h, block);
             link.give_back(c);
             let (front, segs) = parsed?;
+            // Within this side's limits, before a chunk is taken for it (`post_reads`).
+            let bytes = segs.iter().map(|g| u64::from(g.len)).sum();
+            if let Err(e) = s.limits.check_recv(segs.len(), bytes) {
+                self.counters.oversized += 1;
+                warn_oversized(self.id, self.peer, &e);
+                return Err(e);
+            }
             entry.front = front;
             entry.segs = segs
                 .into_iter()
@@ -488,7 +495,7 @@ impl Session {
         // Messages, within credits.
         let max_sge = link.max_sge();
         while let Some(m) = self.waiting.front() {
-            if !link.credits.can_send_data() || link.sq_room() < m.sq_need(max_sge) {
+            if !link.credits.can_send_data() || link.data_room() < m.sq_need(max_sge) {
                 if !self.stalled {
                     self.stalled = true;
                     self.counters.credit_stalls += 1;
@@ -564,7 +571,10 @@ impl Session {
             ack = false;
             announce = false;
         }
-        if (ack || ping || announce) && link.credits.can_send_control() {
+        // A send queue full of READs and messages waits for their completions; the data
+        // path leaves the control reserve (`link::CONTROL_RESERVE`), so this is only when
+        // the QP itself is behind: the acknowledgement goes on a later pass.
+        if (ack || ping || announce) && link.credits.can_send_control() && link.sq_room() > 0 {
             let mut h = Header::new(if ping { Kind::Ping } else { Kind::Ack });
             h.ack = self.delivered;
             // Out of credits with messages waiting: say so here too (immediate messages
@@ -590,6 +600,7 @@ impl Session {
         link.flush()?;
         self.counters.rnr_naks += link.take_rnr();
         self.counters.send_completions += std::mem::take(&mut link.send_wcs);
+        self.counters.partial_posts += std::mem::take(&mut link.partial_posts);
         if link.live.dead(now, s.keepalive, s.keepalive_timeout) {
             return Err(Error::new(
                 ErrorKind::Timeout,
@@ -601,4 +612,31 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Logs a peer's message refused for its size at most once a second, process-wide: a peer
+/// that keeps opening sessions to send them must not flood the log (each is counted in
+/// `SessionCounters::oversized` all the same).
+fn warn_oversized(id: u64, peer: Option<SocketAddr>, e: &Error) {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    static NEXT_MS: AtomicU64 = AtomicU64::new(0);
+    static SKIPPED: AtomicU64 = AtomicU64::new(0);
+    let now = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64;
+    let due = NEXT_MS.load(Relaxed);
+    if now < due
+        || NEXT_MS
+            .compare_exchange(due, now + 1000, Relaxed, Relaxed)
+            .is_err()
+    {
+        SKIPPED.fetch_add(1, Relaxed);
+        return;
+    }
+    let skipped = match SKIPPED.swap(0, Relaxed) {
+        0 => String::new(),
+        n => format!(" ({n} more since the last line)"),
+    };
+    let peer = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+    log::warn!(target: "rdmx::msgr", "session {id:#x} (peer {peer}): {e}{skipped}");
 }

@@ -5,6 +5,76 @@ use crate::error::{Error, ErrorKind, Result};
 use std::time::Duration;
 
 use super::types::Policy;
+use super::wire::{MAX_SEG_LEN, MAX_SEGS, PAYLOAD_MAX};
+
+/// How large a message may be: its data bytes (all segments) and its segment count
+/// (`msgr_max_message_bytes`, `msgr_max_segments`). Checked on send (the application gets
+/// `InvalidArgument`) and on receive, before anything is allocated for the message (the
+/// peer's message is refused, counted as oversized, and the session ends: a lossless one
+/// would only replay it on the next connection).
+///
+/// These are the values a session's hello should advertise so that the sender refuses
+/// at `send` what the receiver would refuse (see `docs/messenger.md`, "Message limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsgLimits {
+    pub max_message_bytes: u64,
+    pub max_segments: usize,
+}
+
+impl MsgLimits {
+    /// The wire's own bounds: [`MAX_SEGS`] segments of at most [`MAX_SEG_LEN`] bytes.
+    pub const WIRE: MsgLimits = MsgLimits {
+        max_message_bytes: (MAX_SEGS * MAX_SEG_LEN) as u64,
+        max_segments: MAX_SEGS,
+    };
+
+    /// The tighter of two limits (this side's and the peer's advertised ones).
+    pub fn min(self, other: MsgLimits) -> MsgLimits {
+        MsgLimits {
+            max_message_bytes: self.max_message_bytes.min(other.max_message_bytes),
+            max_segments: self.max_segments.min(other.max_segments),
+        }
+    }
+
+    /// Whether a message of `segs` data segments totalling `bytes` is within the limits;
+    /// the error names what broke which key.
+    fn check(&self, segs: usize, bytes: u64) -> std::result::Result<(), String> {
+        if segs > self.max_segments {
+            return Err(format!(
+                "{segs} data segments; at most {} (msgr_max_segments)",
+                self.max_segments
+            ));
+        }
+        if bytes > self.max_message_bytes {
+            return Err(format!(
+                "{bytes} data bytes; at most {} (msgr_max_message_bytes)",
+                self.max_message_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    /// A message the application sends: `InvalidArgument` when it is too large.
+    pub fn check_send(&self, segs: usize, bytes: u64) -> Result<()> {
+        self.check(segs, bytes).map_err(|why| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("send: a message of {why}"),
+            )
+        })
+    }
+
+    /// A message the peer announced: `ResourceLimit` when it is too large (the session
+    /// ends: see [`MsgLimits`]).
+    pub fn check_recv(&self, segs: usize, bytes: u64) -> Result<()> {
+        self.check(segs, bytes).map_err(|why| {
+            Error::new(
+                ErrorKind::ResourceLimit,
+                format!("the peer sent a message of {why} on this side: refused, session ended"),
+            )
+        })
+    }
+}
 
 /// The `msgr_*` settings, typed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +104,8 @@ pub struct MsgrSettings {
     pub max_recv_wr: u32,
     pub max_send_wr: u32,
     pub max_send_sge: u32,
+    /// The largest message sent or received ([`MsgLimits`]).
+    pub limits: MsgLimits,
     /// How long a progress loop keeps polling after its last event before it sleeps on
     /// the event fds (`poll_mode` busy: None = never sleeps; event: zero; adaptive:
     /// `polling_us`).
@@ -49,7 +121,7 @@ impl MsgrSettings {
     /// transport keys fit).
     pub fn from_config(c: &Config) -> Result<MsgrSettings> {
         let keepalive = ms(c, "msgr_keepalive_ms")?;
-        let s = MsgrSettings {
+        let mut s = MsgrSettings {
             policy: match c.get("msgr_policy")?.as_str() {
                 "lossy" => Policy::Lossy,
                 _ => Policy::Lossless,
@@ -76,8 +148,28 @@ impl MsgrSettings {
             max_send_wr: c.get_u64("max_send_wr")? as u32,
             max_send_sge: c.get_u64("max_send_sge")? as u32,
             spin: spin(c)?,
+            limits: MsgLimits {
+                max_message_bytes: c.get_u64("msgr_max_message_bytes")?,
+                max_segments: c.get_u64("msgr_max_segments")? as usize,
+            },
         };
         let mut broken = Vec::new();
+        // A received message's segments are READ into the data pool and held until it is
+        // delivered: one larger than half the pool could wait for ever (or starve every
+        // other session of receives). An explicit value over that is refused; the default
+        // is lowered to it.
+        let half_pool = u64::from(s.pool_chunks) * PAYLOAD_MAX as u64 / 2;
+        if s.limits.max_message_bytes > half_pool {
+            if c.source("msgr_max_message_bytes")? == Source::Default {
+                s.limits.max_message_bytes = half_pool;
+            } else {
+                broken.push(format!(
+                    "msgr_max_message_bytes ({}) must not exceed half the data pool ({half_pool} \
+                     = msgr_pool_chunks {} x 4 KiB / 2): received messages are READ into it",
+                    s.limits.max_message_bytes, s.pool_chunks
+                ));
+            }
+        }
         if s.recv_window_min > s.recv_window {
             broken.push(format!(
                 "msgr_recv_window_min ({}) must not exceed msgr_recv_window ({})",

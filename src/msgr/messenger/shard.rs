@@ -617,6 +617,8 @@ impl Core {
                 ),
             ));
         }
+        let bytes: u64 = msg.data.iter().map(|p| p.len() as u64).sum();
+        self.settings.limits.check_send(msg.data.len(), bytes)?;
         let mut block = msg.front.len().next_multiple_of(8);
         for p in &msg.data {
             let parts = match p {
@@ -1400,11 +1402,16 @@ impl Core {
         if let Some(l) = sess.link.as_mut() {
             sess.counters.rnr_naks += l.take_rnr();
             sess.counters.send_completions += std::mem::take(&mut l.send_wcs);
+            sess.counters.partial_posts += std::mem::take(&mut l.partial_posts);
         }
         log::debug!(target: "rdmx::msgr", "session {:#x}: fault: {e}", sess.id);
         sess.drop_link();
-        let reset = e.kind() == ErrorKind::Closed
-            && (e.message().contains("restarted") || e.message().contains("closed the session"));
+        // A message over this side's limits would only come again on the next connection
+        // (replay): the session ends.
+        let reset = e.kind() == ErrorKind::ResourceLimit
+            || e.kind() == ErrorKind::Closed
+                && (e.message().contains("restarted")
+                    || e.message().contains("closed the session"));
         if reset || sess.policy == Policy::Lossy {
             self.end(sess, e, true, ev);
             return;
@@ -1513,15 +1520,16 @@ impl Core {
 
     pub fn inject_fault(&self, s: SessionId, fault: Fault) -> Result<()> {
         let shard = self.shard_of(s.0).ok_or_else(|| closed("inject_fault"))?;
-        let st = shard.st.lock();
+        let mut st = shard.st.lock();
         let link = st
             .sessions
-            .get(&s.0)
-            .and_then(|s| s.link.as_ref())
+            .get_mut(&s.0)
+            .and_then(|s| s.link.as_mut())
             .ok_or_else(|| Error::fixed(ErrorKind::Closed, "inject_fault: no connection now"))?;
         match fault {
             Fault::SideChannelClose => link.conn.inject_side_channel_close(),
             Fault::QpError => link.conn.inject_qp_error(),
+            Fault::PartialPosts { posts } => link.inject_partial = posts,
         }
         Ok(())
     }
@@ -1561,4 +1569,6 @@ fn add_counters(t: &mut SessionCounters, c: &SessionCounters) {
     t.send_completions += c.send_completions;
     t.imm_sent += c.imm_sent;
     t.imm_received += c.imm_received;
+    t.partial_posts += c.partial_posts;
+    t.oversized += c.oversized;
 }

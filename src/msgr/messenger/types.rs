@@ -467,6 +467,12 @@ pub struct SessionCounters {
     /// `msgs_sent` / `msgs_received`).
     pub imm_sent: u64,
     pub imm_received: u64,
+    /// Posts the connection's send queue took only part of, or none of (full): the rest
+    /// was posted on a later pass, in order.
+    pub partial_posts: u64,
+    /// Messages from the peer refused for breaking this side's limits
+    /// (`msgr_max_message_bytes`, `msgr_max_segments`): each ended the session.
+    pub oversized: u64,
 }
 
 /// What a session is now.
@@ -525,4 +531,9 @@ pub enum Fault {
     SideChannelClose,
     /// Move this side's QP to ERR (outstanding work flushes), side channel left open.
     QpError,
+    /// The next `posts` posts of work requests on this side's connection take only the
+    /// first half of their WRs (a single one: none, every other time), as a send queue
+    /// with less room would: the rest must go on a later pass
+    /// ([`SessionCounters::partial_posts`]).
+    PartialPosts { posts: u32 },
 }

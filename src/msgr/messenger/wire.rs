@@ -38,7 +38,9 @@ pub const FRONT_INLINE_MAX: usize = SLOT - HDR_LEN;
 pub const PAYLOAD_MAX: usize = 4096;
 /// The largest front (carried in the descriptor block when larger than the slot room).
 pub const FRONT_MAX: usize = 2048;
-/// Data segments per message.
+/// Data segments per message: the wire's bound. A messenger's own is `msgr_max_segments`
+/// (at most this), and its bytes per message `msgr_max_message_bytes` (at most
+/// `MAX_SEGS` x [`MAX_SEG_LEN`] = 1 GiB): see `settings::MsgLimits`.
 pub const MAX_SEGS: usize = 64;
 /// RDMA WRITEs before one message ([`super::OutMessage::writes`]).
 pub const MAX_WRITES: usize = 16;
