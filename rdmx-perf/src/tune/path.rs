@@ -1,0 +1,203 @@
+//! The timer advisor's measurements: the path for `--duration` (a third each: read_lat for
+//! the round trip, read_bw at the user's queue depth for the wait an ACK timer sees, the
+//! responder's and requester's stalls and loss, send_bw at that depth for RNR NAKs), and
+//! `--verify`: read_bw again with the recommendation and with each seed profile, counting
+//! what was really sent twice.
+
+use super::advisor::{self, Advice, Path, Timers};
+use super::sweeps::{Plan, round_order};
+use crate::client::{Measured, Spec, measure};
+use crate::perf::{Histogram, build_config};
+
+/// The seed's profiles the advisor compares with.
+pub const PROFILES: &[&str] = &["ceph-before", "ceph-after"];
+
+fn quantiles(h: &Histogram) -> [u64; 4] {
+    [
+        h.quantile(0.50),
+        h.quantile(0.99),
+        h.quantile(0.9999),
+        h.max(),
+    ]
+}
+
+fn run(
+    plan: &Plan,
+    test: &'static str,
+    qd: usize,
+    secs: f64,
+    profile: Option<&str>,
+    extra: &[(String, String)],
+) -> Result<Measured, String> {
+    let mut sets = plan.sets.clone();
+    if let Some(p) = &plan.provider {
+        sets.insert(0, ("provider".to_string(), p.clone()));
+    }
+    sets.extend(extra.iter().cloned());
+    let cfg = build_config(profile, &sets, &[])?;
+    let m = measure(
+        &Spec {
+            test,
+            connect: plan.connect.clone(),
+            size: 4096,
+            qd,
+            duration: secs,
+            batch: None,
+            lat_stream: false,
+            server_stats: true,
+        },
+        &cfg,
+    )?;
+    if m.errors > 0 {
+        return Err(format!(
+            "{test}: {}",
+            m.first_error.as_deref().unwrap_or("errors")
+        ));
+    }
+    Ok(m)
+}
+
+fn count(m: &Measured, k: &str) -> u64 {
+    m.report.get(k).unwrap_or(0.0) as u64
+}
+
+/// Measures the path for `secs` seconds in all.
+pub fn measure_path(plan: &Plan, secs: f64, progress: &dyn Fn(&str)) -> Result<Path, String> {
+    let third = (secs / 3.0).max(0.05);
+    progress("advisor: round trip (read_lat)");
+    let lat = run(plan, "read_lat", 1, third, None, &[])?;
+    progress(&format!("advisor: wait at qd {} (read_bw)", plan.qd));
+    let bw = run(plan, "read_bw", plan.qd, third, None, &[])?;
+    progress(&format!("advisor: RNR NAKs at qd {} (send_bw)", plan.qd));
+    let sb = run(plan, "send_bw", plan.qd, third, None, &[])?;
+    let srv = bw.server.unwrap_or_default();
+    let seconds = bw.report.get("duration_s").unwrap_or(third);
+    let lost = ["seq_naks", "out_of_sequence", "kernel_drops"]
+        .iter()
+        .map(|k| count(&bw, k))
+        .sum();
+    Ok(Path {
+        rtt_ns: quantiles(&lat.hist),
+        wait_ns: quantiles(&bw.hist),
+        wait_samples: bw.hist.count(),
+        qd: plan.qd as u64,
+        ops_per_sec: bw.report.get("ops_per_sec").unwrap_or(0.0),
+        seconds,
+        server_stalls: srv.stalls,
+        server_stalled_ns: srv.stalled_ns,
+        server_max_stall_ns: srv.max_stall_ns,
+        client_stalls: count(&bw, "stalls"),
+        client_stalled_ns: (bw.report.get("stalled_ms").unwrap_or(0.0) * 1e6) as u64,
+        client_max_stall_ns: (bw.report.get("max_stall_ms").unwrap_or(0.0) * 1e6) as u64,
+        rnr_naks: count(&sb, "rnr_naks"),
+        sends: count(&sb, "ops"),
+        lost,
+        tx_packets: count(&bw, "tx_packets") + srv.tx_packets,
+    })
+}
+
+/// The timers of a profile (with the user's --set values), evaluated on `p`.
+pub fn profile_timers(plan: &Plan, name: &str, p: &Path) -> Result<Timers, String> {
+    let cfg = build_config(Some(name), &plan.sets, &[])?;
+    let s = cfg.settings().map_err(|e| e.to_string())?;
+    Ok(advisor::evaluate(
+        name,
+        s.timeout,
+        s.retry_cnt,
+        s.rnr_retry,
+        s.min_rnr_timer,
+        p,
+    ))
+}
+
+/// The `--set`s that apply a timer set.
+pub fn timer_sets(t: &Timers) -> Vec<(String, String)> {
+    [
+        ("timeout", t.timeout),
+        ("retry_cnt", t.retry_cnt),
+        ("rnr_retry", t.rnr_retry),
+        ("min_rnr_timer", t.min_rnr_timer),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// One `--verify` row: a timer set rerun with read_bw.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub timers: Timers,
+    pub runs: usize,
+    pub ops_per_sec: Option<f64>,
+    pub tx_packets: u64,
+    /// Client: requests sent again, ACK timer expiries; server: duplicates it received.
+    pub retransmits: u64,
+    pub ack_timeouts: u64,
+    pub duplicates: u64,
+    /// retransmits / tx_packets (the client's).
+    pub retransmit_fraction: Option<f64>,
+    pub errors: u64,
+    pub note: Option<String>,
+}
+
+/// Reruns read_bw at the user's depth with each timer set, `rounds` times in alternating
+/// order, `secs` per run.
+pub fn verify(
+    plan: &Plan,
+    sets: &[Timers],
+    secs: f64,
+    progress: &dyn Fn(&str),
+) -> Vec<Verified> {
+    let mut out: Vec<Verified> = sets
+        .iter()
+        .map(|t| Verified {
+            timers: t.clone(),
+            runs: 0,
+            ops_per_sec: None,
+            tx_packets: 0,
+            retransmits: 0,
+            ack_timeouts: 0,
+            duplicates: 0,
+            retransmit_fraction: None,
+            errors: 0,
+            note: None,
+        })
+        .collect();
+    let mut ops: Vec<Vec<f64>> = vec![Vec::new(); sets.len()];
+    for round in 0..plan.rounds {
+        for i in round_order(sets.len(), round) {
+            let t = &sets[i];
+            progress(&format!("verify: {} round {}", t.name, round + 1));
+            let v = &mut out[i];
+            match run(plan, "read_bw", plan.qd, secs, None, &timer_sets(t)) {
+                Ok(m) => {
+                    v.runs += 1;
+                    ops[i].push(m.report.get("ops_per_sec").unwrap_or(0.0));
+                    v.tx_packets += count(&m, "tx_packets");
+                    v.retransmits += count(&m, "retransmits");
+                    v.ack_timeouts += count(&m, "ack_timeouts");
+                    v.duplicates += m.server.map_or(0, |s| s.duplicates_received);
+                }
+                Err(e) => {
+                    v.errors += 1;
+                    v.note.get_or_insert(e);
+                }
+            }
+        }
+    }
+    for (v, o) in out.iter_mut().zip(ops.iter_mut()) {
+        v.ops_per_sec = super::sweeps::median(o);
+        v.retransmit_fraction =
+            (v.tx_packets > 0).then(|| v.retransmits as f64 / v.tx_packets as f64);
+    }
+    out
+}
+
+/// The advisor's whole result.
+#[derive(Debug, Clone)]
+pub struct AdvisorResult {
+    pub path: Path,
+    pub advice: Advice,
+    pub profiles: Vec<Timers>,
+    pub verified: Option<Vec<Verified>>,
+}
