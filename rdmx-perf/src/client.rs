@@ -24,12 +24,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::cli;
-use crate::tune::stats::{self as server_stats, ServerStats};
 use crate::perf::{
     Clock, Fail, Histogram, MAX_SEND, PING, PONG, READY_IMM, READY_TIMEOUT, Report, Rng, Waiter,
     build_config, check_pattern, fill_pattern, pattern_byte,
 };
 use crate::server::empty_wc;
+use crate::tune::stats::{self as server_stats, ServerStats};
 
 pub const USAGE: &str = "usage: rdmx-perf {read_bw|write_bw|send_bw|read_lat|send_lat} --connect ADDR:PORT \
      [--size BYTES (4096)] [--qd N (bw: 32, lat: 1)] [--duration SECONDS (5)] [--batch N (config post_batch, 32)] \

@@ -87,7 +87,8 @@ pub fn measure(secs: f64, provider: Option<&str>) -> Result<RegFigures, String> 
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
     cfg.set("soft_port", "0").map_err(|e| e.to_string())?;
     if let Some(p) = provider {
-        cfg.set("provider", p).map_err(|e| format!("provider {p}: {e}"))?;
+        cfg.set("provider", p)
+            .map_err(|e| format!("provider {p}: {e}"))?;
     }
     let ctx = Context::new(&cfg).map_err(|e| format!("context: {e}"))?;
     let dur = Duration::from_secs_f64(secs);

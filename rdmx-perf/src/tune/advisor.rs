@@ -229,7 +229,9 @@ pub fn advise(p: &Path) -> Advice {
     let capped = if ack_timeout_ns(timeout).unwrap_or(0) < need
         || spurious_fraction(p, t_ns) > SPURIOUS_TARGET
     {
-        format!(" (capped at {MAX_TIMEOUT_CODE}: no shorter code met both; the path itself is the problem)")
+        format!(
+            " (capped at {MAX_TIMEOUT_CODE}: no shorter code met both; the path itself is the problem)"
+        )
     } else {
         String::new()
     };

@@ -118,9 +118,7 @@ pub fn main(args: &[String]) -> ExitCode {
         provider: a.provider.clone(),
         sets: a.set.clone(),
         qd: a.qd,
-        run_seconds: a
-            .run_seconds
-            .unwrap_or(if a.quick { 0.15 } else { 1.0 }),
+        run_seconds: a.run_seconds.unwrap_or(if a.quick { 0.15 } else { 1.0 }),
         rounds: a.rounds.unwrap_or(if a.quick { 2 } else { 3 }),
     };
     let duration = a.duration.unwrap_or(if a.quick { 1.0 } else { 5.0 });
@@ -168,7 +166,10 @@ pub fn main(args: &[String]) -> ExitCode {
         return Fail::Run(format!(
             "nothing was measured against {} ({})",
             a.connect,
-            result.advisor_error.as_deref().unwrap_or("every run failed")
+            result
+                .advisor_error
+                .as_deref()
+                .unwrap_or("every run failed")
         ))
         .exit(who);
     }

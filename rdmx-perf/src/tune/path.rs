@@ -142,12 +142,7 @@ pub struct Verified {
 
 /// Reruns read_bw at the user's depth with each timer set, `rounds` times in alternating
 /// order, `secs` per run.
-pub fn verify(
-    plan: &Plan,
-    sets: &[Timers],
-    secs: f64,
-    progress: &dyn Fn(&str),
-) -> Vec<Verified> {
+pub fn verify(plan: &Plan, sets: &[Timers], secs: f64, progress: &dyn Fn(&str)) -> Vec<Verified> {
     let mut out: Vec<Verified> = sets
         .iter()
         .map(|t| Verified {

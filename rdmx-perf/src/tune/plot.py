@@ -4,8 +4,9 @@ Run by rdmx-perf (the script is compiled into the binary and fed to `python3 -`)
     python3 - TUNE_JSON OUT_DIR
 Each PNG has one panel per figure the sweep names in "plot" (throughput first, then the
 p99 it cares about): the measured medians against the knob, and the article's claim as a
-dashed reference (its reported factors applied to the measured value at the claim's
-baseline row), so the claimed direction and size sit beside what was measured here.
+dashed reference with its factors marked (the reported factors applied to the measured value
+at the claim's baseline row), so the claimed direction and size sit beside what was
+measured here.
 matplotlib (Debian's python3-matplotlib), Agg backend: no display needed.
 """
 
@@ -24,7 +25,7 @@ LABELS = {
     "stream_p99_us": "latency stream p99, us",
     "stream_p999_us": "latency stream p99.9, us",
     "cpu_us_per_op": "CPU us per op (client + server)",
-    "ns_per_op": "ns per registration",
+    "ns_per_op": "ns per registration (get + put)",
 }
 
 
@@ -39,7 +40,7 @@ def plot_sweep(sweep, out_dir, subtitle):
     rows = sweep["rows"]
     panels = sweep["plot"]
     claim = sweep["claim"]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(5.2 * len(panels), 9), 4.2), squeeze=False)
     numeric = numeric_axis(rows)
     pos = {r["label"]: (r["x"] if numeric else i) for i, r in enumerate(rows)}
     for ax, metric in zip(axes[0], panels):
@@ -59,10 +60,13 @@ def plot_sweep(sweep, out_dir, subtitle):
             if ref:
                 ax.plot([p[0] for p in ref], [p[1] for p in ref], "s--", color="tab:orange",
                         label="article's claim, from this baseline")
-                if len(ref) >= 2:
-                    (x0, y0), (x1, y1) = ref[0], ref[-1]
-                    ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
-                                arrowprops=dict(arrowstyle="->", color="tab:orange", lw=1.5))
+                prev = 1.0
+                for (x, y), p in zip(ref, [p for p in claim["points"] if p["label"] in pos]):
+                    # Mark where the claimed factor changes (x1.23 once, not on the flat part).
+                    if p["factor"] != prev:
+                        prev = p["factor"]
+                        ax.annotate(f"x{p['factor']:.2f}", (x, y), xytext=(4, 4),
+                                    textcoords="offset points", fontsize=7, color="tab:orange")
         ax.set_title(LABELS.get(metric, metric), fontsize=10)
         ax.set_xlabel(sweep["knob"], fontsize=9)
         if numeric:
@@ -74,7 +78,11 @@ def plot_sweep(sweep, out_dir, subtitle):
         else:
             ax.set_xticks(range(len(rows)))
             ax.set_xticklabels([r["label"] for r in rows])
-        ax.set_ylim(bottom=0)
+        ys = [p[1] for p in pts if p[1] > 0]
+        if ys and max(ys) / min(ys) > 100:
+            ax.set_yscale("log")  # registration: per-IO vs pooled spans orders of magnitude
+        else:
+            ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(f"{sweep['name']}: {claim['text']}\n{sweep['runs']}; {subtitle}", fontsize=9)

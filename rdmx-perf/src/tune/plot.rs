@@ -17,7 +17,13 @@ pub fn plot(dir: &Path, json: &str) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("--plot {}: {e}", dir.display()))?;
     let data = dir.join("tune.json");
     std::fs::write(&data, json).map_err(|e| format!("{}: {e}", data.display()))?;
-    let mut child = Command::new("python3")
+    // Debian's python, where python3-matplotlib is, not a python3 earlier in PATH (a
+    // pyenv shim, a venv): as ceph-harness/lib.sh does.
+    let python = ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|p| !p.starts_with('/') || Path::new(p).exists())
+        .unwrap_or("python3");
+    let mut child = Command::new(python)
         .arg("-")
         .arg(&data)
         .arg(dir)
@@ -25,13 +31,17 @@ pub fn plot(dir: &Path, json: &str) -> Result<Vec<PathBuf>, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("python3 (for --plot; Debian: apt-get install python3-matplotlib): {e}"))?;
+        .map_err(|e| {
+            format!("python3 (for --plot; Debian: apt-get install python3-matplotlib): {e}")
+        })?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(SCRIPT.as_bytes())
             .map_err(|e| format!("python3: {e}"))?;
     }
-    let out = child.wait_with_output().map_err(|e| format!("python3: {e}"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("python3: {e}"))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let hint = if err.contains("No module named 'matplotlib'") {

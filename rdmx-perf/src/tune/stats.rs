@@ -177,7 +177,10 @@ mod tests {
         let d = b.since(&a);
         assert_eq!((d.cpu_ns, d.stalls, d.stalled_ns), (10, 1, 100));
         assert_eq!(d.max_stall_ns, 100, "not grown: the run's mean stall");
-        let c = ServerStats { max_stall_ns: 800, ..b };
+        let c = ServerStats {
+            max_stall_ns: 800,
+            ..b
+        };
         assert_eq!(c.since(&a).max_stall_ns, 800);
         assert_eq!(a.since(&a).max_stall_ns, 0);
         assert_eq!(a.since(&b).cpu_ns, 0);

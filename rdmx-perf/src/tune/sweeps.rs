@@ -459,7 +459,7 @@ fn registration(plan: &Plan, progress: &dyn Fn(&str)) -> Sweep {
         },
         rows,
         columns: cols,
-        plot: vec!["ops_per_sec"],
+        plot: vec!["ops_per_sec", "ns_per_op"],
         notes: vec![
             "local: no server; no latency distribution (each figure is a mean over a timed loop)".into(),
             "soft: registration pins pages (mlock) and fills a table, as a NIC's driver does, but there is no NIC page table (MTT) to update: a NIC's per-IO registration costs more".into(),
@@ -484,7 +484,8 @@ mod tests {
     #[test]
     fn a_row_folds_medians_sums_and_errors() {
         let cols = ["ops_per_sec", "retransmits"];
-        let run = |ops: f64, rt: f64| Ok(vec![("ops_per_sec", Some(ops)), ("retransmits", Some(rt))]);
+        let run =
+            |ops: f64, rt: f64| Ok(vec![("ops_per_sec", Some(ops)), ("retransmits", Some(rt))]);
         let runs = vec![
             run(10.0, 1.0),
             Err("boom".to_string()),
