@@ -177,8 +177,8 @@ for p in places:
             res[p] = json.loads(fh.read().strip().splitlines()[-1])
     except (OSError, ValueError, IndexError):
         print(f"{p:<6} no result")
-hdr = ("place", "timeout", "ack_to_ms", "detect_ms", "pred_rec", "pred_after", "rtx_rec", "rtx_after", "to_rec", "to_after", "srv_stall_max_ms", "wait_p9999_us")
-print("%-6s %7s %9s %9s %9s %10s %9s %9s %6s %8s %16s %13s" % hdr)
+hdr = ("place", "timeout", "ack_to_ms", "detect_ms", "pred_rec", "pred_after", "rtx_rec", "rtx_after", "to_rec", "to_after", "srv_stall_max_ms", "silence_max_us")
+print("%-6s %7s %9s %9s %9s %10s %9s %9s %6s %8s %16s %14s" % hdr)
 for p, j in res.items():
     a = j.get("advisor", {})
     if "recommended" not in a:
@@ -189,12 +189,12 @@ for p, j in res.items():
     v = {x["name"]: x for x in (a.get("verify") or [])}
     frac = lambda n, k: (v.get(n) or {}).get(k)
     fmt = lambda x: "-" if x is None else (f"{x:.2e}" if isinstance(x, float) else str(x))
-    print("%-6s %7d %9.3f %9.1f %9s %10s %9s %9s %6s %8s %16.3f %13.1f" % (
+    print("%-6s %7d %9.3f %9.1f %9s %10s %9s %9s %6s %8s %16.3f %14.1f" % (
         p, r["timeout"], r["ack_timeout_ms"], r["detection_ms"],
         fmt(r["predicted_spurious_fraction"]), fmt(after["predicted_spurious_fraction"]),
         fmt(frac("recommended", "retransmit_fraction")), fmt(frac("ceph-after", "retransmit_fraction")),
         fmt(frac("recommended", "ack_timeouts")), fmt(frac("ceph-after", "ack_timeouts")),
-        a["path"]["server_max_stall_ms"], a["path"]["wait_at_qd"]["p9999_us"]))
+        a["path"]["server_max_stall_ms"], a["path"]["silence_at_qd"]["max_us"]))
 idle, veth = res.get("idle"), res.get("veth") or res.get("busy")
 if idle and veth and "recommended" in idle["advisor"] and "recommended" in veth["advisor"]:
     ti, tv = idle["advisor"]["recommended"]["timeout"], veth["advisor"]["recommended"]["timeout"]

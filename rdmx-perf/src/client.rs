@@ -247,6 +247,9 @@ pub struct Measured {
     pub hist: Histogram,
     /// The latency stream's round trips (`lat_stream`).
     pub stream: Option<Histogram>,
+    /// Silences with ops outstanding: time from a completion (or the post that ended a
+    /// time with nothing outstanding) to the next completion (bandwidth tests and read_lat).
+    pub gaps: Option<Histogram>,
     /// This process's CPU time during the ops (user + system, every thread), ns.
     pub client_cpu_ns: u64,
     /// The server's difference over the run (`server_stats`).
@@ -288,6 +291,7 @@ pub fn measure(spec: &Spec, cfg: &Config) -> Result<Measured, String> {
         first_error: out.first_error,
         hist: out.hist.unwrap_or_else(Histogram::new),
         stream: out.stream,
+        gaps: out.gaps,
         client_cpu_ns: out.cpu_ns,
         server: out.server,
         cq_overflows: out.cq_overflows,
@@ -344,6 +348,7 @@ struct Outcome {
     // For `measure` (rdmx-perf tune):
     hist: Option<Histogram>,
     stream: Option<Histogram>,
+    gaps: Option<Histogram>,
     cpu_ns: u64,
     server: Option<ServerStats>,
     cq_overflows: Option<u64>,
@@ -755,6 +760,12 @@ fn ops_loop(
     let mut wcs = vec![empty_wc(); 64];
     let mut out = Outcome::default();
     let mut stream = LatStream::new(a.lat_stream, ctl);
+    // Silences: how long the connection went without a completion while ops were
+    // outstanding (an RC requester's ACK timer restarts on every answer, so these, not the
+    // ops' latencies, are what a timeout must outlast). `quiet_since`: the last completion,
+    // or the post that ended a time with nothing outstanding.
+    let mut gaps = Histogram::new();
+    let mut quiet_since: Option<u64> = None;
     let start = clock.now();
     let end = start + (a.duration * 1e9) as u64;
     let mut last = start;
@@ -832,6 +843,9 @@ fn ops_loop(
             for w in &wrs[..posted] {
                 posted_at[w.cookie as usize] = t;
             }
+            if posted > 0 && quiet_since.is_none() {
+                quiet_since = Some(t);
+            }
             for w in wrs[posted..].iter().rev() {
                 free.push(w.cookie as usize);
             }
@@ -855,6 +869,9 @@ fn ops_loop(
         }
         waiter.busy();
         let t = clock.now();
+        if let Some(q) = quiet_since {
+            gaps.record(t.saturating_sub(q));
+        }
         for wc in &wcs[..n] {
             if stream.owns(wc.cookie) {
                 if let Err(e) = stream.completed(wc, t) {
@@ -907,9 +924,11 @@ fn ops_loop(
                 }
             }
         }
+        quiet_since = (free.len() < a.qd).then_some(t);
     }
     out.elapsed_ns = last.saturating_sub(start).max(1);
     out.stream = stream.hist;
+    out.gaps = Some(gaps);
     out
 }
 

@@ -177,7 +177,14 @@ fn quick_run_measures_every_sweep_and_the_advisor() {
         num(&p["rtt"], "p9999_us") >= num(&p["rtt"], "p99_us"),
         "{p}"
     );
-    assert!(num(p, "wait_samples") > 0.0 && num(p, "sends") > 0.0, "{p}");
+    assert!(
+        num(p, "silences") > 0.0 && num(p, "ops") > 0.0 && num(p, "sends") > 0.0,
+        "{p}"
+    );
+    assert!(
+        num(&p["silence_at_qd"], "max_us") >= num(&p["silence_at_qd"], "p50_us"),
+        "{p}"
+    );
     for k in [
         "server_stalls",
         "client_stalls",

@@ -28,13 +28,21 @@ pub struct Path {
     /// Round trip of one READ at a time (read_lat): p50, p99, p99.99, max.
     pub rtt_ns: [u64; 4],
     /// Post-to-completion of a READ at the user's queue depth (read_bw): p50, p99, p99.99,
-    /// max. This is how long the requester's ACK timer waits for its oldest packet.
+    /// max (reported; a READ queued behind others waits before its request is even sent).
     pub wait_ns: [u64; 4],
-    /// Samples behind `wait_ns`.
-    pub wait_samples: u64,
-    /// The user's queue depth (READs in flight: one timeout resends about that many).
+    /// Silences in that run: time without any completion while READs were outstanding,
+    /// p50, p99, p99.99, max. An RC requester's ACK timer restarts on every answer, so a
+    /// timeout fires spuriously when a silence outlasts it.
+    pub gap_ns: [u64; 4],
+    /// Silences measured (one per completion batch).
+    pub gaps: u64,
+    /// The user's queue depth.
     pub qd: u64,
-    /// READs per second at that depth.
+    /// Request packets one timeout resends (go-back-N): the READs on the wire,
+    /// min(qd, max_rd_atomic).
+    pub resent_per_timeout: u64,
+    /// READs completed in that run, and per second.
+    pub ops: u64,
     pub ops_per_sec: f64,
     /// Seconds the stalls were counted over.
     pub seconds: f64,
@@ -49,6 +57,8 @@ pub struct Path {
     /// RNR NAKs the client received in a send_bw at the user's queue depth, and the SENDs.
     pub rnr_naks: u64,
     pub sends: u64,
+    /// How the RNR probe ended, if with an error.
+    pub rnr_note: Option<String>,
     /// Packets lost or reordered (sequence NAKs, kernel drops), and packets sent.
     pub lost: u64,
     pub tx_packets: u64,
@@ -136,39 +146,45 @@ pub fn stall_above(stalls: u64, stalled_ns: u64, x: u64) -> f64 {
     (-((x - STALL_THRESHOLD_NS) as f64) / excess).exp()
 }
 
-/// The fraction of packets an ACK timeout of `t_ns` sends twice on `p`. Two ways an
-/// answer comes later than the timer: the measured wait distribution (each late READ is one
-/// resent request), and responder stalls longer than the timer (each fires one timeout,
-/// which resends about qd requests: go-back-N), per READ sent. The larger of the two.
+/// The fraction of request packets an ACK timeout of `t_ns` sends twice on `p`. Two
+/// estimates of how often the path stays silent longer than the timer: the measured
+/// silences (their tail above `t_ns`, times how many there were), and the responder's
+/// stalls (their rate times the modelled tail). Each such silence fires one timeout, which
+/// resends `resent_per_timeout` requests (go-back-N); per READ sent. The larger of the two.
 pub fn spurious_fraction(p: &Path, t_ns: u64) -> f64 {
     if t_ns == 0 {
         return 0.0; // no timer, no spurious retransmission (and no detection either)
     }
-    let from_wait = tail_above(p.wait_ns, p.wait_samples, t_ns);
+    let resent = p.resent_per_timeout as f64;
+    let from_gaps = if p.ops > 0 {
+        p.gaps as f64 * tail_above(p.gap_ns, p.gaps, t_ns) * resent / p.ops as f64
+    } else {
+        0.0
+    };
     let stalls_per_sec = if p.seconds > 0.0 {
         p.server_stalls as f64 / p.seconds
     } else {
         0.0
     };
     let from_stalls = if p.ops_per_sec > 0.0 {
-        stalls_per_sec * stall_above(p.server_stalls, p.server_stalled_ns, t_ns) * p.qd as f64
+        stalls_per_sec * stall_above(p.server_stalls, p.server_stalled_ns, t_ns) * resent
             / p.ops_per_sec
     } else {
         0.0
     };
-    from_wait.max(from_stalls).min(1.0)
+    from_gaps.max(from_stalls).min(1.0)
 }
 
-/// The longest silence a requester met or may meet: the wait's p99.99 (or its max when
-/// there are fewer than 10^4 samples), or the longest responder stall plus a median
-/// round trip.
+/// The longest silence a requester met or may meet: the silences' p99.99 (or their max
+/// when there are fewer than 10^4), or the longest responder stall plus a median round
+/// trip.
 pub fn longest_silence_ns(p: &Path) -> u64 {
-    let wait = if p.wait_samples >= 10_000 {
-        p.wait_ns[2]
+    let gap = if p.gaps >= 10_000 {
+        p.gap_ns[2]
     } else {
-        p.wait_ns[3]
+        p.gap_ns[3]
     };
-    wait.max(p.server_max_stall_ns.saturating_add(p.rtt_ns[0]))
+    gap.max(p.server_max_stall_ns.saturating_add(p.rtt_ns[0]))
 }
 
 /// The smallest RNR timer code whose wait is at least `ns` (codes 1..=31 in order of
@@ -239,8 +255,9 @@ pub fn advise(p: &Path) -> Advice {
         "timeout",
         format!(
             "{timeout} = {}: the smallest code >= {MARGIN} x the longest silence a requester met \
-             or may meet ({}: wait p99.99/max at qd {} vs longest responder stall {} + RTT p50 {}) \
-             with a predicted spurious-retransmission fraction <= {SPURIOUS_TARGET:e}{capped}",
+             or may meet ({}: silences at qd {} (p99.99, or max under 10^4 of them) vs longest \
+             responder stall {} + RTT p50 {}) with a predicted spurious-retransmission \
+             fraction <= {SPURIOUS_TARGET:e}{capped}",
             ms(t_ns),
             ms(silence),
             p.qd,
@@ -332,13 +349,16 @@ pub fn advise(p: &Path) -> Advice {
 mod tests {
     use super::*;
 
-    /// A quiet loopback: 30 us round trips, 200 us waits at qd 32, no stalls.
+    /// A quiet loopback: 30 us round trips, silences up to 2 ms at qd 32, no stalls.
     fn quiet() -> Path {
         Path {
             rtt_ns: [30_000, 60_000, 150_000, 400_000],
             wait_ns: [200_000, 500_000, 1_000_000, 2_000_000],
-            wait_samples: 1_000_000,
+            gap_ns: [20_000, 200_000, 1_000_000, 2_000_000],
+            gaps: 1_000_000,
             qd: 32,
+            resent_per_timeout: 16,
+            ops: 1_000_000,
             ops_per_sec: 200_000.0,
             seconds: 5.0,
             server_stalls: 0,
@@ -349,6 +369,7 @@ mod tests {
             client_max_stall_ns: 0,
             rnr_naks: 0,
             sends: 1_000_000,
+            rnr_note: None,
             lost: 0,
             tx_packets: 1_000_000,
         }
@@ -360,7 +381,7 @@ mod tests {
             server_stalls: 500,
             server_stalled_ns: 500 * 3_000_000,
             server_max_stall_ns: 28_000_000,
-            wait_ns: [600_000, 5_000_000, 20_000_000, 30_000_000],
+            gap_ns: [50_000, 3_000_000, 20_000_000, 30_000_000],
             ..quiet()
         }
     }
@@ -399,15 +420,21 @@ mod tests {
     #[test]
     fn spurious_fraction_takes_the_larger_source() {
         let b = busy();
-        // At ceph-after's 4.2 ms: wait tail between p99 (5 ms > 4.19) and p50: 1e-2..0.5;
-        // stalls: 100/s x exp(-(4.19-0.2)/2.8) x 32 / 200k = 3.85e-3. The wait tail wins.
+        // At ceph-after's 4.194 ms: the silences' tail, log-linear between p99 (3 ms, 1e-2)
+        // and p99.99 (20 ms, 1e-4): 7.24e-3 of 10^6 silences, x 16 resent / 10^6 READs =
+        // 0.116; stalls: 100/s x exp(-(4.194-0.2)/2.8) x 16 / 200k = 1.92e-3.
         let t = ack_timeout_ns(10).unwrap();
-        let from_wait = tail_above(b.wait_ns, b.wait_samples, t);
-        let from_stalls = 100.0 * stall_above(500, 500 * 3_000_000, t) * 32.0 / 200_000.0;
-        assert!((from_stalls - 3.85e-3).abs() < 1e-4, "{from_stalls}");
-        assert_eq!(spurious_fraction(&b, t), from_wait.max(from_stalls));
-        assert!(spurious_fraction(&b, t) > 0.01);
-        // At 67 ms the wait tail is 0 (past its max) and the stall model small.
+        let from_gaps = tail_above(b.gap_ns, b.gaps, t) * 16.0;
+        assert!((from_gaps - 0.1158).abs() < 1e-3, "{from_gaps}");
+        let from_stalls = 100.0 * stall_above(500, 500 * 3_000_000, t) * 16.0 / 200_000.0;
+        assert!((from_stalls - 1.92e-3).abs() < 1e-5, "{from_stalls}");
+        assert_eq!(spurious_fraction(&b, t), from_gaps.max(from_stalls));
+        let only_stalls = Path {
+            gaps: 0,
+            ..b.clone()
+        };
+        assert_eq!(spurious_fraction(&only_stalls, t), from_stalls);
+        // At 67 ms the silences' tail is 0 (past their max) and the stall model small.
         let t14 = ack_timeout_ns(14).unwrap();
         let f = spurious_fraction(&b, t14);
         assert!(f > 0.0 && f < 1e-10, "{f}");

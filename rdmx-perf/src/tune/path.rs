@@ -21,7 +21,27 @@ fn quantiles(h: &Histogram) -> [u64; 4] {
     ]
 }
 
+/// A client run; Err when it could not run or ended with errors.
 fn run(
+    plan: &Plan,
+    test: &'static str,
+    qd: usize,
+    secs: f64,
+    profile: Option<&str>,
+    extra: &[(String, String)],
+) -> Result<Measured, String> {
+    let m = run_lenient(plan, test, qd, secs, profile, extra)?;
+    if m.errors > 0 {
+        return Err(format!(
+            "{test}: {}",
+            m.first_error.as_deref().unwrap_or("errors")
+        ));
+    }
+    Ok(m)
+}
+
+/// A client run; Ok with its counters even when it ended with errors.
+fn run_lenient(
     plan: &Plan,
     test: &'static str,
     qd: usize,
@@ -35,7 +55,7 @@ fn run(
     }
     sets.extend(extra.iter().cloned());
     let cfg = build_config(profile, &sets, &[])?;
-    let m = measure(
+    measure(
         &Spec {
             test,
             connect: plan.connect.clone(),
@@ -47,14 +67,7 @@ fn run(
             server_stats: true,
         },
         &cfg,
-    )?;
-    if m.errors > 0 {
-        return Err(format!(
-            "{test}: {}",
-            m.first_error.as_deref().unwrap_or("errors")
-        ));
-    }
-    Ok(m)
+    )
 }
 
 fn count(m: &Measured, k: &str) -> u64 {
@@ -69,8 +82,20 @@ pub fn measure_path(plan: &Plan, secs: f64, progress: &dyn Fn(&str)) -> Result<P
     progress(&format!("advisor: wait at qd {} (read_bw)", plan.qd));
     let bw = run(plan, "read_bw", plan.qd, third, None, &[])?;
     progress(&format!("advisor: RNR NAKs at qd {} (send_bw)", plan.qd));
-    let sb = run(plan, "send_bw", plan.qd, third, None, &[])?;
+    // rnr_retry 7 (wait forever): the probe counts RNR NAKs instead of ending at the third
+    // (an RNR_RETRY_EXC_ERR would hide how many there were).
+    let forever = [("rnr_retry".to_string(), "7".to_string())];
+    let sb = run_lenient(plan, "send_bw", plan.qd, third, None, &forever)?;
+    let rnr_note = sb.first_error.clone();
     let srv = bw.server.unwrap_or_default();
+    let gaps = bw.gaps.clone().unwrap_or_else(Histogram::new);
+    let mut sets = plan.sets.clone();
+    if let Some(p) = &plan.provider {
+        sets.insert(0, ("provider".to_string(), p.clone()));
+    }
+    let rd_atomic = build_config(None, &sets, &[])
+        .and_then(|c| c.settings().map_err(|e| e.to_string()))
+        .map_or(16, |s| u64::from(s.max_rd_atomic));
     let seconds = bw.report.get("duration_s").unwrap_or(third);
     let lost = ["seq_naks", "out_of_sequence", "kernel_drops"]
         .iter()
@@ -79,8 +104,11 @@ pub fn measure_path(plan: &Plan, secs: f64, progress: &dyn Fn(&str)) -> Result<P
     Ok(Path {
         rtt_ns: quantiles(&lat.hist),
         wait_ns: quantiles(&bw.hist),
-        wait_samples: bw.hist.count(),
+        gap_ns: quantiles(&gaps),
+        gaps: gaps.count(),
         qd: plan.qd as u64,
+        resent_per_timeout: (plan.qd as u64).min(rd_atomic),
+        ops: count(&bw, "ops"),
         ops_per_sec: bw.report.get("ops_per_sec").unwrap_or(0.0),
         seconds,
         server_stalls: srv.stalls,
@@ -90,6 +118,7 @@ pub fn measure_path(plan: &Plan, secs: f64, progress: &dyn Fn(&str)) -> Result<P
         client_stalled_ns: (bw.report.get("stalled_ms").unwrap_or(0.0) * 1e6) as u64,
         client_max_stall_ns: (bw.report.get("max_stall_ms").unwrap_or(0.0) * 1e6) as u64,
         rnr_naks: count(&sb, "rnr_naks"),
+        rnr_note,
         sends: count(&sb, "ops"),
         lost,
         tx_packets: count(&bw, "tx_packets") + srv.tx_packets,

@@ -67,6 +67,13 @@ def plot_sweep(sweep, out_dir, subtitle):
                         prev = p["factor"]
                         ax.annotate(f"x{p['factor']:.2f}", (x, y), xytext=(4, 4),
                                     textcoords="offset points", fontsize=7, color="tab:orange")
+        if metric == panels[0]:
+            for m in claim.get("marks", []):
+                if m["label"] in pos:
+                    ax.axvline(pos[m["label"]], color="tab:orange", ls=":", lw=1.5)
+                    ax.annotate(m["text"], (pos[m["label"]], 0.5), xycoords=("data", "axes fraction"),
+                                xytext=(4, 0), textcoords="offset points", rotation=90,
+                                fontsize=7, color="tab:orange", va="center")
         ax.set_title(LABELS.get(metric, metric), fontsize=10)
         ax.set_xlabel(sweep["knob"], fontsize=9)
         if numeric:

@@ -68,6 +68,9 @@ fn sweep_json(s: &Sweep) -> Value {
             "points": s.claim.points.iter()
                 .map(|(l, f)| json!({"label": l, "factor": json_number(*f, 4)}))
                 .collect::<Vec<_>>(),
+            "marks": s.claim.marks.iter()
+                .map(|(l, t)| json!({"label": l, "text": t}))
+                .collect::<Vec<_>>(),
         },
         "columns": s.columns,
         "plot": s.plot,
@@ -103,8 +106,11 @@ fn path_json(p: &Path) -> Value {
     json!({
         "rtt": q(p.rtt_ns),
         "wait_at_qd": q(p.wait_ns),
-        "wait_samples": p.wait_samples,
+        "silence_at_qd": q(p.gap_ns),
+        "silences": p.gaps,
         "qd": p.qd,
+        "resent_per_timeout": p.resent_per_timeout,
+        "ops": p.ops,
         "ops_per_sec": json_number(p.ops_per_sec, 1),
         "seconds": json_number(p.seconds, 3),
         "server_stalls": p.server_stalls,
@@ -115,6 +121,7 @@ fn path_json(p: &Path) -> Value {
         "client_max_stall_ms": ms(p.client_max_stall_ns),
         "rnr_naks": p.rnr_naks,
         "sends": p.sends,
+        "rnr_probe_error": p.rnr_note.clone().map_or(Value::Null, Value::from),
         "lost": p.lost,
         "tx_packets": p.tx_packets,
     })
@@ -230,7 +237,8 @@ fn advisor_table(s: &mut String, a: &AdvisorResult) {
         s,
         "\n## timer advisor: the path\n\
          RTT (read_lat)            p50 {:.1} us  p99 {:.1} us  p99.99 {:.1} us  max {:.1} us\n\
-         wait at qd {:<4} (read_bw) p50 {:.1} us  p99 {:.1} us  p99.99 {:.1} us  max {:.1} us  ({} samples, {:.0} ops/s)\n\
+         wait at qd {:<4} (read_bw) p50 {:.1} us  p99 {:.1} us  p99.99 {:.1} us  max {:.1} us  ({} READs, {:.0} ops/s)\n\
+         silences (no completion)  p50 {:.1} us  p99 {:.1} us  p99.99 {:.1} us  max {:.1} us  ({} of them; a timeout resends {})\n\
          server stalls             {} in {:.2} s, {:.3} ms in all, longest {:.3} ms\n\
          client stalls             {}, {:.3} ms in all, longest {:.3} ms (left out of its own timers)\n\
          RNR NAKs at qd {:<4}       {} in {} SENDs\n\
@@ -244,8 +252,14 @@ fn advisor_table(s: &mut String, a: &AdvisorResult) {
         us(p.wait_ns[1]),
         us(p.wait_ns[2]),
         us(p.wait_ns[3]),
-        p.wait_samples,
+        p.ops,
         p.ops_per_sec,
+        us(p.gap_ns[0]),
+        us(p.gap_ns[1]),
+        us(p.gap_ns[2]),
+        us(p.gap_ns[3]),
+        p.gaps,
+        p.resent_per_timeout,
         p.server_stalls,
         p.seconds,
         p.server_stalled_ns as f64 / 1e6,

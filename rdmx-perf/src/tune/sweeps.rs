@@ -44,6 +44,8 @@ pub struct Claim {
     pub metric: &'static str,
     pub baseline: &'static str,
     pub points: Vec<(&'static str, f64)>,
+    /// Claims without a number, marked at a row: (label, what the article says there).
+    pub marks: Vec<(&'static str, &'static str)>,
 }
 
 /// A sweep and its rows.
@@ -258,6 +260,7 @@ pub fn run_all(plan: &Plan, progress: &dyn Fn(&str)) -> Vec<Sweep> {
                 ("512", 1.23),
                 ("1024", 1.23),
             ],
+            marks: vec![],
         },
         rows: measure_rows(plan, &specs, &cols, progress),
         columns: cols,
@@ -287,6 +290,7 @@ pub fn run_all(plan: &Plan, progress: &dyn Fn(&str)) -> Vec<Sweep> {
             metric: "ops_per_sec",
             baseline: "16",
             points: vec![("16", 1.0), ("32", 1.37)],
+            marks: vec![],
         },
         rows: measure_rows(plan, &specs, &cols, progress),
         columns: cols,
@@ -322,6 +326,7 @@ pub fn run_all(plan: &Plan, progress: &dyn Fn(&str)) -> Vec<Sweep> {
             metric: "ops_per_sec",
             baseline: "2x",
             points: vec![("1.5x", 1.0), ("2x", 1.0), ("4x", 1.0)],
+            marks: vec![("1x", "article: a cliff below 1.5x")],
         },
         rows: measure_rows(plan, &specs, &cols, progress),
         columns: cols,
@@ -359,6 +364,7 @@ pub fn run_all(plan: &Plan, progress: &dyn Fn(&str)) -> Vec<Sweep> {
             metric: "stream_p999_us",
             baseline: "shared",
             points: vec![("shared", 1.0), ("separate", 27.0 / 42.0)],
+            marks: vec![],
         },
         rows: measure_rows(plan, &specs, &cols, progress),
         columns: cols,
@@ -391,6 +397,7 @@ pub fn run_all(plan: &Plan, progress: &dyn Fn(&str)) -> Vec<Sweep> {
             metric: "cpu_us_per_op",
             baseline: "event",
             points: vec![("event", 1.0), ("busy", 0.85)],
+            marks: vec![],
         },
         rows: measure_rows(plan, &specs, &cols, progress),
         columns: cols,
@@ -456,6 +463,7 @@ fn registration(plan: &Plan, progress: &dyn Fn(&str)) -> Sweep {
             metric: "ns_per_op",
             baseline: "per-IO",
             points: vec![("per-IO", 1.0), ("pool", 0.17)],
+            marks: vec![],
         },
         rows,
         columns: cols,
