@@ -400,6 +400,11 @@ impl Report {
         self.strs.push((name, v.into()));
     }
 
+    /// The string called `name`, if the report has it.
+    pub fn get_str(&self, name: &str) -> Option<&str> {
+        self.strs.iter().find(|s| s.0 == name).map(|s| s.1.as_str())
+    }
+
     /// The figure called `name`, if the report has it.
     pub fn get(&self, name: &str) -> Option<f64> {
         self.nums.iter().find(|n| n.0 == name).map(|n| n.1)

@@ -59,6 +59,10 @@ pub struct Path {
     pub sends: u64,
     /// How the RNR probe ended, if with an error.
     pub rnr_note: Option<String>,
+    /// Whether the provider counts packets, NAKs and stalls per connection (soft). On
+    /// verbs they stay zero (a NIC counts per port), so RNR NAKs, loss and stalls above
+    /// are unknown, not zero.
+    pub counted: bool,
     /// Packets lost or reordered (sequence NAKs, kernel drops), and packets sent.
     pub lost: u64,
     pub tx_packets: u64,
@@ -297,7 +301,12 @@ pub fn advise(p: &Path) -> Advice {
     let rnr_retry = if p.rnr_naks == 0 { 2 } else { 7 };
     reasons.push((
         "rnr_retry",
-        if p.rnr_naks == 0 {
+        if !p.counted {
+            "2: RNR NAKs are not counted per connection on this provider (verbs: the NIC \
+             counts per port, see its hw_counters rnr_nak_retry_err); 2 is right for a \
+             receiver that keeps up: make sure yours does (max_recv_wr, credits)"
+                .to_string()
+        } else if p.rnr_naks == 0 {
             format!(
                 "2: no RNR NAK in {} SENDs at qd {}: the receiver keeps up, so an RNR NAK \
                  means it stopped reposting; report that after 3 waits instead of hanging (7 \
@@ -370,6 +379,7 @@ mod tests {
             rnr_naks: 0,
             sends: 1_000_000,
             rnr_note: None,
+            counted: true,
             lost: 0,
             tx_packets: 1_000_000,
         }
@@ -472,6 +482,17 @@ mod tests {
         assert_eq!(b.timers.min_rnr_timer, 17);
         assert_eq!(b.reasons.len(), 4);
         assert!(b.reasons[0].1.contains("28.000 ms"), "{}", b.reasons[0].1);
+    }
+
+    #[test]
+    fn uncounted_rnr_says_so() {
+        let p = Path {
+            counted: false,
+            ..quiet()
+        };
+        let a = advise(&p);
+        assert_eq!(a.timers.rnr_retry, 2);
+        assert!(a.reasons[2].1.contains("not counted"), "{}", a.reasons[2].1);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! connection (`stats.rs`).
 
 pub mod advisor;
+pub mod hw_counters;
 pub mod path;
 pub mod plot;
 pub mod report;

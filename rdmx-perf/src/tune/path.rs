@@ -5,6 +5,7 @@
 //! what was really sent twice.
 
 use super::advisor::{self, Advice, Path, Timers};
+use super::hw_counters;
 use super::sweeps::{Plan, round_order};
 use crate::client::{Measured, Spec, measure};
 use crate::perf::{Histogram, build_config};
@@ -119,6 +120,7 @@ pub fn measure_path(plan: &Plan, secs: f64, progress: &dyn Fn(&str)) -> Result<P
         client_max_stall_ns: (bw.report.get("max_stall_ms").unwrap_or(0.0) * 1e6) as u64,
         rnr_naks: count(&sb, "rnr_naks"),
         rnr_note,
+        counted: bw.report.get_str("provider") != Some("verbs"),
         sends: count(&sb, "ops"),
         lost,
         tx_packets: count(&bw, "tx_packets") + srv.tx_packets,
@@ -152,21 +154,46 @@ pub fn timer_sets(t: &Timers) -> Vec<(String, String)> {
     .collect()
 }
 
-/// One `--verify` row: a timer set rerun with read_bw.
+/// One `--verify` row: a timer set rerun with read_bw. Counts are sums over its runs; None
+/// where a run could not count them (verbs: no per-connection packet counters; the port's
+/// hw_counters give ACK timeouts and duplicates where the device has them).
 #[derive(Debug, Clone)]
 pub struct Verified {
     pub timers: Timers,
     pub runs: usize,
     pub ops_per_sec: Option<f64>,
-    pub tx_packets: u64,
+    pub tx_packets: Option<u64>,
     /// Client: requests sent again, ACK timer expiries; server: duplicates it received.
-    pub retransmits: u64,
-    pub ack_timeouts: u64,
-    pub duplicates: u64,
+    pub retransmits: Option<u64>,
+    pub ack_timeouts: Option<u64>,
+    pub duplicates: Option<u64>,
     /// retransmits / tx_packets (the client's).
     pub retransmit_fraction: Option<f64>,
     pub errors: u64,
     pub note: Option<String>,
+}
+
+/// Adds a run's count to a row's sum; unknown in any run makes the sum unknown.
+fn add(sum: &mut Option<u64>, v: Option<u64>, first: bool) {
+    *sum = if first {
+        v
+    } else {
+        sum.zip(v).map(|(a, b)| a + b)
+    };
+}
+
+/// The verbs port's hw_counters directory for `plan`'s configuration, if on verbs.
+fn verbs_port(plan: &Plan) -> Option<std::path::PathBuf> {
+    let mut sets = plan.sets.clone();
+    if let Some(p) = &plan.provider {
+        sets.insert(0, ("provider".to_string(), p.clone()));
+    }
+    let s = build_config(None, &sets, &[]).ok()?.settings().ok()?;
+    let (name, _) = rdmx::provider::resolve(&s).ok()?;
+    if name != "verbs" {
+        return None;
+    }
+    hw_counters::dir(&s.device, s.port)
 }
 
 /// Reruns read_bw at the user's depth with each timer set, `rounds` times in alternating
@@ -178,29 +205,48 @@ pub fn verify(plan: &Plan, sets: &[Timers], secs: f64, progress: &dyn Fn(&str)) 
             timers: t.clone(),
             runs: 0,
             ops_per_sec: None,
-            tx_packets: 0,
-            retransmits: 0,
-            ack_timeouts: 0,
-            duplicates: 0,
+            tx_packets: None,
+            retransmits: None,
+            ack_timeouts: None,
+            duplicates: None,
             retransmit_fraction: None,
             errors: 0,
             note: None,
         })
         .collect();
     let mut ops: Vec<Vec<f64>> = vec![Vec::new(); sets.len()];
+    let port = verbs_port(plan);
     for round in 0..plan.rounds {
         for i in round_order(sets.len(), round) {
             let t = &sets[i];
             progress(&format!("verify: {} round {}", t.name, round + 1));
             let v = &mut out[i];
+            let hw_before = port.as_deref().map(hw_counters::read);
             match run(plan, "read_bw", plan.qd, secs, None, &timer_sets(t)) {
                 Ok(m) => {
+                    let first = v.runs == 0;
                     v.runs += 1;
                     ops[i].push(m.report.get("ops_per_sec").unwrap_or(0.0));
-                    v.tx_packets += count(&m, "tx_packets");
-                    v.retransmits += count(&m, "retransmits");
-                    v.ack_timeouts += count(&m, "ack_timeouts");
-                    v.duplicates += m.server.map_or(0, |s| s.duplicates_received);
+                    if m.report.get_str("provider") == Some("verbs") {
+                        // Per port, from the NIC (None where it has no such counter).
+                        let hw = match (&hw_before, port.as_deref()) {
+                            (Some(b), Some(d)) => hw_counters::delta(b, &hw_counters::read(d)),
+                            _ => vec![None; hw_counters::NAMES.len()],
+                        };
+                        add(&mut v.tx_packets, None, first);
+                        add(&mut v.retransmits, None, first);
+                        add(&mut v.ack_timeouts, hw[0], first);
+                        add(&mut v.duplicates, hw[1], first);
+                    } else {
+                        add(&mut v.tx_packets, Some(count(&m, "tx_packets")), first);
+                        add(&mut v.retransmits, Some(count(&m, "retransmits")), first);
+                        add(&mut v.ack_timeouts, Some(count(&m, "ack_timeouts")), first);
+                        add(
+                            &mut v.duplicates,
+                            m.server.map(|s| s.duplicates_received),
+                            first,
+                        );
+                    }
                 }
                 Err(e) => {
                     v.errors += 1;
@@ -211,8 +257,10 @@ pub fn verify(plan: &Plan, sets: &[Timers], secs: f64, progress: &dyn Fn(&str)) 
     }
     for (v, o) in out.iter_mut().zip(ops.iter_mut()) {
         v.ops_per_sec = super::sweeps::median(o);
-        v.retransmit_fraction =
-            (v.tx_packets > 0).then(|| v.retransmits as f64 / v.tx_packets as f64);
+        v.retransmit_fraction = v
+            .retransmits
+            .zip(v.tx_packets.filter(|&n| n > 0))
+            .map(|(r, n)| r as f64 / n as f64);
     }
     out
 }

@@ -122,6 +122,7 @@ fn path_json(p: &Path) -> Value {
         "rnr_naks": p.rnr_naks,
         "sends": p.sends,
         "rnr_probe_error": p.rnr_note.clone().map_or(Value::Null, Value::from),
+        "counted": p.counted,
         "lost": p.lost,
         "tx_packets": p.tx_packets,
     })
@@ -230,6 +231,11 @@ fn sweep_table(s: &mut String, sw: &Sweep) {
     }
 }
 
+/// A count, or "n/a" where the provider cannot count it.
+fn opt(v: Option<u64>) -> String {
+    v.map_or_else(|| "n/a".to_string(), |n| n.to_string())
+}
+
 fn advisor_table(s: &mut String, a: &AdvisorResult) {
     let p = &a.path;
     let us = |ns: u64| ns as f64 / 1e3;
@@ -273,6 +279,16 @@ fn advisor_table(s: &mut String, a: &AdvisorResult) {
         p.lost,
         p.tx_packets,
     );
+    if !p.counted {
+        let _ = writeln!(
+            s,
+            "(verbs: stalls, RNR NAKs and loss are not counted per connection, so the zeros \
+             above are unknowns; the NIC keeps per-port hw_counters)"
+        );
+    }
+    if let Some(n) = &p.rnr_note {
+        let _ = writeln!(s, "(the RNR probe ended with: {n})");
+    }
     let _ = writeln!(s, "\n## timer advisor: recommendation");
     for (k, r) in &a.advice.reasons {
         let _ = writeln!(s, "{k:<14} {r}");
@@ -332,10 +348,10 @@ fn advisor_table(s: &mut String, a: &AdvisorResult) {
                 v.timers.name,
                 v.runs,
                 v.ops_per_sec.map_or("-".into(), |o| format!("{o:.0}")),
-                v.tx_packets,
-                v.retransmits,
-                v.duplicates,
-                v.ack_timeouts,
+                opt(v.tx_packets),
+                opt(v.retransmits),
+                opt(v.duplicates),
+                opt(v.ack_timeouts),
                 v.retransmit_fraction
                     .map_or("-".into(), |f| format!("{f:.2e}")),
                 v.timers.spurious_fraction,
