@@ -35,7 +35,8 @@ pub const USAGE: &str =
 pub const HELP: &str = "\
 Serves read_bw, write_bw, send_bw, read_lat and send_lat clients until killed: exposes a
 64 MiB patterned region (REMOTE_READ | REMOTE_WRITE), keeps max_recv_wr receives posted per
-connection and answers send_lat pings. A messenger on a second port serves msg_bw, rpc_bw
+connection, answers send_lat pings and `rdmx-perf tune`'s stats requests (its CPU time,
+stalls and the connection's counters). A messenger on a second port serves msg_bw, rpc_bw
 and rpc_lat (one worker thread unless msgr_threads is set; clients learn its port from the
 ready message of a connection to ADDR:PORT). Its first stdout line is
   rdmx-perf server listening on ADDR:PORT (provider ..., UDP ADDR:PORT, ..., messenger ADDR:PORT)
