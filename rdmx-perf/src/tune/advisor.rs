@@ -324,11 +324,10 @@ pub fn advise(p: &Path) -> Advice {
     ));
     // min_rnr_timer: wait about as long as the receiver needs to repost: a round trip
     // (p99), or a typical responder stall when it stalls.
-    let mean_stall = if p.server_stalls > 0 {
-        p.server_stalled_ns / p.server_stalls
-    } else {
-        0
-    };
+    let mean_stall = p
+        .server_stalled_ns
+        .checked_div(p.server_stalls)
+        .unwrap_or(0);
     let target = p.rtt_ns[1].max(mean_stall);
     let min_rnr_timer = rnr_code_at_least(target);
     reasons.push((

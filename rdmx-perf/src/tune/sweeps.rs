@@ -30,7 +30,7 @@ pub struct Row {
     pub runs: usize,
     pub errors: u64,
     /// Medians (counts: sums), in the sweep's column order; None: no run measured it.
-    pub figures: Vec<(&'static str, Option<f64>)>,
+    pub figures: Figures,
     /// Why the row has no figures (the knob cannot take this value here), or the first
     /// error of its runs.
     pub note: Option<String>,
@@ -103,7 +103,7 @@ fn spec(plan: &Plan, test: &'static str, size: usize, qd: usize, batch: Option<u
 }
 
 /// The figures of one client run (None: the run did not measure it).
-fn figures_of(m: &Measured, columns: &[&'static str]) -> Vec<(&'static str, Option<f64>)> {
+fn figures_of(m: &Measured, columns: &[&'static str]) -> Figures {
     let ops = m.report.get("ops").unwrap_or(0.0);
     let per_op = |ns: u64| (ops > 0.0).then(|| ns as f64 / 1000.0 / ops);
     let client = per_op(m.client_cpu_ns);
@@ -151,8 +151,10 @@ pub fn round_order(rows: usize, round: usize) -> Vec<usize> {
     }
 }
 
+/// A run's figures, in column order (None: not measured).
+type Figures = Vec<(&'static str, Option<f64>)>;
 /// Per row: every run's figures (or its error).
-type Runs = Vec<Vec<Result<Vec<(&'static str, Option<f64>)>, String>>>;
+type Runs = Vec<Vec<Result<Figures, String>>>;
 
 /// Measures `specs` in alternating rounds and folds each row's runs.
 fn measure_rows(
@@ -196,14 +198,8 @@ fn measure_rows(
 
 /// One row from its runs: medians of the runs that measured, sums of counts, the first
 /// error as the note.
-fn fold(
-    label: &str,
-    x: f64,
-    columns: &[&'static str],
-    runs: &[Result<Vec<(&'static str, Option<f64>)>, String>],
-) -> Row {
-    let ok: Vec<&Vec<(&'static str, Option<f64>)>> =
-        runs.iter().filter_map(|r| r.as_ref().ok()).collect();
+fn fold(label: &str, x: f64, columns: &[&'static str], runs: &[Result<Figures, String>]) -> Row {
+    let ok: Vec<&Figures> = runs.iter().filter_map(|r| r.as_ref().ok()).collect();
     let figures = columns
         .iter()
         .enumerate()
