@@ -124,6 +124,8 @@ fn quick_run_measures_every_sweep_and_the_advisor() {
     assert_eq!(j["test"], "tune");
     assert_eq!(j["quick"], true);
     assert_eq!(j["rounds"], 2);
+    // provider=auto on a host without an RDMA device: the soft provider, named as used.
+    assert_eq!(j["provider"], "soft");
     let sweeps = j["sweeps"].as_array().expect("sweeps");
     let names: Vec<&str> = sweeps.iter().map(|s| s["name"].as_str().unwrap()).collect();
     let want: Vec<&str> = SWEEPS.iter().map(|s| s.0).collect();

@@ -111,9 +111,16 @@ pub fn main(args: &[String]) -> ExitCode {
     if let Some(p) = &a.provider {
         sets.insert(0, ("provider".into(), p.clone()));
     }
-    if let Err(e) = crate::perf::build_config(None, &sets, &[]) {
-        return Fail::Usage(e).exit(who);
-    }
+    let cfg = match crate::perf::build_config(None, &sets, &[]) {
+        Ok(c) => c,
+        Err(e) => return Fail::Usage(e).exit(who),
+    };
+    // The provider the client runs get (provider=auto: verbs if a device is usable).
+    let provider_used = cfg
+        .settings()
+        .ok()
+        .and_then(|s| rdmx::provider::resolve(&s).ok())
+        .map_or_else(|| "unknown".to_string(), |(name, _)| name.to_string());
     let plan = Plan {
         connect: a.connect.clone(),
         provider: a.provider.clone(),
@@ -137,7 +144,7 @@ pub fn main(args: &[String]) -> ExitCode {
         .any(|s| s.rows.iter().any(|r| r.runs > 0));
     let result = TuneResult {
         server: a.connect.clone(),
-        provider: a.provider.clone().unwrap_or_else(|| "configured".into()),
+        provider: provider_used,
         quick: a.quick,
         rounds: plan.rounds,
         run_seconds: plan.run_seconds,

@@ -71,7 +71,7 @@ def plot_sweep(sweep, out_dir, subtitle):
             for m in claim.get("marks", []):
                 if m["label"] in pos:
                     ax.axvline(pos[m["label"]], color="tab:orange", ls=":", lw=1.5)
-                    ax.annotate(m["text"], (pos[m["label"]], 0.5), xycoords=("data", "axes fraction"),
+                    ax.annotate(m["text"], (pos[m["label"]], 0.3), xycoords=("data", "axes fraction"),
                                 xytext=(4, 0), textcoords="offset points", rotation=90,
                                 fontsize=7, color="tab:orange", va="center")
         ax.set_title(LABELS.get(metric, metric), fontsize=10)
