@@ -17,7 +17,7 @@ PKGS=(
   util-linux                       # rdmx-ibv: unshare(1)/mount(8) used by the launcher's tests' checks
   ceph-mon ceph-osd ceph-mgr ceph-common  # ceph-harness/: a real Ceph cluster (async+rdma over rdmx-ibv, async+posix)
   fio                              # ceph-harness/: fio's rados engine (4K random read/write, verify)
-  python3-matplotlib               # ceph-harness/: IOPS-over-time PNGs (failover, RNR storm)
+  python3-matplotlib               # ceph-harness/: IOPS-over-time PNGs (failover, RNR storm); rdmx-perf tune --plot
   uuid-runtime                     # ceph-harness/: uuidgen for the cluster fsid and OSD uuids
   python3-pyverbs python3-pip      # rdmx-ibv/pyverbs/: rdma-core's Python tests on rdmx0 (pyverbs 44)
 )

@@ -29,6 +29,7 @@ use crate::perf::{
     build_config, check_pattern, fill_pattern, pattern_byte,
 };
 use crate::server::empty_wc;
+use crate::tune::stats::{self as server_stats, ServerStats};
 
 pub const USAGE: &str = "usage: rdmx-perf {read_bw|write_bw|send_bw|read_lat|send_lat} --connect ADDR:PORT \
      [--size BYTES (4096)] [--qd N (bw: 32, lat: 1)] [--duration SECONDS (5)] [--batch N (config post_batch, 32)] \
@@ -129,6 +130,13 @@ struct Args {
     sets: Vec<(String, String)>,
     /// Extra connections opened before the run and left unused (`--idle-conns`).
     idle_conns: usize,
+    /// `rdmx-perf tune`: beside the bulk ops, one SEND ping at a time on the same
+    /// connection, its round trips in their own histogram (a latency stream beside a bulk
+    /// one).
+    lat_stream: bool,
+    /// `rdmx-perf tune`: ask the server for its CPU time, stalls and counters before and
+    /// after the run (over this connection, see `tune/stats.rs`).
+    server_stats: bool,
 }
 
 impl Args {
@@ -206,6 +214,87 @@ fn parse(test: Test, args: &[String]) -> Result<Args, String> {
         profile,
         sets,
         idle_conns,
+        lat_stream: false,
+        server_stats: false,
+    })
+}
+
+/// A client run as `rdmx-perf tune` asks for it: the same code path as the command line's
+/// tests, with the knobs in `cfg` and the extras of [`Args`] the command line does not
+/// offer.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// read_bw, write_bw, send_bw, read_lat or send_lat.
+    pub test: &'static str,
+    pub connect: String,
+    pub size: usize,
+    pub qd: usize,
+    pub duration: f64,
+    /// WRs per post call; None = the config's post_batch.
+    pub batch: Option<usize>,
+    pub lat_stream: bool,
+    pub server_stats: bool,
+}
+
+/// What a [`Spec`] run measured.
+#[derive(Debug)]
+pub struct Measured {
+    /// The figures the command line prints (ops_per_sec, lat_*_us, counters, ...).
+    pub report: Report,
+    pub errors: u64,
+    pub first_error: Option<String>,
+    /// Every op's latency (post to completion; send_lat: round trip).
+    pub hist: Histogram,
+    /// The latency stream's round trips (`lat_stream`).
+    pub stream: Option<Histogram>,
+    /// Silences with ops outstanding: time from a completion (or the post that ended a
+    /// time with nothing outstanding) to the next completion (bandwidth tests and read_lat).
+    pub gaps: Option<Histogram>,
+    /// This process's CPU time during the ops (user + system, every thread), ns.
+    pub client_cpu_ns: u64,
+    /// The server's difference over the run (`server_stats`).
+    pub server: Option<ServerStats>,
+    /// Completions lost to a full CQ on this side (None: the provider cannot count them).
+    pub cq_overflows: Option<u64>,
+}
+
+/// Runs `spec` with `cfg` (built by the caller, e.g. with `perf::build_config`).
+pub fn measure(spec: &Spec, cfg: &Config) -> Result<Measured, String> {
+    let test = Test::parse(spec.test).ok_or_else(|| format!("unknown test '{}'", spec.test))?;
+    let a = Args {
+        test,
+        connect: spec.connect.clone(),
+        size: spec.size,
+        qd: if test.is_lat() { 1 } else { spec.qd },
+        duration: spec.duration,
+        batch: spec.batch,
+        verify: if test.is_lat() { 1 } else { 16 },
+        json: true,
+        profile: None,
+        sets: Vec::new(),
+        idle_conns: 0,
+        lat_stream: spec.lat_stream,
+        server_stats: spec.server_stats,
+    };
+    let s = cfg.settings().map_err(|e| format!("configuration: {e}"))?;
+    let need = a.qd + usize::from(a.lat_stream);
+    if (s.max_send_wr as usize) < need {
+        return Err(format!(
+            "qd {} needs max_send_wr >= {need}, got {}",
+            a.qd, s.max_send_wr
+        ));
+    }
+    let (report, out) = run(&a, cfg)?;
+    Ok(Measured {
+        report,
+        errors: out.errors,
+        first_error: out.first_error,
+        hist: out.hist.unwrap_or_else(Histogram::new),
+        stream: out.stream,
+        gaps: out.gaps,
+        client_cpu_ns: out.cpu_ns,
+        server: out.server,
+        cq_overflows: out.cq_overflows,
     })
 }
 
@@ -256,6 +345,13 @@ struct Outcome {
     errors: u64,
     verified: u64,
     first_error: Option<String>,
+    // For `measure` (rdmx-perf tune):
+    hist: Option<Histogram>,
+    stream: Option<Histogram>,
+    gaps: Option<Histogram>,
+    cpu_ns: u64,
+    server: Option<ServerStats>,
+    cq_overflows: Option<u64>,
 }
 
 impl Outcome {
@@ -404,13 +500,31 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
         _ => {}
     }
     let local = Local::new(&ctx, buf)?;
+    // Stats request and answer, and the latency stream's ping and answer (rdmx-perf tune).
+    let ctl = Local::new(&ctx, vec![0u8; CTL_LEN].into_boxed_slice())?;
     let clock = Clock::new();
+    let before = if a.server_stats {
+        Some(fetch_server_stats(&conn, &ctl, &clock)?)
+    } else {
+        None
+    };
     let mut hist = Histogram::new();
-    let out = if a.test == Test::SendLat {
+    let cpu0 = server_stats::process_cpu_ns();
+    let mut out = if a.test == Test::SendLat {
         send_lat(a, &conn, &local, &s, &clock, &mut hist)
     } else {
-        ops_loop(a, &conn, &local, region, &s, &clock, &mut hist)
+        ops_loop(a, &conn, &local, &ctl, region, &s, &clock, &mut hist)
     };
+    out.cpu_ns = server_stats::process_cpu_ns().saturating_sub(cpu0);
+    if let Some(before) = before {
+        // A run that failed may have left the QP in error: no answer then, and the run's
+        // own error says why.
+        if out.errors == 0 {
+            let after = fetch_server_stats(&conn, &ctl, &clock)?;
+            out.server = Some(after.since(&before));
+        }
+    }
+    out.cq_overflows = conn.cq_overflows();
     let c = conn.counters();
     // Negotiated: path_mtu capped by both sides' links, not the configured value.
     let path_mtu = conn.path_mtu();
@@ -420,6 +534,7 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
     drop(conn);
     drop(idle);
     drop(local);
+    drop(ctl);
     drop(ready_buf);
 
     let secs = out.elapsed_ns as f64 / 1e9;
@@ -470,6 +585,14 @@ fn run(a: &Args, cfg: &Config) -> Result<(Report, Outcome), String> {
     r.num("max_stall_ms", stalls.max_stall_ns as f64 / 1e6, 1);
     r.int("verified", out.verified);
     r.int("errors", out.errors);
+    if let Some(st) = &out.stream {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        r.int("stream_ops", st.count());
+        r.num("stream_p50_us", us(st.quantile(0.50)), 2);
+        r.num("stream_p99_us", us(st.quantile(0.99)), 2);
+        r.num("stream_p999_us", us(st.quantile(0.999)), 2);
+    }
+    out.hist = Some(hist);
     Ok((r, out))
 }
 
@@ -515,11 +638,105 @@ fn wait_ready(conn: &Connection) -> Result<(), String> {
     }
 }
 
+/// The control buffer of a run: stats answer, stats request, stream ping, stream answer.
+const CTL_LEN: usize = 2 * server_stats::ANSWER_LEN + 2 * STREAM_SIZE;
+/// Bytes of a latency-stream ping (and of its answer).
+const STREAM_SIZE: usize = 64;
+/// Cookies of the control WRs (the ops' cookies are their slots, below qd).
+const STATS_RECV: u64 = u64::MAX - 10;
+const STATS_SEND: u64 = u64::MAX - 11;
+const STREAM_SEND: u64 = u64::MAX - 20;
+const STREAM_RECV: u64 = u64::MAX - 21;
+
+/// Asks the server for its [`ServerStats`] on `conn` (nothing else outstanding on it).
+fn fetch_server_stats(
+    conn: &Connection,
+    ctl: &Local<'_>,
+    clock: &Clock,
+) -> Result<ServerStats, String> {
+    let len = server_stats::ANSWER_LEN;
+    // SAFETY: byte `len` of `ctl` is the request's; no WR names it now.
+    unsafe { ctl.ptr.add(len).write_volatile(server_stats::REQUEST) };
+    let recv = (
+        STATS_RECV,
+        smallvec![Sge {
+            addr: ctl.addr,
+            length: len as u32,
+            lkey: ctl.lkey,
+        }],
+    );
+    conn.post_recv(std::slice::from_ref(&recv))
+        .map_err(|e| format!("stats request: post_recv: {e}"))?;
+    let req = SendReq {
+        cookie: STATS_SEND,
+        opcode: WrOpcode::Send,
+        flags: send_flags::SIGNALED,
+        sges: smallvec![Sge {
+            addr: ctl.addr + len as u64,
+            length: 1,
+            lkey: ctl.lkey,
+        }],
+        remote_addr: 0,
+        rkey: 0,
+        imm: 0,
+    };
+    conn.post_send(std::slice::from_ref(&req))
+        .map_err(|e| format!("stats request: post_send: {e}"))?;
+    let deadline = clock.now() + READY_TIMEOUT.as_nanos() as u64;
+    let (mut sent, mut answer) = (false, None);
+    let mut wcs = vec![empty_wc(); 4];
+    while !(sent && answer.is_some()) {
+        let n = conn.poll(&mut wcs);
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "stats request: {:?} completed with {:?}{}",
+                    wc.opcode,
+                    wc.status,
+                    failure_words(conn)
+                ));
+            }
+            match (wc.cookie, wc.imm) {
+                (STATS_SEND, _) => sent = true,
+                (STATS_RECV, Some(server_stats::ANSWER_IMM)) => {
+                    // SAFETY: the receive completed; the engine no longer writes `ctl`'s
+                    // first `len` bytes.
+                    let b = unsafe { std::slice::from_raw_parts(ctl.ptr, len) };
+                    answer = ServerStats::decode(&b[..(wc.byte_len as usize).min(len)]);
+                    if answer.is_none() {
+                        return Err(format!(
+                            "stats answer of {} bytes is too short (an older rdmx-perf server?)",
+                            wc.byte_len
+                        ));
+                    }
+                }
+                (STATS_RECV, imm) => {
+                    return Err(format!(
+                        "the server's answer to a stats request has immediate {imm:?}, not rdmx-perf's stats answer (an older rdmx-perf server?)"
+                    ));
+                }
+                (c, _) => return Err(format!("stats request: unexpected completion {c:#x}")),
+            }
+        }
+        if n == 0 {
+            if clock.now() > deadline {
+                return Err(format!(
+                    "no answer to a stats request within {READY_TIMEOUT:?} (an older rdmx-perf server does not answer them)"
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+    answer.ok_or_else(|| "stats request: no answer".to_string())
+}
+
 /// The bandwidth loop (and read_lat, with qd 1).
+#[allow(clippy::too_many_arguments)]
 fn ops_loop(
     a: &Args,
     conn: &Connection,
     local: &Local<'_>,
+    ctl: &Local<'_>,
     region: Option<rdmx::msgr::Region>,
     s: &Settings,
     clock: &Clock,
@@ -542,6 +759,13 @@ fn ops_loop(
     let mut wrs: Vec<SendReq> = Vec::with_capacity(a.batch());
     let mut wcs = vec![empty_wc(); 64];
     let mut out = Outcome::default();
+    let mut stream = LatStream::new(a.lat_stream, ctl);
+    // Silences: how long the connection went without a completion while ops were
+    // outstanding (an RC requester's ACK timer restarts on every answer, so these, not the
+    // ops' latencies, are what a timeout must outlast). `quiet_since`: the last completion,
+    // or the post that ended a time with nothing outstanding.
+    let mut gaps = Histogram::new();
+    let mut quiet_since: Option<u64> = None;
     let start = clock.now();
     let end = start + (a.duration * 1e9) as u64;
     let mut last = start;
@@ -551,7 +775,7 @@ fn ops_loop(
         if !stopping && (now >= end || out.errors > 0) {
             stopping = true;
         }
-        if stopping && free.len() == a.qd {
+        if stopping && free.len() == a.qd && !stream.outstanding() {
             break;
         }
         if stopping && now > end + DRAIN_TIMEOUT {
@@ -561,6 +785,12 @@ fn ops_loop(
                 DRAIN_TIMEOUT / 1_000_000_000
             ));
             break;
+        }
+        if !stopping {
+            if let Err(e) = stream.start(conn, clock) {
+                out.error(e);
+                stopping = true;
+            }
         }
         // Post: every free slot, `batch` WRs per call.
         while !stopping && !free.is_empty() {
@@ -613,6 +843,9 @@ fn ops_loop(
             for w in &wrs[..posted] {
                 posted_at[w.cookie as usize] = t;
             }
+            if posted > 0 && quiet_since.is_none() {
+                quiet_since = Some(t);
+            }
             for w in wrs[posted..].iter().rev() {
                 free.push(w.cookie as usize);
             }
@@ -620,7 +853,7 @@ fn ops_loop(
                 break;
             }
         }
-        if stopping && free.len() == a.qd {
+        if stopping && free.len() == a.qd && !stream.outstanding() {
             break;
         }
         let n = conn.poll(&mut wcs);
@@ -636,7 +869,16 @@ fn ops_loop(
         }
         waiter.busy();
         let t = clock.now();
+        if let Some(q) = quiet_since {
+            gaps.record(t.saturating_sub(q));
+        }
         for wc in &wcs[..n] {
+            if stream.owns(wc.cookie) {
+                if let Err(e) = stream.completed(wc, t) {
+                    out.error(e);
+                }
+                continue;
+            }
             let slot = wc.cookie as usize;
             if slot >= a.qd {
                 out.error(format!("completion with unknown cookie {:#x}", wc.cookie));
@@ -682,9 +924,124 @@ fn ops_loop(
                 }
             }
         }
+        quiet_since = (free.len() < a.qd).then_some(t);
     }
     out.elapsed_ns = last.saturating_sub(start).max(1);
+    out.stream = stream.hist;
+    out.gaps = Some(gaps);
     out
+}
+
+/// The latency stream beside the bulk ops (`Args::lat_stream`): one 64-byte SEND ping at a
+/// time on the same connection, answered by the server's PONG; its round trips go to their
+/// own histogram. Its completions share the bulk ops' CQs (one CQ with separate_cqs =
+/// false), which is what the seed's "separate send/recv CQs" row is about.
+struct LatStream {
+    hist: Option<Histogram>,
+    addr: u64,
+    ptr: *mut u8,
+    lkey: u32,
+    /// (ping sent, answer received) of the ping in flight; None: none in flight.
+    inflight: Option<(bool, bool)>,
+    recv_posted: bool,
+    t0: u64,
+}
+
+impl LatStream {
+    fn new(on: bool, ctl: &Local<'_>) -> LatStream {
+        let at = 2 * server_stats::ANSWER_LEN;
+        LatStream {
+            hist: on.then(Histogram::new),
+            addr: ctl.addr + at as u64,
+            // SAFETY: `at + 2 * STREAM_SIZE == CTL_LEN`: inside `ctl`.
+            ptr: unsafe { ctl.ptr.add(at) },
+            lkey: ctl.lkey,
+            inflight: None,
+            recv_posted: false,
+            t0: 0,
+        }
+    }
+
+    fn outstanding(&self) -> bool {
+        self.inflight.is_some() || self.recv_posted
+    }
+
+    fn owns(&self, cookie: u64) -> bool {
+        cookie == STREAM_SEND || cookie == STREAM_RECV
+    }
+
+    /// Posts the next ping if the stream is on and none is in flight.
+    fn start(&mut self, conn: &Connection, clock: &Clock) -> Result<(), String> {
+        if self.hist.is_none() || self.inflight.is_some() {
+            return Ok(());
+        }
+        let sge = |off: u64| Sge {
+            addr: self.addr + off,
+            length: STREAM_SIZE as u32,
+            lkey: self.lkey,
+        };
+        if !self.recv_posted {
+            // SAFETY: the answer's first byte; no WR names the answer slot now.
+            unsafe { self.ptr.add(STREAM_SIZE).write_volatile(0) };
+            let recv = (STREAM_RECV, smallvec![sge(STREAM_SIZE as u64)]);
+            conn.post_recv(std::slice::from_ref(&recv))
+                .map_err(|e| format!("latency stream: post_recv: {e}"))?;
+            self.recv_posted = true;
+        }
+        // SAFETY: the ping's first byte; no WR names the ping slot now.
+        unsafe { self.ptr.write_volatile(PING) };
+        let ping = SendReq {
+            cookie: STREAM_SEND,
+            opcode: WrOpcode::Send,
+            flags: send_flags::SIGNALED,
+            sges: smallvec![sge(0)],
+            remote_addr: 0,
+            rkey: 0,
+            imm: 0,
+        };
+        self.t0 = clock.now();
+        match conn.post_send(std::slice::from_ref(&ping)) {
+            Ok(1) => {
+                self.inflight = Some((false, false));
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == rdmx::ErrorKind::Full => Ok(()),
+            Err(e) => Err(format!("latency stream: post_send: {e}")),
+        }
+    }
+
+    fn completed(&mut self, wc: &rdmx::provider::soft::cq::Wc, now: u64) -> Result<(), String> {
+        if wc.status != WcStatus::Success {
+            return Err(format!(
+                "latency stream: {:?} completed with {:?}",
+                wc.opcode, wc.status
+            ));
+        }
+        let (mut sent, mut answered) = self.inflight.unwrap_or((false, false));
+        if wc.cookie == STREAM_SEND {
+            sent = true;
+        } else {
+            answered = true;
+            self.recv_posted = false;
+            // SAFETY: the receive completed; the engine no longer writes the answer slot.
+            let first = unsafe { self.ptr.add(STREAM_SIZE).read_volatile() };
+            if first != PONG {
+                return Err(format!(
+                    "latency stream: answer starts {first:#04x}, expected {PONG:#04x}"
+                ));
+            }
+            if let Some(h) = &mut self.hist {
+                h.record(now.saturating_sub(self.t0));
+            }
+        }
+        self.inflight = if sent && answered {
+            None
+        } else {
+            Some((sent, answered))
+        };
+        Ok(())
+    }
 }
 
 /// Writes the complement of the expected pattern into the first and last (up to) 8 bytes

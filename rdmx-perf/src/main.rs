@@ -11,6 +11,8 @@
 //!   (`engine_bench.rs`).
 //! - `reg_bench`: what registering a 4K buffer costs, per IO, pooled and cached
 //!   (`reg_bench.rs`).
+//! - `tune` sweeps the knobs of the seed article's tuning table against a server and
+//!   recommends the four RC timers for the path it measured (`tune/`).
 //! - `config` prints the configuration the benchmarks use (with where each value came from,
 //!   each knob's allowed values and meaning), the IB encoding tables and what the verbs
 //!   probe found.
@@ -26,6 +28,7 @@ mod msgr_bench;
 mod perf;
 mod reg_bench;
 mod server;
+mod tune;
 mod udp_baseline;
 
 use perf::{Fail, apply_tool_defaults, exit_status};
@@ -137,6 +140,13 @@ const SUBCOMMANDS: &[Subcommand] = &[
         usage: reg_bench::USAGE,
         help: reg_bench::HELP,
         run: reg_bench::main,
+    },
+    Subcommand {
+        name: "tune",
+        what: "the seed's tuning table against a server, and the RC timer advisor",
+        usage: tune::USAGE,
+        help: tune::HELP,
+        run: tune::main,
     },
     Subcommand {
         name: "config",

@@ -304,6 +304,11 @@ impl Histogram {
         if self.count == 0 { 0 } else { self.max }
     }
 
+    /// How many values were recorded.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
     pub fn min(&self) -> u64 {
         if self.count == 0 { 0 } else { self.min }
     }
@@ -393,6 +398,16 @@ impl Report {
 
     pub fn str(&mut self, name: &'static str, v: impl Into<String>) {
         self.strs.push((name, v.into()));
+    }
+
+    /// The string called `name`, if the report has it.
+    pub fn get_str(&self, name: &str) -> Option<&str> {
+        self.strs.iter().find(|s| s.0 == name).map(|s| s.1.as_str())
+    }
+
+    /// The figure called `name`, if the report has it.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.nums.iter().find(|n| n.0 == name).map(|n| n.1)
     }
 
     /// Bandwidth fields for `ops_per_sec` operations of `size` bytes, in perftest's two units:

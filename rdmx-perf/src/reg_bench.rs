@@ -68,9 +68,28 @@ fn seconds(v: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("needs a number in (0, 60], got '{v}'"))
 }
 
-fn run(secs: f64, json: bool) -> Result<(), String> {
+/// The three costs, measured in one run (`rdmx-perf tune` uses them too).
+#[derive(Debug, Clone)]
+pub struct RegFigures {
+    pub provider: String,
+    pub backing: String,
+    /// ns per register + deregister of a 4K buffer.
+    pub per_io_ns: f64,
+    /// ns per pooled chunk get + put.
+    pub pooled_ns: f64,
+    /// ns per registration-cache hit (get + put).
+    pub hit_ns: f64,
+    pub metadata_pct: f64,
+}
+
+/// Measures each cost for `secs` seconds, on `provider` (None: the environment's).
+pub fn measure(secs: f64, provider: Option<&str>) -> Result<RegFigures, String> {
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
     cfg.set("soft_port", "0").map_err(|e| e.to_string())?;
+    if let Some(p) = provider {
+        cfg.set("provider", p)
+            .map_err(|e| format!("provider {p}: {e}"))?;
+    }
     let ctx = Context::new(&cfg).map_err(|e| format!("context: {e}"))?;
     let dur = Duration::from_secs_f64(secs);
 
@@ -109,11 +128,25 @@ fn run(secs: f64, json: bool) -> Result<(), String> {
     rc.put(warm).map_err(|e| e.to_string())?;
     rc.invalidate(p, SIZE);
 
+    drop(buf);
+    Ok(RegFigures {
+        provider: ctx.provider().to_string(),
+        backing: ps.backing.as_str().to_string(),
+        per_io_ns: per_io,
+        pooled_ns: pooled,
+        hit_ns: hit,
+        metadata_pct,
+    })
+}
+
+fn run(secs: f64, json: bool) -> Result<(), String> {
+    let f = measure(secs, None)?;
+    let (per_io, pooled, hit, metadata_pct) = (f.per_io_ns, f.pooled_ns, f.hit_ns, f.metadata_pct);
     let pool_x = per_io / pooled;
     let hit_x = per_io / hit;
     let mut r = Report::new("reg_bench");
-    r.str("provider", ctx.provider());
-    r.str("backing", ps.backing.as_str());
+    r.str("provider", f.provider);
+    r.str("backing", f.backing);
     r.int("size", SIZE as u64);
     r.num("per_io_reg_ns", per_io, 1);
     r.num("pool_get_put_ns", pooled, 1);
@@ -133,7 +166,6 @@ fn run(secs: f64, json: bool) -> Result<(), String> {
     } else {
         println!("{targets}");
     }
-    drop(buf);
     Ok(())
 }
 

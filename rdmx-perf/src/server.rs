@@ -35,7 +35,8 @@ pub const USAGE: &str =
 pub const HELP: &str = "\
 Serves read_bw, write_bw, send_bw, read_lat and send_lat clients until killed: exposes a
 64 MiB patterned region (REMOTE_READ | REMOTE_WRITE), keeps max_recv_wr receives posted per
-connection and answers send_lat pings. A messenger on a second port serves msg_bw, rpc_bw
+connection, answers send_lat pings and `rdmx-perf tune`'s stats requests (its CPU time,
+stalls and the connection's counters). A messenger on a second port serves msg_bw, rpc_bw
 and rpc_lat (one worker thread unless msgr_threads is set; clients learn its port from the
 ready message of a connection to ADDR:PORT). Its first stdout line is
   rdmx-perf server listening on ADDR:PORT (provider ..., UDP ADDR:PORT, ..., messenger ADDR:PORT)
@@ -172,8 +173,10 @@ static MSGR_PORT: AtomicU16 = AtomicU16::new(0);
 pub const SERVER_RECV_WR: u32 = 4096;
 
 /// Per-connection memory: receives land in the first half, answers go from the second;
-/// the ready message's payload follows.
-const AREA: usize = 2 * MAX_SEND + READY_LEN;
+/// the ready message's payload follows, then the stats answer (`rdmx-perf tune`).
+const AREA: usize = 2 * MAX_SEND + READY_LEN + crate::tune::stats::ANSWER_LEN;
+/// Where the stats answer is written in the area.
+const STATS_AT: usize = 2 * MAX_SEND + READY_LEN;
 /// The ready message: `MSGR`, the messenger's port (u16 LE), 2 bytes of padding.
 const READY_LEN: usize = 8;
 
@@ -332,7 +335,29 @@ fn run(
                 0
             };
             reposts.push((wc.cookie, recv_sge.clone()));
-            if first == PING {
+            if first == crate::tune::stats::REQUEST {
+                // `rdmx-perf tune` asks for this process's CPU time, stalls and this
+                // connection's counters (one request outstanding at a time per connection).
+                let answer = crate::tune::stats::answer(ctx, conn);
+                // SAFETY: the stats slot is inside the registered area and no WR names it
+                // now: the client sends its next request only after this answer arrived.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(answer.as_ptr(), base.add(STATS_AT), answer.len())
+                };
+                answers.push(SendReq {
+                    cookie: PONG_TAG,
+                    opcode: WrOpcode::SendWithImm,
+                    flags: send_flags::SIGNALED,
+                    sges: smallvec![Sge {
+                        addr: addr + STATS_AT as u64,
+                        length: answer.len() as u32,
+                        lkey,
+                    }],
+                    remote_addr: 0,
+                    rkey: 0,
+                    imm: crate::tune::stats::ANSWER_IMM,
+                });
+            } else if first == PING {
                 pings += 1;
                 answers.push(SendReq {
                     cookie: PONG_TAG,

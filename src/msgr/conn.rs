@@ -807,6 +807,13 @@ impl Connection {
         self.ctx.shared.dev.progress_stats()
     }
 
+    /// Completions lost because a CQ of this connection was full (the QP then went to
+    /// error, as a NIC's does on a CQ overrun); `None` where the provider cannot count them
+    /// (verbs: the NIC raises IBV_EVENT_CQ_ERR instead).
+    pub fn cq_overflows(&self) -> Option<u64> {
+        self.qp.cq_overflows()
+    }
+
     /// Packets not sent because of `soft_drop_ratio`.
     pub fn injected_drops(&self) -> u64 {
         self.qp.injected_drops()

@@ -547,6 +547,20 @@ impl Qp {
         both!(self, q => q.qp.injected_drops(), _v => 0)
     }
 
+    /// Completions lost to a full CQ (soft: counted by its CQs; a shared CQ counted once).
+    /// `None` on verbs: a NIC reports an overrun as IBV_EVENT_CQ_ERR, not as a count.
+    pub fn cq_overflows(&self) -> Option<u64> {
+        match self {
+            Qp::Soft(q) => Some(if Arc::ptr_eq(&q.send_cq, &q.recv_cq) {
+                q.send_cq.overflows()
+            } else {
+                q.send_cq.overflows() + q.recv_cq.overflows()
+            }),
+            #[cfg(feature = "verbs")]
+            Qp::Verbs(_) => None,
+        }
+    }
+
     pub fn tx_deferred(&self) -> u64 {
         both!(self, q => q.qp.tx_deferred(), _v => 0)
     }
