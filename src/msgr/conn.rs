@@ -629,7 +629,15 @@ impl Connection {
                 max_rd_atomic,
                 max_dest_rd_atomic,
                 credits: s.effective_credits(),
-                regions: dev.exposed(),
+                regions: if ctx
+                    .shared
+                    .hello_regions
+                    .load(std::sync::atomic::Ordering::Acquire)
+                {
+                    dev.exposed()
+                } else {
+                    Vec::new()
+                },
             };
             let theirs = setup::exchange(&mut tcp, &mine, timeout)?;
             let n = setup::negotiate(&mine, &theirs, peer.ip())?;

@@ -24,6 +24,10 @@ pub(crate) struct Shared {
     pub on_connect: parking_lot::RwLock<Option<OnConnect>>,
     /// Registrations of caller buffers (`rcache_entries`).
     pub rcache: RegCache,
+    /// Whether hellos carry the device's regions with remote access (default: yes, what
+    /// plain one-sided peers use). Off, a peer learns a region only from the application
+    /// (e.g. rdmx-target's Open reply, after access control).
+    pub hello_regions: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -71,8 +75,18 @@ impl Context {
                 provider_reason,
                 on_connect: parking_lot::RwLock::new(None),
                 rcache,
+                hello_regions: std::sync::atomic::AtomicBool::new(true),
             }),
         })
+    }
+
+    /// Whether the hellos of this context's later connections carry its regions with remote
+    /// access (on by default). Off, peers learn no region, rkey or pool in the handshake:
+    /// the application tells each peer what it may reach (rdmx-target does, per session).
+    pub fn set_hello_regions(&self, on: bool) {
+        self.shared
+            .hello_regions
+            .store(on, std::sync::atomic::Ordering::Release);
     }
 
     /// Sets (or clears) the hook run on every new connection before the peer may send:
