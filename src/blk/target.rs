@@ -563,6 +563,17 @@ impl Target {
         &self.msgr
     }
 
+    /// Sessions the target keeps state for (handles opened, backlog): dropped when a
+    /// session ends.
+    pub fn session_states(&self) -> usize {
+        self.inner.sessions.lock().len()
+    }
+
+    /// 1 MiB IO buffers made so far (at most `Limits::io_bufs`).
+    pub fn io_buffers_made(&self) -> usize {
+        self.inner.bufs_made.load(Ordering::Relaxed)
+    }
+
     /// IO buffers (1 MiB, for large file reads) handed out and not yet back.
     pub fn io_buffers_out(&self) -> usize {
         self.inner.bufs_out.lock().len()
@@ -621,5 +632,152 @@ fn accept_loop(l: Listener, stop: &AtomicBool, inner: &Inner) {
             }
         }
         conns.retain(|c| c.qp_state() != QpState::Err);
+    }
+}
+
+/// Access control with an entity on the session. The entity comes from the side channel's
+/// authentication (`session::session_entity`); here it is set on the target's state for
+/// the session, as that lookup would, so that every decision runs through `serve`.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blk::proto::{INFO_ONE_SIDED, INFO_READ_ONLY, MSG_REQ, Op, Reply, ReqHdr};
+    use crate::msgr::messenger::{Dispatcher, InMessage, OutMessage, Payload, Policy};
+    use std::time::Instant;
+
+    struct Sink(Mutex<Vec<InMessage>>);
+    impl Dispatcher for Sink {
+        fn on_message(&self, _m: &Messenger, _s: SessionId, msg: InMessage) {
+            self.0.lock().push(msg);
+        }
+    }
+
+    fn call(m: &Messenger, s: SessionId, sink: &Sink, h: ReqHdr, data: bool) -> Reply {
+        let id = h.req_id;
+        let mut msg = OutMessage::new(MSG_REQ, h.encode());
+        if data {
+            msg = msg.with(Payload::Copy(vec![7; 4096]));
+        }
+        m.send(s, msg).unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(r) = sink
+                .0
+                .lock()
+                .iter()
+                .filter_map(|x| Reply::decode(&x.front))
+                .find(|r| r.req_id == id)
+            {
+                return r;
+            }
+            assert!(Instant::now() < end, "no reply to {id}");
+            m.poll(Duration::from_millis(20)).unwrap();
+        }
+    }
+
+    fn req(op: Op, vol: u32, id: u64, name: &[u8]) -> ReqHdr {
+        ReqHdr {
+            op: op as u8,
+            vol,
+            req_id: id,
+            offset: 0,
+            len: if matches!(op, Op::Read | Op::Write) { 4096 } else { 0 },
+            place: None,
+            imm_reply: false,
+            name: name.to_vec(),
+        }
+    }
+
+    /// A session of `entity` to `t`: its messenger, id and inbox.
+    fn session_as(t: &Target, entity: &str) -> (Messenger, SessionId, Arc<Sink>) {
+        let sink = Arc::new(Sink(Mutex::new(Vec::new())));
+        let mut c = Config::new();
+        crate::blk::apply_defaults(&mut c).unwrap();
+        let m = Messenger::new(&c, sink.clone()).unwrap();
+        let known: Vec<SessionId> = t.inner.sessions.lock().keys().copied().collect();
+        let s = m.connect(&t.addr().to_string(), Policy::Lossy).unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let new = t
+                .inner
+                .sessions
+                .lock()
+                .iter()
+                .find(|(k, _)| !known.contains(k))
+                .map(|(_, v)| Arc::clone(v));
+            if let Some(sess) = new {
+                sess.lock().entity = Some(entity.to_string());
+                return (m, s, sink);
+            }
+            assert!(Instant::now() < end, "the target never saw the session");
+            m.poll(Duration::from_millis(10)).unwrap();
+        }
+    }
+
+    #[test]
+    fn grants_rule_open_read_write_flush_and_one_sided_access() {
+        let opts = TargetOptions {
+            allow: vec![
+                "v0=client.a:rw,client.b:ro".parse().unwrap(),
+                "secret=client.a:ro".parse().unwrap(),
+            ],
+            limits: Limits::default(),
+        };
+        let specs: Vec<VolumeSpec> = ["v0=mem:1M", "secret=mem:1M"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let t = Target::start_with(&Config::new(), "127.0.0.1:0", &specs, &opts).unwrap();
+        let eacces = libc::EACCES as u32;
+        // client.b: v0 read-only, secret not at all.
+        let (mb, sb, kb) = session_as(&t, "client.b");
+        let r = call(&mb, sb, &kb, req(Op::Open, 0, 1, b"v0"), false);
+        let ib = r.info.unwrap();
+        assert_eq!(r.status, 0);
+        assert_eq!(ib.flags, INFO_ONE_SIDED | INFO_READ_ONLY);
+        assert_eq!(call(&mb, sb, &kb, req(Op::Read, 0, 2, b""), false).status, 0);
+        assert_eq!(call(&mb, sb, &kb, req(Op::Write, 0, 3, b""), true).status, eacces);
+        assert_eq!(call(&mb, sb, &kb, req(Op::Flush, 0, 4, b""), false).status, eacces);
+        assert_eq!(call(&mb, sb, &kb, req(Op::Query, 0, 5, b""), false).status, 0);
+        assert_eq!(call(&mb, sb, &kb, req(Op::Open, 0, 6, b"secret"), false).status, eacces);
+        // Not opened (refused), so its handle is not valid either.
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Read, 1, 7, b""), false).status,
+            libc::EBADF as u32
+        );
+        // client.a: v0 read-write, secret read-only.
+        let (ma, sa, ka) = session_as(&t, "client.a");
+        let ia = call(&ma, sa, &ka, req(Op::Open, 0, 1, b"v0"), false).info.unwrap();
+        assert_eq!(ia.flags, INFO_ONE_SIDED);
+        assert_eq!(call(&ma, sa, &ka, req(Op::Write, 0, 2, b""), true).status, 0);
+        assert_eq!(call(&ma, sa, &ka, req(Op::Flush, 0, 3, b""), false).status, 0);
+        let is = call(&ma, sa, &ka, req(Op::Open, 0, 4, b"secret"), false).info.unwrap();
+        assert_eq!(is.flags, INFO_ONE_SIDED | INFO_READ_ONLY);
+        assert_eq!(call(&ma, sa, &ka, req(Op::Write, 1, 5, b""), true).status, eacces);
+        // An entity with no grant: nothing.
+        let (mc, sc, kc) = session_as(&t, "client.c");
+        assert_eq!(call(&mc, sc, &kc, req(Op::Open, 0, 1, b"v0"), false).status, eacces);
+        // The one-sided registrations carry the grant: read-only sessions get no REMOTE_WRITE.
+        let raw = t.inner.raw_ctx.lock().clone().unwrap();
+        let acc = |rkey: u32| {
+            let sessions: Vec<_> = t.inner.sessions.lock().values().cloned().collect();
+            sessions
+                .iter()
+                .find_map(|s| {
+                    s.lock()
+                        .opened
+                        .iter()
+                        .find(|o| o.mr.is_some_and(|m| m.rkey == rkey))
+                        .and_then(|o| o.mr)
+                })
+                .unwrap()
+                .access
+        };
+        assert_eq!(acc(ib.region_rkey) & access::REMOTE_WRITE, 0);
+        assert_eq!(acc(is.region_rkey) & access::REMOTE_WRITE, 0);
+        assert_ne!(acc(ia.region_rkey) & access::REMOTE_WRITE, 0);
+        assert_ne!(acc(ib.region_rkey) & access::REMOTE_READ, 0);
+        drop(raw);
+        assert!(t.stats().access_denied.load(Ordering::Relaxed) >= 6);
     }
 }
