@@ -8,7 +8,9 @@ use rdmx::blk::proto::{INFO_ONE_SIDED, MSG_REQ, Op, Reply, ReqHdr};
 use rdmx::blk::target::{AllowSpec, Limits, Target, TargetOptions, VolumeSpec};
 use rdmx::blk::{BlkClient, Mode, Req};
 use rdmx::config::Config;
-use rdmx::msgr::messenger::{Dispatcher, InMessage, Messenger, OutMessage, Payload, Policy, SessionId};
+use rdmx::msgr::messenger::{
+    Dispatcher, InMessage, Messenger, OutMessage, Payload, Policy, SessionId,
+};
 use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;
@@ -141,7 +143,10 @@ fn a_handle_is_valid_only_on_the_session_that_opened_it() {
     // Session B names m0's handle (0) without opening it: refused, whatever the op.
     let b = Raw::new(&t);
     let ebadf = libc::EBADF as u32;
-    assert_eq!(b.call(hdr(Op::Read, 0, 1, 0, 4096, b""), None).status, ebadf);
+    assert_eq!(
+        b.call(hdr(Op::Read, 0, 1, 0, 4096, b""), None).status,
+        ebadf
+    );
     assert_eq!(b.call(hdr(Op::Query, 0, 2, 0, 0, b""), None).status, ebadf);
     assert_eq!(
         b.call(hdr(Op::Write, 0, 3, 0, 4096, b""), Some(vec![1; 4096]))
@@ -150,11 +155,17 @@ fn a_handle_is_valid_only_on_the_session_that_opened_it() {
     );
     assert_eq!(b.call(hdr(Op::Flush, 0, 4, 0, 0, b""), None).status, ebadf);
     // A handle no volume has: the same answer (no oracle of which volumes exist).
-    assert_eq!(b.call(hdr(Op::Read, 9, 5, 0, 4096, b""), None).status, ebadf);
+    assert_eq!(
+        b.call(hdr(Op::Read, 9, 5, 0, 4096, b""), None).status,
+        ebadf
+    );
     // B opens m1 (handle 1): that handle works, m0's still does not.
     let r = b.call(hdr(Op::Open, 0, 6, 0, 0, b"m1"), None);
     assert_eq!((r.status, r.info.map(|i| i.vol)), (0, Some(1)));
-    assert_eq!(b.call(hdr(Op::Read, 0, 7, 0, 4096, b""), None).status, ebadf);
+    assert_eq!(
+        b.call(hdr(Op::Read, 0, 7, 0, 4096, b""), None).status,
+        ebadf
+    );
     assert_eq!(b.call(hdr(Op::Read, 1, 8, 0, 4096, b""), None).status, 0);
     assert_eq!(b.call(hdr(Op::Query, 1, 9, 0, 0, b""), None).status, 0);
     assert_eq!(
@@ -207,9 +218,7 @@ fn one_sided(t: &Target, op: WrOpcode, local: &mut [u8], addr: u64, rkey: u32) -
     let mut c = cfg();
     rdmx::blk::apply_defaults(&mut c).unwrap();
     let ctx = Context::new(&c).unwrap();
-    let conn: Connection = ctx
-        .connect(&t.rdma_addr().unwrap().to_string(), T)
-        .unwrap();
+    let conn: Connection = ctx.connect(&t.rdma_addr().unwrap().to_string(), T).unwrap();
     // The one-sided listener's hello discloses no region.
     assert!(conn.peer_regions().is_empty(), "{:?}", conn.peer_regions());
     // SAFETY: `local` outlives the registration (deregistered below, after the op completed).
@@ -251,28 +260,56 @@ fn one_sided_rkeys_are_per_session_and_revoked_when_it_ends() {
     let ia = a.call(hdr(Op::Open, 0, 1, 0, 0, b"m0"), None).info.unwrap();
     let ib = b.call(hdr(Op::Open, 0, 1, 0, 0, b"m0"), None).info.unwrap();
     assert!(ia.flags & INFO_ONE_SIDED != 0 && ib.flags & INFO_ONE_SIDED != 0);
-    assert_ne!(ia.region_rkey, ib.region_rkey, "one registration per session");
+    assert_ne!(
+        ia.region_rkey, ib.region_rkey,
+        "one registration per session"
+    );
     assert_eq!(ia.region_addr, ib.region_addr);
     // Opening again on the same session keeps its registration.
     let again = a.call(hdr(Op::Open, 0, 2, 0, 0, b"m0"), None).info.unwrap();
     assert_eq!(again.region_rkey, ia.region_rkey);
     // A writes a block through the target; both rkeys read it one-sided.
     assert_eq!(
-        a.call(hdr(Op::Write, 0, 3, 8192, 4096, b""), Some(vec![0xc3; 4096]))
-            .status,
+        a.call(
+            hdr(Op::Write, 0, 3, 8192, 4096, b""),
+            Some(vec![0xc3; 4096])
+        )
+        .status,
         0
     );
     let mut got = vec![0u8; 4096];
-    let st = one_sided(&t, WrOpcode::RdmaRead, &mut got, ia.region_addr + 8192, ia.region_rkey);
+    let st = one_sided(
+        &t,
+        WrOpcode::RdmaRead,
+        &mut got,
+        ia.region_addr + 8192,
+        ia.region_rkey,
+    );
     assert_eq!(st, WcStatus::Success);
     assert!(got.iter().all(|&x| x == 0xc3));
     // A's session ends: its rkey is revoked, B's still works.
     a.m.close_session(a.s).unwrap();
     wait_until("the target to end A's session", || t.session_states() == 1);
     let mut got = vec![0u8; 4096];
-    let st = one_sided(&t, WrOpcode::RdmaRead, &mut got, ia.region_addr + 8192, ia.region_rkey);
-    assert_eq!(st, WcStatus::RemAccessErr, "A's rkey after A's session ended");
-    let st = one_sided(&t, WrOpcode::RdmaRead, &mut got, ib.region_addr + 8192, ib.region_rkey);
+    let st = one_sided(
+        &t,
+        WrOpcode::RdmaRead,
+        &mut got,
+        ia.region_addr + 8192,
+        ia.region_rkey,
+    );
+    assert_eq!(
+        st,
+        WcStatus::RemAccessErr,
+        "A's rkey after A's session ended"
+    );
+    let st = one_sided(
+        &t,
+        WrOpcode::RdmaRead,
+        &mut got,
+        ib.region_addr + 8192,
+        ib.region_rkey,
+    );
     assert_eq!(st, WcStatus::Success);
     assert!(got.iter().all(|&x| x == 0xc3));
     drop(b);

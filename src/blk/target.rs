@@ -681,7 +681,11 @@ mod tests {
             vol,
             req_id: id,
             offset: 0,
-            len: if matches!(op, Op::Read | Op::Write) { 4096 } else { 0 },
+            len: if matches!(op, Op::Read | Op::Write) {
+                4096
+            } else {
+                0
+            },
             place: None,
             imm_reply: false,
             name: name.to_vec(),
@@ -735,11 +739,26 @@ mod tests {
         let ib = r.info.unwrap();
         assert_eq!(r.status, 0);
         assert_eq!(ib.flags, INFO_ONE_SIDED | INFO_READ_ONLY);
-        assert_eq!(call(&mb, sb, &kb, req(Op::Read, 0, 2, b""), false).status, 0);
-        assert_eq!(call(&mb, sb, &kb, req(Op::Write, 0, 3, b""), true).status, eacces);
-        assert_eq!(call(&mb, sb, &kb, req(Op::Flush, 0, 4, b""), false).status, eacces);
-        assert_eq!(call(&mb, sb, &kb, req(Op::Query, 0, 5, b""), false).status, 0);
-        assert_eq!(call(&mb, sb, &kb, req(Op::Open, 0, 6, b"secret"), false).status, eacces);
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Read, 0, 2, b""), false).status,
+            0
+        );
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Write, 0, 3, b""), true).status,
+            eacces
+        );
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Flush, 0, 4, b""), false).status,
+            eacces
+        );
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Query, 0, 5, b""), false).status,
+            0
+        );
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Open, 0, 6, b"secret"), false).status,
+            eacces
+        );
         // Not opened (refused), so its handle is not valid either.
         assert_eq!(
             call(&mb, sb, &kb, req(Op::Read, 1, 7, b""), false).status,
@@ -747,16 +766,32 @@ mod tests {
         );
         // client.a: v0 read-write, secret read-only.
         let (ma, sa, ka) = session_as(&t, "client.a");
-        let ia = call(&ma, sa, &ka, req(Op::Open, 0, 1, b"v0"), false).info.unwrap();
+        let ia = call(&ma, sa, &ka, req(Op::Open, 0, 1, b"v0"), false)
+            .info
+            .unwrap();
         assert_eq!(ia.flags, INFO_ONE_SIDED);
-        assert_eq!(call(&ma, sa, &ka, req(Op::Write, 0, 2, b""), true).status, 0);
-        assert_eq!(call(&ma, sa, &ka, req(Op::Flush, 0, 3, b""), false).status, 0);
-        let is = call(&ma, sa, &ka, req(Op::Open, 0, 4, b"secret"), false).info.unwrap();
+        assert_eq!(
+            call(&ma, sa, &ka, req(Op::Write, 0, 2, b""), true).status,
+            0
+        );
+        assert_eq!(
+            call(&ma, sa, &ka, req(Op::Flush, 0, 3, b""), false).status,
+            0
+        );
+        let is = call(&ma, sa, &ka, req(Op::Open, 0, 4, b"secret"), false)
+            .info
+            .unwrap();
         assert_eq!(is.flags, INFO_ONE_SIDED | INFO_READ_ONLY);
-        assert_eq!(call(&ma, sa, &ka, req(Op::Write, 1, 5, b""), true).status, eacces);
+        assert_eq!(
+            call(&ma, sa, &ka, req(Op::Write, 1, 5, b""), true).status,
+            eacces
+        );
         // An entity with no grant: nothing.
         let (mc, sc, kc) = session_as(&t, "client.c");
-        assert_eq!(call(&mc, sc, &kc, req(Op::Open, 0, 1, b"v0"), false).status, eacces);
+        assert_eq!(
+            call(&mc, sc, &kc, req(Op::Open, 0, 1, b"v0"), false).status,
+            eacces
+        );
         // The one-sided registrations carry the grant: read-only sessions get no REMOTE_WRITE.
         let raw = t.inner.raw_ctx.lock().clone().unwrap();
         let acc = |rkey: u32| {
