@@ -7,7 +7,11 @@
 //!
 //! Each connection is served on its own thread, which keeps `max_recv_wr` receives posted
 //! (reposted on completion) into a per-connection area, answers pings (a SEND whose first
-//! byte is [`PING`]) with a SEND of the same size, and ends when the peer goes away. Once
+//! byte is [`PING`]) with a SEND of the same size from one answer area all connections
+//! share (read only), and ends when the peer goes away. At most `--max-conns` connections
+//! are served at once (default [`MAX_CONNS`]): one more is closed as soon as it is set up,
+//! counted and logged at warn (`RDMX_LOG`), so a peer opening connections in a loop costs
+//! the server at most that many threads, areas (`MAX_SEND` + 8 bytes) and receive queues. Once
 //! its receives are posted it sends the client a 1-byte SEND with immediate [`READY_IMM`]:
 //! clients start only then (a SEND before the receives are posted meets RNR NAKs).
 //! The server's tool defaults add `max_recv_wr = 4096` to the shared ones (soft_port = 0,
@@ -19,7 +23,7 @@ use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{QpState, Sge, SgeList, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::io::Write;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::cli;
@@ -28,8 +32,10 @@ use crate::perf::{
     Clock, Fail, MAX_SEND, PING, PONG, READY_IMM, SERVER_REGION, Waiter, build_config, fill_pattern,
 };
 
-pub const USAGE: &str =
-    "usage: rdmx-perf server --listen ADDR:PORT [--set KEY=VALUE]... [--profile NAME]";
+pub const USAGE: &str = "usage: rdmx-perf server --listen ADDR:PORT [--max-conns N] [--set KEY=VALUE]... [--profile NAME]";
+
+/// Connections served at once by default (bench/scale.sh holds 1,000 idle ones).
+pub const MAX_CONNS: usize = 1024;
 
 /// `rdmx-perf server --help`.
 pub const HELP: &str = "\
@@ -43,6 +49,9 @@ and each finished connection is summed up on stderr.
 
 options:
   --listen ADDR:PORT  where to accept connections (port 0 = any free port; required)
+  --max-conns N       connections served at once (default 1024); one more is closed at
+                      once, counted and logged (warn). Each costs a thread, a 4 MiB receive
+                      area and max_recv_wr posted receives
   --set KEY=VALUE     a configuration knob (`rdmx-perf config` lists them); repeatable
   --profile NAME      a configuration profile (e.g. ceph-after)
 
@@ -58,6 +67,8 @@ struct Args {
     profile: Option<String>,
     #[arg(long = "set", value_parser = cli::set, allow_hyphen_values = true)]
     sets: Vec<(String, String)>,
+    #[arg(long = "max-conns", value_parser = cli::count, default_value_t = MAX_CONNS)]
+    max_conns: usize,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -105,6 +116,12 @@ pub fn main(args: &[String]) -> Result<(), Fail> {
         )
     }
     .map_err(|e| Fail::Run(format!("register {} MiB: {e}", SERVER_REGION >> 20)))?;
+    // The answers' bytes, shared by every connection (only ever read).
+    let pong: &'static mut [u8] = Box::leak(vec![PONG; MAX_SEND].into_boxed_slice());
+    // SAFETY: `pong` is leaked: valid for the life of the process; nothing writes it.
+    let pong_mr = unsafe { ctx.register(pong.as_mut_ptr(), pong.len(), access::LOCAL_WRITE) }
+        .map_err(|e| Fail::Run(format!("register the answer area: {e}")))?;
+    let pong = (pong_mr.addr, pong_mr.lkey);
     let listener = ctx
         .listen(&a.listen)
         .map_err(|e| Fail::Run(once_prefixed("listen on", &a.listen, &e.to_string())))?;
@@ -135,14 +152,35 @@ pub fn main(args: &[String]) -> Result<(), Fail> {
     );
     let _ = std::io::stdout().flush();
     static NEXT: AtomicU64 = AtomicU64::new(1);
+    let refused = AtomicU64::new(0);
     loop {
         match listener.accept(None) {
             Ok(conn) => {
                 let id = NEXT.fetch_add(1, Ordering::Relaxed);
+                let peer = conn.peer();
+                if ACTIVE.load(Ordering::Acquire) >= a.max_conns {
+                    let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
+                    // The first refusals each, then one line per 1,000: a peer in a loop
+                    // does not flood the log.
+                    if n <= 10 || n % 1000 == 0 {
+                        log::warn!(
+                            "rdmx-perf server: connection {id} from {peer} refused: {} \
+                             connections served already (--max-conns); {n} refused so far",
+                            a.max_conns
+                        );
+                    }
+                    drop(conn);
+                    continue;
+                }
+                log::info!("rdmx-perf server: connection {id} from {peer}");
+                ACTIVE.fetch_add(1, Ordering::AcqRel);
                 let ctx = ctx.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("serve-{id}"))
-                    .spawn(move || serve(&ctx, conn, id));
+                    .spawn(move || {
+                        let _slot = Slot;
+                        serve(&ctx, conn, id, pong)
+                    });
                 if let Err(e) = spawned {
                     eprintln!("rdmx-perf server: connection {id}: no thread: {e}");
                 }
@@ -165,24 +203,36 @@ fn port_drops(ctx: &Context) -> String {
     )
 }
 
+/// Connections being served (threads running `serve`).
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// A served connection's place in [`ACTIVE`], given back when its thread ends (also when
+/// the thread could not start: the closure, and with it the slot, is dropped).
+struct Slot;
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        ACTIVE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The messenger's TCP port (0: none), sent in every connection's ready message.
 static MSGR_PORT: AtomicU16 = AtomicU16::new(0);
 
 /// The server's default receive queue depth (user-overridable).
 pub const SERVER_RECV_WR: u32 = 4096;
 
-/// Per-connection memory: receives land in the first half, answers go from the second;
-/// the ready message's payload follows.
-const AREA: usize = 2 * MAX_SEND + READY_LEN;
+/// Per-connection memory: receives land in it; the ready message's payload follows (the
+/// answers go from the shared answer area).
+const AREA: usize = MAX_SEND + READY_LEN;
 /// The ready message: `MSGR`, the messenger's port (u16 LE), 2 bytes of padding.
 const READY_LEN: usize = 8;
 
-fn serve(ctx: &Context, conn: Connection, id: u64) {
+fn serve(ctx: &Context, conn: Connection, id: u64, pong: (u64, u32)) {
     let peer = conn.peer();
     let mut area = vec![0u8; AREA];
-    area[MAX_SEND..2 * MAX_SEND].fill(PONG);
-    area[2 * MAX_SEND..2 * MAX_SEND + 4].copy_from_slice(crate::msgr_bench::READY_MSGR);
-    area[2 * MAX_SEND + 4..2 * MAX_SEND + 6]
+    area[MAX_SEND..MAX_SEND + 4].copy_from_slice(crate::msgr_bench::READY_MSGR);
+    area[MAX_SEND + 4..MAX_SEND + 6]
         .copy_from_slice(&MSGR_PORT.load(Ordering::Relaxed).to_le_bytes());
     let base = area.as_mut_ptr();
     // SAFETY: `area` outlives the registration: it is deregistered below, after the
@@ -194,7 +244,7 @@ fn serve(ctx: &Context, conn: Connection, id: u64) {
             return;
         }
     };
-    let stats = run(ctx, &conn, mr.addr, mr.lkey, base);
+    let stats = run(ctx, &conn, mr.addr, mr.lkey, base, pong);
     let c = conn.counters();
     match stats {
         Ok((recvs, pings)) => eprintln!(
@@ -241,6 +291,7 @@ fn run(
     addr: u64,
     lkey: u32,
     base: *mut u8,
+    pong: (u64, u32),
 ) -> Result<(u64, u64), String> {
     let s = ctx.settings();
     let recv_sge = smallvec![Sge {
@@ -267,7 +318,7 @@ fn run(
         opcode: WrOpcode::Send,
         flags: send_flags::SIGNALED,
         sges: smallvec![Sge {
-            addr: addr + 2 * MAX_SEND as u64,
+            addr: addr + MAX_SEND as u64,
             length: READY_LEN as u32,
             lkey,
         }],
@@ -339,9 +390,9 @@ fn run(
                     opcode: WrOpcode::Send,
                     flags: send_flags::SIGNALED,
                     sges: smallvec![Sge {
-                        addr: addr + MAX_SEND as u64,
+                        addr: pong.0,
                         length: wc.byte_len,
-                        lkey,
+                        lkey: pong.1,
                     }],
                     remote_addr: 0,
                     rkey: 0,
