@@ -461,6 +461,14 @@ impl Target {
                             access::LOCAL_WRITE | access::REMOTE_READ,
                         )
                     }?;
+                    // The one-sided context pins the region once, with no remote access (this
+                    // registration's rkey opens nothing): the sessions' own registrations
+                    // then only count the pinned pages instead of pinning (soft: mlock) and
+                    // unpinning the whole volume at every open and close.
+                    if let Some(raw) = raw_ctx.as_ref() {
+                        // SAFETY: as above: the mapping outlives the one-sided context's use.
+                        unsafe { raw.register(map.ptr, len, access::LOCAL_WRITE) }?;
+                    }
                     (
                         *n,
                         Store::Mem {
