@@ -629,15 +629,7 @@ impl Connection {
                 max_rd_atomic,
                 max_dest_rd_atomic,
                 credits: s.effective_credits(),
-                regions: if ctx
-                    .shared
-                    .hello_regions
-                    .load(std::sync::atomic::Ordering::Acquire)
-                {
-                    dev.exposed()
-                } else {
-                    Vec::new()
-                },
+                regions: ctx.hello_regions(),
             };
             let theirs = setup::exchange(&mut tcp, &mine, timeout)?;
             let n = setup::negotiate(&mine, &theirs, peer.ip())?;

@@ -21,13 +21,13 @@ pub(crate) struct Shared {
     pub provider: provider::Kind,
     /// Why this provider (logged at creation; `provider=auto`'s reasoning).
     pub provider_reason: String,
-    pub on_connect: parking_lot::RwLock<Option<OnConnect>>,
-    /// Registrations of caller buffers (`rcache_entries`).
-    pub rcache: RegCache,
     /// Whether hellos carry the device's regions with remote access (default: yes, what
     /// plain one-sided peers use). Off, a peer learns a region only from the application
     /// (e.g. rdmx-target's Open reply, after access control).
     pub hello_regions: std::sync::atomic::AtomicBool,
+    pub on_connect: parking_lot::RwLock<Option<OnConnect>>,
+    /// Registrations of caller buffers (`rcache_entries`).
+    pub rcache: RegCache,
 }
 
 impl std::fmt::Debug for Shared {
@@ -73,9 +73,9 @@ impl Context {
                 dev,
                 provider,
                 provider_reason,
+                hello_regions: std::sync::atomic::AtomicBool::new(true),
                 on_connect: parking_lot::RwLock::new(None),
                 rcache,
-                hello_regions: std::sync::atomic::AtomicBool::new(true),
             }),
         })
     }
@@ -87,6 +87,20 @@ impl Context {
         self.shared
             .hello_regions
             .store(on, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The regions a hello of this context carries: those with remote access, or none
+    /// (`set_hello_regions(false)`).
+    pub(crate) fn hello_regions(&self) -> Vec<super::Region> {
+        if self
+            .shared
+            .hello_regions
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            self.shared.dev.exposed()
+        } else {
+            Vec::new()
+        }
     }
 
     /// Sets (or clears) the hook run on every new connection before the peer may send:
