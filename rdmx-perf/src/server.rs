@@ -7,11 +7,11 @@
 //!
 //! Each connection is served on its own thread, which keeps `max_recv_wr` receives posted
 //! (reposted on completion) into a per-connection area, answers pings (a SEND whose first
-//! byte is [`PING`]) with a SEND of the same size from one answer area all connections
-//! share (read only), and ends when the peer goes away. At most `--max-conns` connections
-//! are served at once (default [`MAX_CONNS`]): one more is closed as soon as it is set up,
-//! counted and logged at warn (`RDMX_LOG`), so a peer opening connections in a loop costs
-//! the server at most that many threads, areas (`MAX_SEND` + 8 bytes) and receive queues. Once
+//! byte is [`PING`]) with a SEND of the same size, and ends when the peer goes away. At
+//! most `--max-conns` connections are served at once (default [`MAX_CONNS`]): one more is
+//! closed as soon as it is set up, counted and logged at warn (`RDMX_LOG`), so a peer
+//! opening connections in a loop costs the server at most that many threads, areas and
+//! receive queues. Once
 //! its receives are posted it sends the client a 1-byte SEND with immediate [`READY_IMM`]:
 //! clients start only then (a SEND before the receives are posted meets RNR NAKs).
 //! The server's tool defaults add `max_recv_wr = 4096` to the shared ones (soft_port = 0,
@@ -50,8 +50,8 @@ and each finished connection is summed up on stderr.
 options:
   --listen ADDR:PORT  where to accept connections (port 0 = any free port; required)
   --max-conns N       connections served at once (default 1024); one more is closed at
-                      once, counted and logged (warn). Each costs a thread, a 4 MiB receive
-                      area and max_recv_wr posted receives
+                      once, counted and logged (warn). Each costs a thread, an 8 MiB area
+                      and max_recv_wr posted receives
   --set KEY=VALUE     a configuration knob (`rdmx-perf config` lists them); repeatable
   --profile NAME      a configuration profile (e.g. ceph-after)
 
@@ -116,12 +116,6 @@ pub fn main(args: &[String]) -> Result<(), Fail> {
         )
     }
     .map_err(|e| Fail::Run(format!("register {} MiB: {e}", SERVER_REGION >> 20)))?;
-    // The answers' bytes, shared by every connection (only ever read).
-    let pong: &'static mut [u8] = Box::leak(vec![PONG; MAX_SEND].into_boxed_slice());
-    // SAFETY: `pong` is leaked: valid for the life of the process; nothing writes it.
-    let pong_mr = unsafe { ctx.register(pong.as_mut_ptr(), pong.len(), access::LOCAL_WRITE) }
-        .map_err(|e| Fail::Run(format!("register the answer area: {e}")))?;
-    let pong = (pong_mr.addr, pong_mr.lkey);
     let listener = ctx
         .listen(&a.listen)
         .map_err(|e| Fail::Run(once_prefixed("listen on", &a.listen, &e.to_string())))?;
@@ -179,7 +173,7 @@ pub fn main(args: &[String]) -> Result<(), Fail> {
                     .name(format!("serve-{id}"))
                     .spawn(move || {
                         let _slot = Slot;
-                        serve(&ctx, conn, id, pong)
+                        serve(&ctx, conn, id)
                     });
                 if let Err(e) = spawned {
                     eprintln!("rdmx-perf server: connection {id}: no thread: {e}");
@@ -222,17 +216,18 @@ static MSGR_PORT: AtomicU16 = AtomicU16::new(0);
 /// The server's default receive queue depth (user-overridable).
 pub const SERVER_RECV_WR: u32 = 4096;
 
-/// Per-connection memory: receives land in it; the ready message's payload follows (the
-/// answers go from the shared answer area).
-const AREA: usize = MAX_SEND + READY_LEN;
+/// Per-connection memory: receives land in the first half, answers go from the second;
+/// the ready message's payload follows.
+const AREA: usize = 2 * MAX_SEND + READY_LEN;
 /// The ready message: `MSGR`, the messenger's port (u16 LE), 2 bytes of padding.
 const READY_LEN: usize = 8;
 
-fn serve(ctx: &Context, conn: Connection, id: u64, pong: (u64, u32)) {
+fn serve(ctx: &Context, conn: Connection, id: u64) {
     let peer = conn.peer();
     let mut area = vec![0u8; AREA];
-    area[MAX_SEND..MAX_SEND + 4].copy_from_slice(crate::msgr_bench::READY_MSGR);
-    area[MAX_SEND + 4..MAX_SEND + 6]
+    area[MAX_SEND..2 * MAX_SEND].fill(PONG);
+    area[2 * MAX_SEND..2 * MAX_SEND + 4].copy_from_slice(crate::msgr_bench::READY_MSGR);
+    area[2 * MAX_SEND + 4..2 * MAX_SEND + 6]
         .copy_from_slice(&MSGR_PORT.load(Ordering::Relaxed).to_le_bytes());
     let base = area.as_mut_ptr();
     // SAFETY: `area` outlives the registration: it is deregistered below, after the
@@ -244,7 +239,7 @@ fn serve(ctx: &Context, conn: Connection, id: u64, pong: (u64, u32)) {
             return;
         }
     };
-    let stats = run(ctx, &conn, mr.addr, mr.lkey, base, pong);
+    let stats = run(ctx, &conn, mr.addr, mr.lkey, base);
     let c = conn.counters();
     match stats {
         Ok((recvs, pings)) => eprintln!(
@@ -291,7 +286,6 @@ fn run(
     addr: u64,
     lkey: u32,
     base: *mut u8,
-    pong: (u64, u32),
 ) -> Result<(u64, u64), String> {
     let s = ctx.settings();
     let recv_sge = smallvec![Sge {
@@ -318,7 +312,7 @@ fn run(
         opcode: WrOpcode::Send,
         flags: send_flags::SIGNALED,
         sges: smallvec![Sge {
-            addr: addr + MAX_SEND as u64,
+            addr: addr + 2 * MAX_SEND as u64,
             length: READY_LEN as u32,
             lkey,
         }],
@@ -390,9 +384,9 @@ fn run(
                     opcode: WrOpcode::Send,
                     flags: send_flags::SIGNALED,
                     sges: smallvec![Sge {
-                        addr: pong.0,
+                        addr: addr + MAX_SEND as u64,
                         length: wc.byte_len,
-                        lkey: pong.1,
+                        lkey,
                     }],
                     remote_addr: 0,
                     rkey: 0,
