@@ -168,11 +168,12 @@ pub fn main(args: &[String]) -> Result<(), Fail> {
                 }
                 log::info!("rdmx-perf server: connection {id} from {peer}");
                 ACTIVE.fetch_add(1, Ordering::AcqRel);
+                let slot = Slot;
                 let ctx = ctx.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("serve-{id}"))
                     .spawn(move || {
-                        let _slot = Slot;
+                        let _slot = slot;
                         serve(&ctx, conn, id)
                     });
                 if let Err(e) = spawned {
