@@ -152,8 +152,9 @@ impl Drop for Mapping {
 enum Store {
     Mem {
         /// The registration of the whole region in the messenger's cache (reads are sent
-        /// from it); dropped before the mapping (field order).
-        _msgr_reg: Handle,
+        /// from it); put back when the target stops, while that cache still exists (else
+        /// it warns of a region still named), and in any case before the mapping goes.
+        msgr_reg: Mutex<Option<Handle>>,
         map: Mapping,
     },
     File {
@@ -472,7 +473,7 @@ impl Target {
                     (
                         *n,
                         Store::Mem {
-                            _msgr_reg: msgr_reg,
+                            msgr_reg: Mutex::new(Some(msgr_reg)),
                             map,
                         },
                     )
@@ -603,6 +604,22 @@ impl Drop for Target {
         let sessions: Vec<_> = self.inner.sessions.lock().drain().collect();
         for (_, sess) in sessions {
             self.inner.end_session(&mut sess.lock());
+        }
+        // Registrations in the messenger's cache go back before the messenger (a field
+        // dropped after this body) drops the cache: the volumes' regions and the idle IO
+        // buffers (those in flight stay: a work request may still name them).
+        let rcache = self.msgr.context().rcache();
+        for v in &self.inner.volumes {
+            if let Store::Mem { msgr_reg, .. } = &v.store
+                && let Some(h) = msgr_reg.lock().take()
+            {
+                let _ = rcache.put(h);
+            }
+        }
+        for b in self.inner.bufs_free.lock().drain(..) {
+            let IoBuf { _reg, map } = b;
+            let _ = rcache.put(_reg);
+            drop(map);
         }
         *self.inner.msgr_ctx.lock() = None;
         *self.inner.raw_ctx.lock() = None;
