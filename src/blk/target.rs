@@ -271,6 +271,9 @@ pub struct TargetOptions {
     pub limits: Limits,
 }
 
+/// Reply buffers in flight by (session, send).
+type BufsOut = HashMap<(SessionId, SendId), Option<IoBuf>>;
+
 struct Inner {
     /// The one-sided context: per-session registrations of memory volumes are made in it
     /// (taken out when the target stops).
@@ -282,7 +285,7 @@ struct Inner {
     sessions: Mutex<HashMap<SessionId, Arc<Mutex<Sess>>>>,
     /// Reply buffers in flight (until the client acknowledged the reply): an IO buffer, or
     /// `None` for a pool chunk the messenger owns (counted against the session's quota).
-    bufs_out: Mutex<HashMap<(SessionId, SendId), Option<IoBuf>>>,
+    bufs_out: Mutex<BufsOut>,
     bufs_free: Mutex<Vec<IoBuf>>,
     /// IO buffers created (at most `limits.io_bufs`).
     bufs_made: AtomicUsize,

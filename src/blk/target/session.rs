@@ -4,7 +4,7 @@
 //! session ends.
 
 use super::serve::{Served, errno_reply};
-use super::{Access, Inner, IoBuf};
+use super::{Access, BufsOut, Inner, IoBuf};
 use crate::error::{Error, ErrorKind};
 use crate::msgr::MrInfo;
 use crate::msgr::messenger::{Dispatcher, InMessage, Messenger, OutMessage, SendId, SessionId};
@@ -219,12 +219,11 @@ impl Inner {
             return;
         }
         let Pending { msg, buf, counted } = p;
-        match m.send(s, msg) {
-            Ok(id) => {
-                if counted {
-                    self.bufs_out.lock().insert((s, id), buf);
-                }
+        match self.send_held(m, s, msg, counted) {
+            Ok(Some((mut out, id))) => {
+                out.insert((s, id), buf);
             }
+            Ok(None) => {}
             Err(r) if r.kind() == ErrorKind::Full => g.backlog.push_back(Pending {
                 msg: *r.msg,
                 buf,
@@ -235,6 +234,26 @@ impl Inner {
                 self.release(g, buf, counted);
             }
         }
+    }
+
+    /// `m.send`; for a reply that holds a buffer, with `bufs_out` locked across the send
+    /// so that the send's completion (on another messenger thread with `msgr_threads` > 1)
+    /// cannot look for the entry before it is made.
+    fn send_held<'a>(
+        &'a self,
+        m: &Messenger,
+        s: SessionId,
+        msg: OutMessage,
+        counted: bool,
+    ) -> std::result::Result<
+        Option<(parking_lot::MutexGuard<'a, BufsOut>, SendId)>,
+        crate::msgr::messenger::Refused,
+    > {
+        if !counted {
+            return m.send(s, msg).map(|_| None);
+        }
+        let out = self.bufs_out.lock();
+        m.send(s, msg).map(|id| Some((out, id)))
     }
 
     /// A reply's buffer is back (sent and acknowledged, or dropped).
@@ -255,12 +274,11 @@ impl Inner {
         }
         while let Some(p) = g.backlog.pop_front() {
             let Pending { msg, buf, counted } = p;
-            match m.send(s, msg) {
-                Ok(id) => {
-                    if counted {
-                        self.bufs_out.lock().insert((s, id), buf);
-                    }
+            match self.send_held(m, s, msg, counted) {
+                Ok(Some((mut out, id))) => {
+                    out.insert((s, id), buf);
                 }
+                Ok(None) => {}
                 Err(r) if r.kind() == ErrorKind::Full => {
                     g.backlog.push_front(Pending {
                         msg: *r.msg,
