@@ -268,8 +268,9 @@ fn bad_requests_get_error_replies() {
         assert_eq!(got.cookie, r.cookie);
         assert_eq!(got.status, *want, "{r:?}");
     }
-    // Raw malformed messages on a session of our own: short front, unknown op, unknown
-    // volume handle, wrong message type, write without data. Each gets an error reply.
+    // Raw malformed messages on a session of our own (which opens m0 first): short front,
+    // unknown op, unknown volume handle, wrong message type, write without data. Each gets
+    // an error reply.
     struct Sink(parking_lot::Mutex<Vec<InMessage>>);
     impl Dispatcher for Sink {
         fn on_message(&self, _m: &Messenger, _s: SessionId, msg: InMessage) {
@@ -299,7 +300,18 @@ fn bad_requests_get_error_replies() {
         b[2..4].copy_from_slice(&proto::REQ_IMM_REPLY.to_le_bytes());
         b
     };
+    let open_m0 = ReqHdr {
+        op: Op::Open as u8,
+        vol: 0,
+        req_id: 10,
+        offset: 0,
+        len: 0,
+        place: None,
+        imm_reply: false,
+        name: b"m0".to_vec(),
+    };
     let msgs = [
+        OutMessage::new(MSG_REQ, open_m0.encode()),
         OutMessage::new(MSG_REQ, vec![1, 3, 0]),
         OutMessage::new(MSG_REQ, hdr(99, 0, 11, 0)),
         OutMessage::new(MSG_REQ, hdr(Op::Read as u8, 42, 12, 4096)),
@@ -313,7 +325,7 @@ fn bad_requests_get_error_replies() {
         m.send(s, msg).unwrap();
     }
     let end = Instant::now() + T;
-    while sink.0.lock().len() < 7 {
+    while sink.0.lock().len() < 8 {
         assert!(Instant::now() < end, "replies: {}", sink.0.lock().len());
         m.poll(Duration::from_millis(20)).unwrap();
     }
@@ -331,8 +343,9 @@ fn bad_requests_get_error_replies() {
         statuses,
         vec![
             (0, libc::EPROTO as u32),
+            (10, 0),
             (11, libc::EOPNOTSUPP as u32),
-            (12, libc::ENODEV as u32),
+            (12, libc::EBADF as u32),
             (13, libc::EPROTO as u32),
             (14, libc::EINVAL as u32),
             (15, libc::EINVAL as u32),

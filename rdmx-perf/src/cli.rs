@@ -52,6 +52,14 @@ pub fn number(v: &str) -> Result<usize, String> {
     v.parse().map_err(|_| format!("'{v}' is not a number"))
 }
 
+/// A count of at least 1.
+pub fn count(v: &str) -> Result<usize, String> {
+    match number(v)? {
+        0 => Err(format!("must be at least 1, got {v}")),
+        n => Ok(n),
+    }
+}
+
 /// A count in `1..=4096` (queue depths).
 pub fn qd(v: &str) -> Result<usize, String> {
     number(v)?;

@@ -7,7 +7,11 @@
 //!
 //! Each connection is served on its own thread, which keeps `max_recv_wr` receives posted
 //! (reposted on completion) into a per-connection area, answers pings (a SEND whose first
-//! byte is [`PING`]) with a SEND of the same size, and ends when the peer goes away. Once
+//! byte is [`PING`]) with a SEND of the same size, and ends when the peer goes away. At
+//! most `--max-conns` connections are served at once (default [`MAX_CONNS`]): one more is
+//! closed as soon as it is set up, counted and logged at warn (`RDMX_LOG`), so a peer
+//! opening connections in a loop costs the server at most that many threads, areas and
+//! receive queues. Once
 //! its receives are posted it sends the client a 1-byte SEND with immediate [`READY_IMM`]:
 //! clients start only then (a SEND before the receives are posted meets RNR NAKs).
 //! The server's tool defaults add `max_recv_wr = 4096` to the shared ones (soft_port = 0,
@@ -19,7 +23,7 @@ use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{QpState, Sge, SgeList, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::io::Write;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::cli;
@@ -28,8 +32,10 @@ use crate::perf::{
     Clock, Fail, MAX_SEND, PING, PONG, READY_IMM, SERVER_REGION, Waiter, build_config, fill_pattern,
 };
 
-pub const USAGE: &str =
-    "usage: rdmx-perf server --listen ADDR:PORT [--set KEY=VALUE]... [--profile NAME]";
+pub const USAGE: &str = "usage: rdmx-perf server --listen ADDR:PORT [--max-conns N] [--set KEY=VALUE]... [--profile NAME]";
+
+/// Connections served at once by default (bench/scale.sh holds 1,000 idle ones).
+pub const MAX_CONNS: usize = 1024;
 
 /// `rdmx-perf server --help`.
 pub const HELP: &str = "\
@@ -44,6 +50,9 @@ and each finished connection is summed up on stderr.
 
 options:
   --listen ADDR:PORT  where to accept connections (port 0 = any free port; required)
+  --max-conns N       connections served at once (default 1024); one more is closed at
+                      once, counted and logged (warn). Each costs a thread, an 8 MiB area
+                      and max_recv_wr posted receives
   --set KEY=VALUE     a configuration knob (`rdmx-perf config` lists them); repeatable
   --profile NAME      a configuration profile (e.g. ceph-after)
 
@@ -59,6 +68,8 @@ struct Args {
     profile: Option<String>,
     #[arg(long = "set", value_parser = cli::set, allow_hyphen_values = true)]
     sets: Vec<(String, String)>,
+    #[arg(long = "max-conns", value_parser = cli::count, default_value_t = MAX_CONNS)]
+    max_conns: usize,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -136,14 +147,36 @@ pub fn main(args: &[String]) -> Result<(), Fail> {
     );
     let _ = std::io::stdout().flush();
     static NEXT: AtomicU64 = AtomicU64::new(1);
+    let refused = AtomicU64::new(0);
     loop {
         match listener.accept(None) {
             Ok(conn) => {
                 let id = NEXT.fetch_add(1, Ordering::Relaxed);
+                let peer = conn.peer();
+                if ACTIVE.load(Ordering::Acquire) >= a.max_conns {
+                    let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
+                    // The first refusals each, then one line per 1,000: a peer in a loop
+                    // does not flood the log.
+                    if n <= 10 || n % 1000 == 0 {
+                        log::warn!(
+                            "rdmx-perf server: connection {id} from {peer} refused: {} \
+                             connections served already (--max-conns); {n} refused so far",
+                            a.max_conns
+                        );
+                    }
+                    drop(conn);
+                    continue;
+                }
+                log::info!("rdmx-perf server: connection {id} from {peer}");
+                ACTIVE.fetch_add(1, Ordering::AcqRel);
+                let slot = Slot;
                 let ctx = ctx.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("serve-{id}"))
-                    .spawn(move || serve(&ctx, conn, id));
+                    .spawn(move || {
+                        let _slot = slot;
+                        serve(&ctx, conn, id)
+                    });
                 if let Err(e) = spawned {
                     eprintln!("rdmx-perf server: connection {id}: no thread: {e}");
                 }
@@ -164,6 +197,19 @@ fn port_drops(ctx: &Context) -> String {
         "port drops (this server, all connections): {} unknown QPN, {} wrong source, {} bad ICRC, {} malformed, {} truncated, {} kernel",
         p.unknown_qpn, p.wrong_source, p.bad_icrc, p.malformed, p.truncated, p.kernel_drops
     )
+}
+
+/// Connections being served (threads running `serve`).
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// A served connection's place in [`ACTIVE`], given back when its thread ends (also when
+/// the thread could not start: the closure, and with it the slot, is dropped).
+struct Slot;
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        ACTIVE.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The messenger's TCP port (0: none), sent in every connection's ready message.

@@ -1,9 +1,13 @@
 //! `rdmx-target --listen ADDR:PORT --volume NAME=mem:SIZE|file:PATH [--volume ...]
-//! [--set KEY=VALUE]... [--profile NAME]`: serves block volumes until killed (SIGTERM /
-//! SIGINT end it). Protocol and design: `docs/block.md`.
+//! [--allow VOLUME=ENTITY:rw|ro[,...]]... [--max-backlog N] [--session-bufs N]
+//! [--max-deferred N] [--max-deferred-bytes SIZE] [--io-bufs N] [--set KEY=VALUE]...
+//! [--profile NAME]`: serves block volumes until killed (SIGTERM / SIGINT end it).
+//! `RDMX_LOG` (off, error, warn, info, debug, trace; default warn) sets what it logs on
+//! stderr: info shows a line per session and per volume opened, warn every refusal.
+//! Protocol and design: `docs/block.md`.
 
 use clap::Parser;
-use rdmx::blk::target::{Target, VolumeSpec};
+use rdmx::blk::target::{AllowSpec, Limits, Target, TargetOptions, VolumeSpec, parse_size};
 use rdmx::config::Config;
 use std::io::Write;
 use std::time::Duration;
@@ -28,12 +32,40 @@ struct Args {
         required = true
     )]
     volumes: Vec<VolumeSpec>,
+    /// Who may open a volume: VOLUME=ENTITY:rw|ro[,ENTITY:rw|ro...] (e.g.
+    /// v0=client.a:rw,client.b:ro). Repeatable. Without any, every peer may open every
+    /// volume read-write (a warning says so); with any, only the entities granted may, and
+    /// a session without an authenticated entity (auth = none) may open nothing.
+    #[arg(long = "allow", value_name = "VOLUME=ENTITY:rw|ro[,...]")]
+    allow: Vec<AllowSpec>,
+    /// Replies a session may have waiting for its credits before its requests wait.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_backlog)]
+    max_backlog: usize,
+    /// Reply buffers (pool chunks, 1 MiB IO buffers) a session may hold unacknowledged
+    /// before its requests wait.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().session_bufs)]
+    session_bufs: usize,
+    /// Requests a stalled session may have waiting; one more closes it.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_deferred)]
+    max_deferred: usize,
+    /// Bytes (with write data) a stalled session may have waiting; more closes it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes, default_value = "32M")]
+    max_deferred_bytes: usize,
+    /// 1 MiB IO buffers (large file reads) of the whole target.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().io_bufs)]
+    io_bufs: usize,
     /// An rdmx configuration key (transport or msgr_*). Repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_set)]
     sets: Vec<(String, String)>,
     /// A configuration profile (e.g. ceph-after).
     #[arg(long, value_name = "NAME")]
     profile: Option<String>,
+}
+
+fn parse_bytes(v: &str) -> Result<usize, String> {
+    parse_size(v)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| format!("'{v}' is not a size (e.g. 32M)"))
 }
 
 fn parse_set(v: &str) -> Result<(String, String), String> {
@@ -63,6 +95,8 @@ extern "C" fn on_signal(_: i32) {
 }
 
 fn main() {
+    // The library's log lines on stderr, at the level RDMX_LOG names (default warn).
+    rdmx::logging::init();
     let a = Args::parse();
     let cfg = match config(&a) {
         Ok(c) => c,
@@ -71,7 +105,17 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let t = match Target::start(&cfg, &a.listen, &a.volumes) {
+    let opts = TargetOptions {
+        allow: a.allow.clone(),
+        limits: Limits {
+            max_backlog: a.max_backlog,
+            session_bufs: a.session_bufs,
+            max_deferred: a.max_deferred,
+            max_deferred_bytes: a.max_deferred_bytes,
+            io_bufs: a.io_bufs,
+        },
+    };
+    let t = match Target::start_with(&cfg, &a.listen, &a.volumes, &opts) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("rdmx-target: {e}");
@@ -99,10 +143,17 @@ fn main() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let s = t.stats();
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!(
-        "rdmx-target: stopping: {} requests, {} error replies, {} clients reset",
-        s.requests.load(std::sync::atomic::Ordering::Relaxed),
-        s.errors.load(std::sync::atomic::Ordering::Relaxed),
-        s.resets.load(std::sync::atomic::Ordering::Relaxed)
+        "rdmx-target: stopping: {} sessions, {} requests, {} error replies, {} clients reset, \
+         {} refused by access control, {} set aside over quota ({} stalls, {} sessions closed)",
+        n(&s.sessions),
+        n(&s.requests),
+        n(&s.errors),
+        n(&s.resets),
+        n(&s.access_denied),
+        n(&s.deferred),
+        n(&s.quota_stalls),
+        n(&s.quota_closes)
     );
 }

@@ -38,7 +38,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::proto::{INFO_ONE_SIDED, Info, MAX_IO, MSG_REPLY, MSG_REQ, Op, Reply, ReqHdr};
+use super::proto::{
+    INFO_ONE_SIDED, INFO_READ_ONLY, Info, MAX_IO, MSG_REPLY, MSG_REQ, Op, Reply, ReqHdr,
+};
 
 /// How reads and writes travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -358,6 +360,8 @@ struct OneSided {
     conn: Connection,
     region_addr: u64,
     rkey: u32,
+    /// The target granted this session read access only (`INFO_READ_ONLY`).
+    read_only: bool,
     /// WR cookie -> (request cookie, len, registration of the caller's buffer).
     inflight: HashMap<u64, (u64, u32, Handle)>,
     next: u64,
@@ -517,17 +521,14 @@ impl BlkClient {
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(100));
         let conn = ctx.connect(&addr.to_string(), left)?;
-        let region = conn
-            .peer_regions()
-            .iter()
-            .find(|r| r.rkey == info.region_rkey && r.addr == info.region_addr)
-            .copied()
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Io,
-                    "the target's one-sided listener does not expose the volume's region",
-                )
-            })?;
+        // The region and its rkey come from the Open reply (this session's own
+        // registration): the target's one-sided hello discloses no region.
+        if info.region_rkey == 0 || info.region_addr == 0 {
+            return Err(Error::new(
+                ErrorKind::Io,
+                "the target's Open reply names no one-sided region for this volume",
+            ));
+        }
         let wcs = vec![
             Wc {
                 cookie: 0,
@@ -543,8 +544,9 @@ impl BlkClient {
         Ok(OneSided {
             ctx,
             conn,
-            region_addr: region.addr,
-            rkey: region.rkey,
+            region_addr: info.region_addr,
+            rkey: info.region_rkey,
+            read_only: info.flags & INFO_READ_ONLY != 0,
             inflight: HashMap::default(),
             next: 1,
             wcs,
@@ -822,6 +824,18 @@ impl BlkClient {
             return Ok(());
         }
         let o = one.lock();
+        if r.op == Op::Write && o.read_only {
+            // The session's rkey allows RDMA READ only: a WRITE would be the QP's remote
+            // access error (the connection lost); refused here as the target would.
+            batch.push(Prepared {
+                wr: None,
+                cookie: r.cookie,
+                len: r.len,
+                handle: None,
+                errno: libc::EACCES,
+            });
+            return Ok(());
+        }
         let acc = if r.op == Op::Read {
             access::LOCAL_WRITE
         } else {

@@ -41,6 +41,9 @@ pub const REPLY_LEN: usize = 24;
 pub const INFO_LEN: usize = 56;
 /// `Info::flags`: the volume's region is open to one-sided READ/WRITE at `rdma_port`.
 pub const INFO_ONE_SIDED: u16 = 1;
+/// `Info::flags`: this session may only read the volume (`Write` and `Flush` get
+/// `EACCES`; the one-sided rkey, if any, allows RDMA READ only).
+pub const INFO_READ_ONLY: u16 = 2;
 
 /// Request operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,28 +18,30 @@
 //! Requests are served synchronously on the messenger's thread (`msgr_threads`, default 1
 //! for the target): a file volume's IO blocks that thread while the disk works.
 
+mod acl;
+mod serve;
+mod session;
+
+pub use acl::{Access, Acl, AllowSpec, ENTITY_MAX, check_entity};
+
 use crate::config::{Config, Source};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mem::rcache::Handle;
-use crate::msgr::messenger::{
-    Dispatcher, InMessage, Messenger, OutMessage, Payload, RxSeg, SendId, SessionId,
-};
+use crate::msgr::messenger::{Messenger, SendId, SessionId};
 use crate::msgr::{Connection, Context, Listener};
 use crate::rc::verbs::{QpState, access};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap as HashMap;
-use std::collections::VecDeque;
 use std::fs::File;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::proto::{
-    self, BLOCK, INFO_ONE_SIDED, Info, MAX_IO, MSG_REPLY, MSG_REQ, NAME_MAX, Op, Reply, ReqHdr,
-};
+use super::proto::{BLOCK, NAME_MAX};
+use session::{Disp, Sess};
 
 /// A volume to serve: `NAME=mem:SIZE` or `NAME=file:PATH` on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,11 +152,10 @@ impl Drop for Mapping {
 enum Store {
     Mem {
         /// The registration of the whole region in the messenger's cache (reads are sent
-        /// from it); dropped before the mapping (field order).
-        _msgr_reg: Handle,
+        /// from it); put back when the target stops, while that cache still exists (else
+        /// it warns of a region still named), and in any case before the mapping goes.
+        msgr_reg: Mutex<Option<Handle>>,
         map: Mapping,
-        /// Its key in the one-sided context (exposed to clients).
-        rkey: u32,
     },
     File {
         file: File,
@@ -191,15 +192,107 @@ pub struct TargetStats {
     pub resets: AtomicU64,
     /// One-sided connections accepted.
     pub one_sided_conns: AtomicU64,
+    /// Sessions accepted (each logged at info with its peer and entity).
+    pub sessions: AtomicU64,
+    /// Requests refused by access control: `EACCES` (a volume or an operation the
+    /// session's entity is not granted) and `EBADF` (a handle this session did not open).
+    pub access_denied: AtomicU64,
+    /// Requests set aside unserved because their session was over a quota (its reply
+    /// backlog at `max_backlog`, or `session_bufs` reply buffers held); served once it
+    /// drains.
+    pub deferred: AtomicU64,
+    /// Times a session went over a quota (each logged once, at warn).
+    pub quota_stalls: AtomicU64,
+    /// Sessions closed because they kept sending with `max_deferred` requests set aside.
+    pub quota_closes: AtomicU64,
+    /// Large file reads that waited for an IO buffer (all `io_bufs` in use).
+    pub io_buf_waits: AtomicU64,
 }
 
+/// Bounds on what one session (and all together) can make the target hold. A session
+/// over `max_backlog` or `session_bufs` stalls: its new requests are set aside unserved
+/// (no IO, no allocation) until its replies drain; with `max_deferred` set aside it is
+/// closed. Flags of `rdmx-target`; the defaults fit a client at queue depth 256 of 1 MiB
+/// file reads per session with room, and bound a target to ~`io_bufs` MiB of IO buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Replies waiting for the session's credits (the messenger refused them `Full`).
+    pub max_backlog: usize,
+    /// Reply buffers (pool chunks of 4 KiB file reads, 1 MiB IO buffers of larger ones)
+    /// a session holds until its client acknowledges the replies.
+    pub session_bufs: usize,
+    /// Requests set aside while the session is stalled; one more closes the session.
+    pub max_deferred: usize,
+    /// Bytes (fronts and write data, which hold messenger pool chunks) of the requests
+    /// set aside; more closes the session.
+    pub max_deferred_bytes: usize,
+    /// 1 MiB IO buffers of the whole target.
+    pub io_bufs: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_backlog: 1024,
+            session_bufs: 64,
+            max_deferred: 4096,
+            max_deferred_bytes: 32 << 20,
+            io_bufs: 256,
+        }
+    }
+}
+
+impl Limits {
+    /// Every limit at least 1.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("max-backlog", self.max_backlog),
+            ("session-bufs", self.session_bufs),
+            ("max-deferred", self.max_deferred),
+            ("max-deferred-bytes", self.max_deferred_bytes),
+            ("io-bufs", self.io_bufs),
+        ] {
+            if v == 0 {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("rdmx-target: --{name} must be at least 1"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a target enforces besides its volumes: access control and bounds.
+#[derive(Debug, Clone, Default)]
+pub struct TargetOptions {
+    /// `--allow` grants; empty: every session may open every volume (see [`acl`]).
+    pub allow: Vec<AllowSpec>,
+    pub limits: Limits,
+}
+
+/// Reply buffers in flight by (session, send).
+type BufsOut = HashMap<(SessionId, SendId), Option<IoBuf>>;
+
 struct Inner {
+    /// The one-sided context: per-session registrations of memory volumes are made in it
+    /// (taken out when the target stops).
+    raw_ctx: Mutex<Option<Context>>,
     volumes: Vec<Volume>,
-    /// Replies refused with `Full`, sent on `on_send_ready`.
-    backlog: Mutex<HashMap<SessionId, VecDeque<OutMessage>>>,
-    /// IO buffers in flight (until the client acknowledged the reply) and free ones.
-    bufs_out: Mutex<HashMap<(SessionId, SendId), IoBuf>>,
+    acl: Acl,
+    limits: Limits,
+    /// Per-session state (handles opened, entity, backlog, requests set aside).
+    sessions: Mutex<HashMap<SessionId, Arc<Mutex<Sess>>>>,
+    /// Reply buffers in flight (until the client acknowledged the reply): an IO buffer, or
+    /// `None` for a pool chunk the messenger owns (counted against the session's quota).
+    bufs_out: Mutex<BufsOut>,
     bufs_free: Mutex<Vec<IoBuf>>,
+    /// IO buffers created (at most `limits.io_bufs`).
+    bufs_made: AtomicUsize,
+    /// Sessions with a read waiting for an IO buffer.
+    buf_waiters: Mutex<Vec<SessionId>>,
+    /// One-sided registrations of ended sessions still named by a work request, retried.
+    retired_mrs: Mutex<Vec<u32>>,
     msgr_ctx: Mutex<Option<Context>>,
     rdma_port: u16,
     stats: TargetStats,
@@ -270,7 +363,19 @@ impl Target {
     /// `config` carries the transport and `msgr_*` keys; `msgr_threads` left at its default
     /// becomes 1 here (the target needs a thread to serve). Memory volumes are also exposed
     /// on a second listener (same IP, a free port, told to clients in the open reply).
+    /// Every session may open every volume (no access control) with the default limits:
+    /// see [`Target::start_with`].
     pub fn start(config: &Config, listen: &str, specs: &[VolumeSpec]) -> Result<Target> {
+        Target::start_with(config, listen, specs, &TargetOptions::default())
+    }
+
+    /// [`Target::start`] with access control (`opts.allow`) and bounds (`opts.limits`).
+    pub fn start_with(
+        config: &Config,
+        listen: &str,
+        specs: &[VolumeSpec],
+        opts: &TargetOptions,
+    ) -> Result<Target> {
         if specs.is_empty() {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -283,6 +388,20 @@ impl Target {
                     ErrorKind::InvalidArgument,
                     format!("rdmx-target: volume '{}' given twice", a.name),
                 ));
+            }
+        }
+        opts.limits.validate()?;
+        let names: Vec<&str> = specs.iter().map(|v| v.name.as_str()).collect();
+        let acl = Acl::new(&opts.allow, &names)
+            .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("rdmx-target: {e}")))?;
+        if acl.is_open() {
+            log::warn!(
+                "rdmx-target: no --allow given: every peer that reaches the listener may open, \
+                 read and write every volume"
+            );
+        } else {
+            for v in acl.unreachable(&names) {
+                log::warn!("rdmx-target: volume '{v}': no --allow names it, nobody can open it");
             }
         }
         let mut cfg = config.clone();
@@ -305,10 +424,12 @@ impl Target {
                 )
             })?;
         let need_raw = specs.iter().any(|s| matches!(s.kind, VolumeKind::Mem(_)));
-        // The one-sided side: its own context; every region registered with remote access
-        // is exposed to every connection of it.
+        // The one-sided side: its own context. Its hellos carry no region: a session that
+        // may read a memory volume gets a registration of its own (its rkey) in the Open
+        // reply, deregistered when the session ends.
         let (raw_ctx, raw_listener) = if need_raw {
             let ctx = Context::new(&cfg)?;
+            ctx.set_hello_regions(false);
             let ip = listen_ip.ip();
             let l = ctx.listen(&SocketAddr::new(ip, 0).to_string())?;
             (Some(ctx), Some(l))
@@ -324,6 +445,9 @@ impl Target {
             inner: Arc::clone(&slot),
         });
         let msgr = Messenger::new(&cfg, disp)?;
+        // The messenger's hellos carry no region either (the memory volumes are registered
+        // in its context for reads sent by rendezvous, the pool for eager data).
+        msgr.context().set_hello_regions(false);
         let mut volumes = Vec::with_capacity(specs.len());
         for s in specs {
             let (size, store) = match &s.kind {
@@ -341,23 +465,19 @@ impl Target {
                             access::LOCAL_WRITE | access::REMOTE_READ,
                         )
                     }?;
-                    let raw = raw_ctx.as_ref().ok_or_else(|| {
-                        Error::new(ErrorKind::InvalidArgument, "no one-sided context")
-                    })?;
-                    // SAFETY: as above.
-                    let mr = unsafe {
-                        raw.register(
-                            map.ptr,
-                            len,
-                            access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
-                        )
-                    }?;
+                    // The one-sided context pins the region once, with no remote access (this
+                    // registration's rkey opens nothing): the sessions' own registrations
+                    // then only count the pinned pages instead of pinning (soft: mlock) and
+                    // unpinning the whole volume at every open and close.
+                    if let Some(raw) = raw_ctx.as_ref() {
+                        // SAFETY: as above: the mapping outlives the one-sided context's use.
+                        unsafe { raw.register(map.ptr, len, access::LOCAL_WRITE) }?;
+                    }
                     (
                         *n,
                         Store::Mem {
-                            _msgr_reg: msgr_reg,
+                            msgr_reg: Mutex::new(Some(msgr_reg)),
                             map,
-                            rkey: mr.rkey,
                         },
                     )
                 }
@@ -373,10 +493,16 @@ impl Target {
             });
         }
         let inner = Arc::new(Inner {
+            raw_ctx: Mutex::new(raw_ctx.clone()),
             volumes,
-            backlog: Mutex::new(HashMap::default()),
+            acl,
+            limits: opts.limits,
+            sessions: Mutex::new(HashMap::default()),
             bufs_out: Mutex::new(HashMap::default()),
             bufs_free: Mutex::new(Vec::new()),
+            bufs_made: AtomicUsize::new(0),
+            buf_waiters: Mutex::new(Vec::new()),
+            retired_mrs: Mutex::new(Vec::new()),
             msgr_ctx: Mutex::new(Some(msgr.context().clone())),
             rdma_port,
             stats: TargetStats::default(),
@@ -449,6 +575,17 @@ impl Target {
         &self.msgr
     }
 
+    /// Sessions the target keeps state for (handles opened, backlog): dropped when a
+    /// session ends.
+    pub fn session_states(&self) -> usize {
+        self.inner.sessions.lock().len()
+    }
+
+    /// 1 MiB IO buffers made so far (at most `Limits::io_bufs`).
+    pub fn io_buffers_made(&self) -> usize {
+        self.inner.bufs_made.load(Ordering::Relaxed)
+    }
+
     /// IO buffers (1 MiB, for large file reads) handed out and not yet back.
     pub fn io_buffers_out(&self) -> usize {
         self.inner.bufs_out.lock().len()
@@ -467,8 +604,28 @@ impl Drop for Target {
         for s in self.msgr.sessions() {
             let _ = self.msgr.close_session(s);
         }
-        self.inner.backlog.lock().clear();
+        let sessions: Vec<_> = self.inner.sessions.lock().drain().collect();
+        for (_, sess) in sessions {
+            self.inner.end_session(&mut sess.lock());
+        }
+        // Registrations in the messenger's cache go back before the messenger (a field
+        // dropped after this body) drops the cache: the volumes' regions and the idle IO
+        // buffers (those in flight stay: a work request may still name them).
+        let rcache = self.msgr.context().rcache();
+        for v in &self.inner.volumes {
+            if let Store::Mem { msgr_reg, .. } = &v.store
+                && let Some(h) = msgr_reg.lock().take()
+            {
+                let _ = rcache.put(h);
+            }
+        }
+        for b in self.inner.bufs_free.lock().drain(..) {
+            let IoBuf { _reg, map } = b;
+            let _ = rcache.put(_reg);
+            drop(map);
+        }
         *self.inner.msgr_ctx.lock() = None;
+        *self.inner.raw_ctx.lock() = None;
     }
 }
 
@@ -506,401 +663,182 @@ fn accept_loop(l: Listener, stop: &AtomicBool, inner: &Inner) {
     }
 }
 
-struct Disp {
-    inner: Arc<Mutex<Option<Arc<Inner>>>>,
-}
+/// Access control with an entity on the session. The entity comes from the side channel's
+/// authentication (`session::session_entity`); here it is set on the target's state for
+/// the session, as that lookup would, so that every decision runs through `serve`.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blk::proto::{INFO_ONE_SIDED, INFO_READ_ONLY, MSG_REQ, Op, Reply, ReqHdr};
+    use crate::msgr::messenger::{Dispatcher, InMessage, OutMessage, Payload, Policy};
+    use std::time::Instant;
 
-impl Disp {
-    fn inner(&self) -> Option<Arc<Inner>> {
-        self.inner.lock().clone()
-    }
-}
-
-fn errno_reply(op: u8, req_id: u64, errno: i32) -> OutMessage {
-    OutMessage::new(
-        MSG_REPLY,
-        Reply {
-            op,
-            status: errno as u32,
-            req_id,
-            len: 0,
-            info: None,
+    struct Sink(Mutex<Vec<InMessage>>);
+    impl Dispatcher for Sink {
+        fn on_message(&self, _m: &Messenger, _s: SessionId, msg: InMessage) {
+            self.0.lock().push(msg);
         }
-        .encode(),
-    )
-}
+    }
 
-impl Inner {
-    fn info(&self, vol: u32) -> Option<Info> {
-        let v = self.volumes.get(vol as usize)?;
-        let (region_addr, region_rkey, flags) = match &v.store {
-            Store::Mem { map, rkey, .. } => (map.ptr as u64, *rkey, INFO_ONE_SIDED),
-            Store::File { .. } => (0, 0, 0),
-        };
-        Some(Info {
+    fn call(m: &Messenger, s: SessionId, sink: &Sink, h: ReqHdr, data: bool) -> Reply {
+        let id = h.req_id;
+        let mut msg = OutMessage::new(MSG_REQ, h.encode());
+        if data {
+            msg = msg.with(Payload::Copy(vec![7; 4096]));
+        }
+        m.send(s, msg).unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(r) = sink
+                .0
+                .lock()
+                .iter()
+                .filter_map(|x| Reply::decode(&x.front))
+                .find(|r| r.req_id == id)
+            {
+                return r;
+            }
+            assert!(Instant::now() < end, "no reply to {id}");
+            m.poll(Duration::from_millis(20)).unwrap();
+        }
+    }
+
+    fn req(op: Op, vol: u32, id: u64, name: &[u8]) -> ReqHdr {
+        ReqHdr {
+            op: op as u8,
             vol,
-            block_size: BLOCK,
-            size: v.size,
-            region_addr,
-            region_rkey,
-            rdma_port: if flags != 0 { self.rdma_port } else { 0 },
-            flags,
-        })
-    }
-
-    /// Serves one request: the reply and, for a large file read, the IO buffer to keep
-    /// until the reply is acknowledged.
-    fn serve(&self, m: &Messenger, msg: InMessage) -> (OutMessage, Option<IoBuf>) {
-        self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let hdr = match ReqHdr::decode(&msg.front) {
-            Ok(h) => h,
-            Err(id) => return (errno_reply(0, id.unwrap_or(0), libc::EPROTO), None),
-        };
-        let op = hdr.op;
-        let fail = |e: i32| (errno_reply(op, hdr.req_id, e), None);
-        let Some(o) = Op::from_u8(op) else {
-            return fail(libc::EOPNOTSUPP);
-        };
-        if o == Op::Open {
-            let name = &hdr.name;
-            return match self.volumes.iter().position(|v| v.name.as_bytes() == name) {
-                Some(i) => (
-                    OutMessage::new(
-                        MSG_REPLY,
-                        Reply {
-                            op,
-                            status: 0,
-                            req_id: hdr.req_id,
-                            len: 0,
-                            info: self.info(i as u32),
-                        }
-                        .encode(),
-                    ),
-                    None,
-                ),
-                None => fail(libc::ENOENT),
-            };
-        }
-        if (hdr.place.is_some() || hdr.imm_reply) && o != Op::Read
-            || hdr.imm_reply && hdr.place.is_none()
-        {
-            return fail(libc::EINVAL);
-        }
-        let Some(vol) = self.volumes.get(hdr.vol as usize) else {
-            return fail(libc::ENODEV);
-        };
-        let ok = |len: u32| Reply {
-            op,
-            status: 0,
-            req_id: hdr.req_id,
-            len,
-            info: None,
-        };
-        match o {
-            Op::Open => fail(libc::EINVAL),
-            Op::Query => (
-                OutMessage::new(
-                    MSG_REPLY,
-                    Reply {
-                        info: self.info(hdr.vol),
-                        ..ok(0)
-                    }
-                    .encode(),
-                ),
-                None,
-            ),
-            Op::Flush => {
-                if let Store::File { file } = &vol.store
-                    && let Err(e) = file.sync_data()
-                {
-                    return fail(e.raw_os_error().unwrap_or(libc::EIO));
-                }
-                (OutMessage::new(MSG_REPLY, ok(0).encode()), None)
-            }
-            Op::Write => {
-                if let Some(e) = proto::check_range(vol.size, hdr.offset, hdr.len) {
-                    return fail(e as i32);
-                }
-                let mut msg = msg;
-                let seg = match msg.data.pop() {
-                    Some(s) if msg.data.is_empty() && s.len() == hdr.len as usize => s,
-                    _ => return fail(libc::EINVAL),
-                };
-                if let Err(e) = write_seg(vol, hdr.offset, &seg) {
-                    return fail(e);
-                }
-                drop(seg);
-                self.stats
-                    .bytes_written
-                    .fetch_add(u64::from(hdr.len), Ordering::Relaxed);
-                (OutMessage::new(MSG_REPLY, ok(hdr.len).encode()), None)
-            }
-            Op::Read => {
-                if let Some(e) = proto::check_range(vol.size, hdr.offset, hdr.len) {
-                    return fail(e as i32);
-                }
-                let len = hdr.len as usize;
-                let (payload, buf) = match &vol.store {
-                    Store::Mem { map, .. } => {
-                        // SAFETY: in range (checked); the region stays mapped and
-                        // registered as long as the target (the messenger is closed
-                        // before the volume goes, see `Drop for Target`).
-                        let p = unsafe { map.ptr.add(hdr.offset as usize) };
-                        // SAFETY: as above; "unmodified until sent" is the client's
-                        // business as for any disk (a write racing a read of the same
-                        // block returns either).
-                        (unsafe { Payload::registered(p, len) }, None)
-                    }
-                    Store::File { file } => {
-                        if len <= BLOCK as usize {
-                            let mut c = match m.alloc_chunk() {
-                                Ok(c) => c,
-                                Err(_) => return fail(libc::EAGAIN),
-                            };
-                            if let Err(e) =
-                                pread_full(file, &mut c.as_mut_slice()[..len], hdr.offset)
-                            {
-                                return fail(e);
-                            }
-                            c.set_len(len);
-                            (Payload::Chunk(c), None)
-                        } else {
-                            let mut b = match self.take_buf() {
-                                Ok(b) => b,
-                                Err(_) => return fail(libc::ENOMEM),
-                            };
-                            // SAFETY: the buffer is ours (out of the free list), MAX_IO long.
-                            let s = unsafe { std::slice::from_raw_parts_mut(b.map.ptr, len) };
-                            if let Err(e) = pread_full(file, s, hdr.offset) {
-                                self.bufs_free.lock().push(b);
-                                return fail(e);
-                            }
-                            // SAFETY: the buffer is kept in `bufs_out` until the send
-                            // completed, and is registered for its whole life.
-                            let p = unsafe { Payload::registered(b.map.ptr, len) };
-                            let _ = &mut b;
-                            (p, Some(b))
-                        }
-                    }
-                };
-                self.stats
-                    .bytes_read
-                    .fetch_add(u64::from(hdr.len), Ordering::Relaxed);
-                let reply = match hdr.place {
-                    // Asked for: the WRITE WITH IMMEDIATE is the whole answer (the value
-                    // names the request), one packet for 4 KiB and no reply SEND.
-                    Some((addr, rkey)) if hdr.imm_reply => {
-                        self.stats.placed_reads.fetch_add(1, Ordering::Relaxed);
-                        self.stats.imm_replies.fetch_add(1, Ordering::Relaxed);
-                        OutMessage::immediate(hdr.req_id as u32).with_write(payload, addr, rkey)
-                    }
-                    // Into the client's buffer: one RDMA WRITE right before the reply's
-                    // SEND (a bad address or rkey is the client QP's access error: the
-                    // session faults and ends on both sides, nothing else).
-                    Some((addr, rkey)) => {
-                        self.stats.placed_reads.fetch_add(1, Ordering::Relaxed);
-                        OutMessage::new(MSG_REPLY, ok(hdr.len).encode())
-                            .with_write(payload, addr, rkey)
-                    }
-                    None => OutMessage::new(MSG_REPLY, ok(hdr.len).encode()).with(payload),
-                };
-                (reply, buf)
-            }
-        }
-    }
-
-    fn take_buf(&self) -> Result<IoBuf> {
-        if let Some(b) = self.bufs_free.lock().pop() {
-            return Ok(b);
-        }
-        let map = Mapping::new(MAX_IO as usize)?;
-        let ctx = self
-            .msgr_ctx
-            .lock()
-            .clone()
-            .ok_or_else(|| Error::new(ErrorKind::Closed, "rdmx-target: stopping"))?;
-        // SAFETY: the mapping lives in the IoBuf with its handle; the handle is dropped
-        // (put back) before the mapping is unmapped (field order).
-        let reg = unsafe {
-            ctx.rcache()
-                .get(map.ptr, map.len, access::LOCAL_WRITE | access::REMOTE_READ)
-        }?;
-        Ok(IoBuf { _reg: reg, map })
-    }
-
-    fn send(&self, m: &Messenger, s: SessionId, msg: OutMessage, buf: Option<IoBuf>) {
-        let mut backlog = self.backlog.lock();
-        if let Some(q) = backlog.get_mut(&s)
-            && !q.is_empty()
-        {
-            // Replies keep their order behind those waiting. A waiting large read keeps
-            // its buffer in the message's payload pointer: not supported, send the copy.
-            if let Some(b) = buf {
-                q.push_back(copy_out(msg, &b));
-                self.bufs_free.lock().push(b);
+            req_id: id,
+            offset: 0,
+            len: if matches!(op, Op::Read | Op::Write) {
+                4096
             } else {
-                q.push_back(msg);
-            }
-            return;
-        }
-        match m.send(s, msg) {
-            Ok(id) => {
-                if let Some(b) = buf {
-                    self.bufs_out.lock().insert((s, id), b);
-                }
-            }
-            Err(r) if r.kind() == ErrorKind::Full => {
-                let msg = match &buf {
-                    Some(b) => copy_out(*r.msg, b),
-                    None => *r.msg,
-                };
-                if let Some(b) = buf {
-                    self.bufs_free.lock().push(b);
-                }
-                backlog.entry(s).or_default().push_back(msg);
-            }
-            Err(r) => {
-                log::debug!("rdmx-target: reply to {s:?} dropped: {}", r.error);
-                if let Some(b) = buf {
-                    self.bufs_free.lock().push(b);
-                }
-            }
+                0
+            },
+            place: None,
+            imm_reply: false,
+            name: name.to_vec(),
         }
     }
 
-    fn flush_backlog(&self, m: &Messenger, s: SessionId) {
-        let mut backlog = self.backlog.lock();
-        let Some(q) = backlog.get_mut(&s) else {
-            return;
+    /// A session of `entity` to `t`: its messenger, id and inbox.
+    fn session_as(t: &Target, entity: &str) -> (Messenger, SessionId, Arc<Sink>) {
+        let sink = Arc::new(Sink(Mutex::new(Vec::new())));
+        let mut c = Config::new();
+        crate::blk::apply_defaults(&mut c).unwrap();
+        let m = Messenger::new(&c, sink.clone()).unwrap();
+        let known: Vec<SessionId> = t.inner.sessions.lock().keys().copied().collect();
+        let s = m.connect(&t.addr().to_string(), Policy::Lossy).unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let new = t
+                .inner
+                .sessions
+                .lock()
+                .iter()
+                .find(|(k, _)| !known.contains(k))
+                .map(|(_, v)| Arc::clone(v));
+            if let Some(sess) = new {
+                sess.lock().entity = Some(entity.to_string());
+                return (m, s, sink);
+            }
+            assert!(Instant::now() < end, "the target never saw the session");
+            m.poll(Duration::from_millis(10)).unwrap();
+        }
+    }
+
+    #[test]
+    fn grants_rule_open_read_write_flush_and_one_sided_access() {
+        let opts = TargetOptions {
+            allow: vec![
+                "v0=client.a:rw,client.b:ro".parse().unwrap(),
+                "secret=client.a:ro".parse().unwrap(),
+            ],
+            limits: Limits::default(),
         };
-        while let Some(msg) = q.pop_front() {
-            match m.send(s, msg) {
-                Ok(_) => {}
-                Err(r) if r.kind() == ErrorKind::Full => {
-                    q.push_front(*r.msg);
-                    return;
-                }
-                Err(_) => {
-                    q.clear();
-                    break;
-                }
-            }
-        }
-        backlog.remove(&s);
-    }
-}
-
-/// A large read's reply that must wait: its data copied out of the IO buffer (rare: only
-/// when the client's session is full).
-fn copy_out(mut msg: OutMessage, b: &IoBuf) -> OutMessage {
-    let copy = |len: usize| {
-        // SAFETY: the buffer is ours and at least `len` (<= MAX_IO) long.
-        Payload::Copy(unsafe { std::slice::from_raw_parts(b.map.ptr, len) }.to_vec())
-    };
-    if let Some(w) = msg.writes.first_mut() {
-        w.data = copy(w.data.len());
-    } else if let Some(d) = msg.data.first_mut() {
-        *d = copy(d.len());
-    }
-    msg
-}
-
-fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> std::result::Result<(), i32> {
-    use std::os::unix::fs::FileExt;
-    match file.read_exact_at(buf, offset) {
-        Ok(()) => Ok(()),
-        Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
-    }
-}
-
-fn write_seg(vol: &Volume, offset: u64, seg: &RxSeg) -> std::result::Result<(), i32> {
-    match &vol.store {
-        Store::Mem { map, .. } => {
-            let mut at = offset as usize;
-            for c in seg.chunks() {
-                // SAFETY: `offset + seg.len()` is within the region (checked by the caller).
-                unsafe { std::ptr::copy_nonoverlapping(c.as_ptr(), map.ptr.add(at), c.len()) };
-                at += c.len();
-            }
-            Ok(())
-        }
-        Store::File { file } => {
-            let iov: Vec<libc::iovec> = seg
-                .chunks()
-                .map(|c| libc::iovec {
-                    iov_base: c.as_ptr() as *mut libc::c_void,
-                    iov_len: c.len(),
+        let specs: Vec<VolumeSpec> = ["v0=mem:1M", "secret=mem:1M"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let t = Target::start_with(&Config::new(), "127.0.0.1:0", &specs, &opts).unwrap();
+        let eacces = libc::EACCES as u32;
+        // client.b: v0 read-only, secret not at all.
+        let (mb, sb, kb) = session_as(&t, "client.b");
+        let r = call(&mb, sb, &kb, req(Op::Open, 0, 1, b"v0"), false);
+        let ib = r.info.unwrap();
+        assert_eq!(r.status, 0);
+        assert_eq!(ib.flags, INFO_ONE_SIDED | INFO_READ_ONLY);
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Read, 0, 2, b""), false).status,
+            0
+        );
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Write, 0, 3, b""), true).status,
+            eacces
+        );
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Flush, 0, 4, b""), false).status,
+            eacces
+        );
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Query, 0, 5, b""), false).status,
+            0
+        );
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Open, 0, 6, b"secret"), false).status,
+            eacces
+        );
+        // Not opened (refused), so its handle is not valid either.
+        assert_eq!(
+            call(&mb, sb, &kb, req(Op::Read, 1, 7, b""), false).status,
+            libc::EBADF as u32
+        );
+        // client.a: v0 read-write, secret read-only.
+        let (ma, sa, ka) = session_as(&t, "client.a");
+        let ia = call(&ma, sa, &ka, req(Op::Open, 0, 1, b"v0"), false)
+            .info
+            .unwrap();
+        assert_eq!(ia.flags, INFO_ONE_SIDED);
+        assert_eq!(
+            call(&ma, sa, &ka, req(Op::Write, 0, 2, b""), true).status,
+            0
+        );
+        assert_eq!(
+            call(&ma, sa, &ka, req(Op::Flush, 0, 3, b""), false).status,
+            0
+        );
+        let is = call(&ma, sa, &ka, req(Op::Open, 0, 4, b"secret"), false)
+            .info
+            .unwrap();
+        assert_eq!(is.flags, INFO_ONE_SIDED | INFO_READ_ONLY);
+        assert_eq!(
+            call(&ma, sa, &ka, req(Op::Write, 1, 5, b""), true).status,
+            eacces
+        );
+        // An entity with no grant: nothing.
+        let (mc, sc, kc) = session_as(&t, "client.c");
+        assert_eq!(
+            call(&mc, sc, &kc, req(Op::Open, 0, 1, b"v0"), false).status,
+            eacces
+        );
+        // The one-sided registrations carry the grant: read-only sessions get no REMOTE_WRITE.
+        let acc = |rkey: u32| {
+            let sessions: Vec<_> = t.inner.sessions.lock().values().cloned().collect();
+            sessions
+                .iter()
+                .find_map(|s| {
+                    s.lock()
+                        .opened
+                        .iter()
+                        .find(|o| o.mr.is_some_and(|m| m.rkey == rkey))
+                        .and_then(|o| o.mr)
                 })
-                .collect();
-            let total: usize = iov.iter().map(|v| v.iov_len).sum();
-            // SAFETY: every iovec names a chunk of `seg`, alive across the call; the
-            // kernel only reads them.
-            let n = unsafe {
-                libc::pwritev(
-                    file.as_raw_fd(),
-                    iov.as_ptr(),
-                    iov.len() as i32,
-                    offset as libc::off_t,
-                )
-            };
-            if n < 0 {
-                return Err(std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO));
-            }
-            if n as usize != total {
-                return Err(libc::EIO);
-            }
-            Ok(())
-        }
-    }
-}
-
-impl Dispatcher for Disp {
-    fn on_message(&self, m: &Messenger, s: SessionId, msg: InMessage) {
-        let Some(inner) = self.inner() else {
-            return;
+                .unwrap()
+                .access
         };
-        if msg.msg_type != MSG_REQ {
-            inner.stats.errors.fetch_add(1, Ordering::Relaxed);
-            let id = ReqHdr::decode(&msg.front).map_or_else(|e| e.unwrap_or(0), |h| h.req_id);
-            inner.send(m, s, errno_reply(0, id, libc::EPROTO), None);
-            return;
-        }
-        let (reply, buf) = inner.serve(m, msg);
-        if Reply::decode(&reply.front).is_some_and(|r| r.status != 0) {
-            inner.stats.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        inner.send(m, s, reply, buf);
-    }
-
-    fn on_send_complete(
-        &self,
-        _m: &Messenger,
-        s: SessionId,
-        id: SendId,
-        _status: crate::error::Result<()>,
-    ) {
-        let Some(inner) = self.inner() else {
-            return;
-        };
-        let b = inner.bufs_out.lock().remove(&(s, id));
-        if let Some(b) = b {
-            inner.bufs_free.lock().push(b);
-        }
-    }
-
-    fn on_send_ready(&self, m: &Messenger, s: SessionId) {
-        if let Some(inner) = self.inner() {
-            inner.flush_backlog(m, s);
-        }
-    }
-
-    fn on_reset(&self, _m: &Messenger, s: SessionId, why: &Error) {
-        if let Some(inner) = self.inner() {
-            inner.stats.resets.fetch_add(1, Ordering::Relaxed);
-            inner.backlog.lock().remove(&s);
-            log::info!("rdmx-target: client session {s:?} ended: {why}");
-        }
+        assert_eq!(acc(ib.region_rkey) & access::REMOTE_WRITE, 0);
+        assert_eq!(acc(is.region_rkey) & access::REMOTE_WRITE, 0);
+        assert_ne!(acc(ia.region_rkey) & access::REMOTE_WRITE, 0);
+        assert_ne!(acc(ib.region_rkey) & access::REMOTE_READ, 0);
+        assert!(t.stats().access_denied.load(Ordering::Relaxed) >= 6);
     }
 }

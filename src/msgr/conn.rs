@@ -629,7 +629,7 @@ impl Connection {
                 max_rd_atomic,
                 max_dest_rd_atomic,
                 credits: s.effective_credits(),
-                regions: dev.exposed(),
+                regions: ctx.hello_regions(),
             };
             let theirs = setup::exchange(&mut tcp, &mine, timeout)?;
             let n = setup::negotiate(&mine, &theirs, peer.ip())?;

@@ -21,6 +21,10 @@ pub(crate) struct Shared {
     pub provider: provider::Kind,
     /// Why this provider (logged at creation; `provider=auto`'s reasoning).
     pub provider_reason: String,
+    /// Whether hellos carry the device's regions with remote access (default: yes, what
+    /// plain one-sided peers use). Off, a peer learns a region only from the application
+    /// (e.g. rdmx-target's Open reply, after access control).
+    pub hello_regions: std::sync::atomic::AtomicBool,
     pub on_connect: parking_lot::RwLock<Option<OnConnect>>,
     /// Registrations of caller buffers (`rcache_entries`).
     pub rcache: RegCache,
@@ -69,10 +73,34 @@ impl Context {
                 dev,
                 provider,
                 provider_reason,
+                hello_regions: std::sync::atomic::AtomicBool::new(true),
                 on_connect: parking_lot::RwLock::new(None),
                 rcache,
             }),
         })
+    }
+
+    /// Whether the hellos of this context's later connections carry its regions with remote
+    /// access (on by default). Off, peers learn no region, rkey or pool in the handshake:
+    /// the application tells each peer what it may reach (rdmx-target does, per session).
+    pub fn set_hello_regions(&self, on: bool) {
+        self.shared
+            .hello_regions
+            .store(on, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The regions a hello of this context carries: those with remote access, or none
+    /// (`set_hello_regions(false)`).
+    pub(crate) fn hello_regions(&self) -> Vec<super::Region> {
+        if self
+            .shared
+            .hello_regions
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            self.shared.dev.exposed()
+        } else {
+            Vec::new()
+        }
     }
 
     /// Sets (or clears) the hook run on every new connection before the peer may send:
