@@ -264,6 +264,11 @@ typedef enum {
    * A system limit would be exceeded (e.g. RLIMIT_MEMLOCK: `ulimit -l`).
    */
   RDMX_RESOURCE_LIMIT = 14,
+  /**
+   * Authentication failed (wrong or missing key, unknown entity, a peer that would not
+   * authenticate) or its configuration is unusable (a keyring others may read).
+   */
+  RDMX_AUTH = 15,
 } rdmx_status;
 
 /**

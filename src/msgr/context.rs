@@ -24,6 +24,8 @@ pub(crate) struct Shared {
     pub on_connect: parking_lot::RwLock<Option<OnConnect>>,
     /// Registrations of caller buffers (`rcache_entries`).
     pub rcache: RegCache,
+    /// Side-channel authentication (`auth*` keys) and handshake bounds.
+    pub auth: Arc<super::auth::AuthConfig>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -55,6 +57,7 @@ impl Context {
     /// Validates `config`, chooses the provider and opens its device.
     pub fn new(config: &Config) -> Result<Context> {
         let settings = config.settings()?;
+        let auth = Arc::new(super::auth::AuthConfig::from_config(config)?);
         let (dev, provider, provider_reason) = provider::open(&settings)?;
         // No merging (either provider): a merged region would stay valid over a
         // neighbour's buffer after that buffer was invalidated and unmapped, and regions
@@ -71,6 +74,7 @@ impl Context {
                 provider_reason,
                 on_connect: parking_lot::RwLock::new(None),
                 rcache,
+                auth,
             }),
         })
     }

@@ -1,6 +1,7 @@
 //! Connections: the TCP side channel (QP exchange and liveness, as Ceph), and the
 //! connection object the C ABI hands out; the messenger (sessions and messages) on them.
 
+pub mod auth;
 mod conn;
 mod context;
 pub mod messenger;

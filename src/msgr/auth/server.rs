@@ -1,0 +1,286 @@
+//! The accepting side of the exchange as a state machine fed the bytes that arrived (no
+//! IO, no clock): [`gate`](super::gate) drives one per unauthenticated connection.
+
+use super::proto::{self, Ephemeral, Frame, Mode, Opening, RefuseCode};
+use super::{AuthConfig, Authenticated, SessionKeys};
+use zeroize::Zeroizing;
+
+/// What the gate does next with a connection.
+#[derive(Debug)]
+pub enum Step {
+    /// Needs more bytes (after sending `send`, if any).
+    Wait(Vec<u8>),
+    /// Authenticated (or `auth = none` and the client said so): send `send`, then set up
+    /// the connection.
+    Done(Vec<u8>, Authenticated),
+    /// Refused: send `send` (a Refuse frame) and close. `reason` is for the log line only
+    /// (the client is told less); `entity` what the client claimed, if it said.
+    Fail {
+        send: Vec<u8>,
+        reason: String,
+        entity: Option<String>,
+        /// A limit or a malformed frame rather than a failed proof.
+        protocol: bool,
+    },
+}
+
+enum State {
+    Hello,
+    Finish {
+        client: Opening,
+        server: Opening,
+        eph: Ephemeral,
+        /// The client's secret, or a random stand-in for an unknown entity (so that an
+        /// unknown name fails at the same step, with the same answer, as a wrong key).
+        key: Zeroizing<Vec<u8>>,
+        known: bool,
+    },
+    Over,
+}
+
+/// A refusal: the client is told the code's text only for a failed proof (no hint of
+/// which check failed), the reason otherwise.
+fn refuse(code: RefuseCode, reason: String, protocol: bool, entity: Option<String>) -> Step {
+    let told = match code {
+        RefuseCode::Failed => "authentication failed".to_string(),
+        _ => reason.clone(),
+    };
+    Step::Fail {
+        send: Frame::Refuse(code, told).encode(),
+        reason,
+        entity,
+        protocol,
+    }
+}
+
+/// One connection's server side.
+pub struct ServerHandshake {
+    buf: Vec<u8>,
+    state: State,
+}
+
+impl Default for ServerHandshake {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ServerHandshake {
+    pub fn new() -> ServerHandshake {
+        ServerHandshake {
+            buf: Vec::new(),
+            state: State::Hello,
+        }
+    }
+
+    /// The client entity claimed so far.
+    pub fn claimed(&self) -> Option<&str> {
+        match &self.state {
+            State::Finish { client, .. } => Some(&client.entity),
+            _ => None,
+        }
+    }
+
+    /// The nonce this side issued, while it waits for the client's proof.
+    pub fn issued_nonce(&self) -> Option<[u8; proto::N]> {
+        match &self.state {
+            State::Finish { server, .. } => Some(server.nonce),
+            _ => None,
+        }
+    }
+
+    /// Feeds bytes read from the connection. `reflected` says whether a nonce is one this
+    /// listener issued to another connection (a reflected challenge).
+    pub fn on_bytes(
+        &mut self,
+        data: &[u8],
+        cfg: &AuthConfig,
+        reflected: &dyn Fn(&[u8; proto::N]) -> bool,
+    ) -> Step {
+        self.buf.extend_from_slice(data);
+        let mut out = Vec::new();
+        loop {
+            let len = match Frame::length(&self.buf) {
+                Ok(Some(len)) => len,
+                Ok(None) => return Step::Wait(out),
+                Err(m) => return self.fail(RefuseCode::Protocol, m, true),
+            };
+            if self.buf.len() < len {
+                return Step::Wait(out);
+            }
+            let frame: Vec<u8> = self.buf.drain(..len).collect();
+            let frame = match Frame::decode(&frame) {
+                Ok(f) => f,
+                Err(m) => return self.fail(RefuseCode::Protocol, m, true),
+            };
+            match self.on_frame(frame, cfg, reflected) {
+                Step::Wait(send) => out.extend(send),
+                Step::Done(send, a) => {
+                    out.extend(send);
+                    if !self.buf.is_empty() {
+                        return self.fail(
+                            RefuseCode::Protocol,
+                            "bytes after the last auth frame".into(),
+                            true,
+                        );
+                    }
+                    return Step::Done(out, a);
+                }
+                fail => return fail,
+            }
+        }
+    }
+
+    fn fail(&mut self, code: RefuseCode, reason: String, protocol: bool) -> Step {
+        let entity = self.claimed().map(str::to_string);
+        self.state = State::Over;
+        refuse(code, reason, protocol, entity)
+    }
+
+    fn on_frame(
+        &mut self,
+        frame: Frame,
+        cfg: &AuthConfig,
+        reflected: &dyn Fn(&[u8; proto::N]) -> bool,
+    ) -> Step {
+        match (std::mem::replace(&mut self.state, State::Over), frame) {
+            (State::Hello, Frame::ClientHello(c)) => self.on_client_hello(c, cfg, reflected),
+            (
+                State::Finish {
+                    client,
+                    server,
+                    eph,
+                    key,
+                    known,
+                },
+                Frame::ClientFinish(proof),
+            ) => {
+                let who = Some(client.entity.clone());
+                let th = proto::transcript_hash(&client, &server);
+                let ok = proto::verify_client(&key, &th, &proof);
+                if !known {
+                    return refuse(RefuseCode::Failed, "unknown entity".into(), false, who);
+                }
+                if !ok {
+                    let why = "wrong proof (a different key, or a replayed exchange)";
+                    return refuse(RefuseCode::Failed, why.into(), false, who);
+                }
+                let Some(dh) = eph.agree(&client.public) else {
+                    let why = "low-order ephemeral key";
+                    return refuse(RefuseCode::Failed, why.into(), false, who);
+                };
+                self.state = State::Over;
+                Step::Done(
+                    Frame::Accept(proto::server_proof(&key, &th)).encode(),
+                    Authenticated {
+                        peer_entity: Some(client.entity),
+                        keys: Some(SessionKeys::derive(&key, &dh, &th)),
+                    },
+                )
+            }
+            (_, f) => {
+                let what = match f {
+                    Frame::ClientHello(_) => "a second client hello",
+                    Frame::ClientFinish(_) => "a finish before the hello",
+                    _ => "a server's frame from a client",
+                };
+                self.fail(RefuseCode::Protocol, format!("unexpected {what}"), true)
+            }
+        }
+    }
+
+    fn on_client_hello(
+        &mut self,
+        c: Opening,
+        cfg: &AuthConfig,
+        reflected: &dyn Fn(&[u8; proto::N]) -> bool,
+    ) -> Step {
+        if c.version != proto::AUTH_VERSION {
+            return self.fail(
+                RefuseCode::Protocol,
+                format!(
+                    "auth version {} (this build speaks {})",
+                    c.version,
+                    proto::AUTH_VERSION
+                ),
+                true,
+            );
+        }
+        let entity = c.entity.clone();
+        match (c.mode, cfg.required) {
+            (Mode::None, false) => {
+                self.state = State::Over;
+                return Step::Done(
+                    Frame::Accept([0; proto::N]).encode(),
+                    Authenticated::default(),
+                );
+            }
+            (Mode::None, true) => {
+                self.state = State::Over;
+                return Step::Fail {
+                    send: Frame::Refuse(
+                        RefuseCode::Required,
+                        "this listener requires authentication: set auth_keyring and auth_entity"
+                            .into(),
+                    )
+                    .encode(),
+                    reason: "the client offered no authentication (auth=none)".into(),
+                    entity: Some(entity),
+                    protocol: false,
+                };
+            }
+            (Mode::Secret, false) => {
+                self.state = State::Over;
+                return Step::Fail {
+                    send: Frame::Refuse(
+                        RefuseCode::Unavailable,
+                        "this listener runs with auth=none (no keyring)".into(),
+                    )
+                    .encode(),
+                    reason: "the client asked for authentication; this side has no keyring".into(),
+                    entity: Some(entity),
+                    protocol: false,
+                };
+            }
+            (Mode::Secret, true) => {}
+        }
+        if reflected(&c.nonce) {
+            self.state = State::Over;
+            return Step::Fail {
+                send: Frame::Refuse(RefuseCode::Failed, "authentication failed".into()).encode(),
+                reason: "reflected challenge: the client's nonce is one this listener issued"
+                    .into(),
+                entity: Some(entity),
+                protocol: false,
+            };
+        }
+        let (eph, nonce) = match (Ephemeral::new(), proto::nonce()) {
+            (Ok(e), Ok(n)) => (e, n),
+            (Err(e), _) | (_, Err(e)) => {
+                return self.fail(RefuseCode::Protocol, format!("randomness: {e}"), true);
+            }
+        };
+        let secret = cfg.keyring.as_ref().and_then(|k| k.secret(&c.entity));
+        let known = secret.is_some();
+        let key = Zeroizing::new(match secret {
+            Some(k) => k.to_vec(),
+            None => proto::nonce().map(|n| n.to_vec()).unwrap_or_default(),
+        });
+        let server = Opening {
+            version: proto::AUTH_VERSION,
+            mode: Mode::Secret,
+            nonce,
+            public: eph.public,
+            entity: cfg.entity.clone(),
+        };
+        let send = Frame::ServerHello(server.clone()).encode();
+        self.state = State::Finish {
+            client: c,
+            server,
+            eph,
+            key,
+            known,
+        };
+        Step::Wait(send)
+    }
+}
