@@ -63,16 +63,25 @@ struct Waiting {
 /// Warn lines per second before the rest are only counted (and summed in the next line).
 const LOG_PER_SEC: u32 = 10;
 
+/// Rate limit of warn lines (a flood of refusals must not become a flood of log lines).
 #[derive(Debug)]
-struct LogLimit {
+pub(crate) struct LogLimit {
     window: Instant,
     lines: u32,
     suppressed: u64,
 }
 
 impl LogLimit {
+    pub(crate) fn new() -> LogLimit {
+        LogLimit {
+            window: Instant::now(),
+            lines: 0,
+            suppressed: 0,
+        }
+    }
+
     /// Whether a line may go out now, and how many were suppressed before it.
-    fn allow(&mut self, now: Instant) -> Option<u64> {
+    pub(crate) fn allow(&mut self, now: Instant) -> Option<u64> {
         if now.saturating_duration_since(self.window) >= Duration::from_secs(1) {
             self.window = now;
             self.lines = 0;
@@ -132,11 +141,7 @@ impl Gate {
             per_source: HashMap::new(),
             next: 0,
             stats: Arc::default(),
-            log: LogLimit {
-                window: Instant::now(),
-                lines: 0,
-                suppressed: 0,
-            },
+            log: LogLimit::new(),
             local: local.to_string(),
         })
     }

@@ -13,6 +13,7 @@
 //! and payload preparation), `shard` (progress passes, worker threads, callback dispatch),
 //! `settings` (the `msgr_*` knobs), `types` (the public types).
 
+mod admit;
 mod buffers;
 mod credits;
 mod keepalive;
@@ -144,6 +145,14 @@ impl Messenger {
     }
 
     /// Messenger-wide figures (pools, sessions, totals).
+    /// The authenticated entity of session `s`'s peer: the connecting client's entity on
+    /// a listening messenger (e.g. "client.fio"), the listener's name on a connecting one.
+    /// None with `auth = none` or for an unknown session. Applications base access
+    /// control on it.
+    pub fn session_entity(&self, s: SessionId) -> Option<String> {
+        self.core.session_entity(s)
+    }
+
     pub fn stats(&self) -> MsgrStats {
         self.core.stats()
     }
