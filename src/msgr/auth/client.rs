@@ -14,8 +14,9 @@ pub fn run(tcp: &mut TcpStream, cfg: &AuthConfig, deadline: Instant) -> Result<A
     let peer = tcp
         .peer_addr()
         .map_or_else(|_| "the peer".to_string(), |a| a.to_string());
+    let keyring = cfg.keyring();
     let secret = if cfg.required {
-        let k = cfg.keyring.as_ref().and_then(|k| k.secret(&cfg.entity));
+        let k = keyring.as_ref().and_then(|k| k.secret(&cfg.entity));
         Some(k.ok_or_else(|| {
             auth_error(format!(
                 "connect to {peer}: auth_entity {} has no key in the keyring",

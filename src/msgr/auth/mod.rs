@@ -17,6 +17,7 @@ pub mod server;
 
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -55,7 +56,10 @@ pub struct AuthConfig {
     /// This side's name: the client entity whose key a connecting side proves; a
     /// listener's own name, sent in its hello.
     pub entity: String,
-    pub keyring: Option<Keyring>,
+    /// `auth_keyring`'s path ("" = none) and its keys; [`AuthConfig::reload_keyring`]
+    /// swaps them (key rotation) for handshakes that start afterwards.
+    path: String,
+    keyring: parking_lot::RwLock<Option<Arc<Keyring>>>,
     pub limits: Limits,
     /// `auth = none` warned once.
     warned: AtomicBool,
@@ -103,7 +107,7 @@ impl AuthConfig {
             (_, has) => has,
         };
         if required
-            && let Some(k) = &keyring
+            && let Some(k) = keyring.as_ref()
             && k.secret(&entity).is_none()
             && k.len() == 1
         {
@@ -117,7 +121,8 @@ impl AuthConfig {
         Ok(AuthConfig {
             required,
             entity,
-            keyring,
+            path,
+            keyring: parking_lot::RwLock::new(keyring.map(Arc::new)),
             limits: Limits {
                 first_bytes: ms("handshake_first_bytes_ms")?,
                 timeout: ms("handshake_timeout_ms")?,
@@ -126,6 +131,25 @@ impl AuthConfig {
             },
             warned: AtomicBool::new(false),
         })
+    }
+
+    /// The keys in force.
+    pub fn keyring(&self) -> Option<Arc<Keyring>> {
+        self.keyring.read().clone()
+    }
+
+    /// Reads `auth_keyring` again (after a key rotation); the keys in force stay if the
+    /// file is now unusable (the error says why). Connections already set up keep going.
+    pub fn reload_keyring(&self) -> Result<()> {
+        if self.path.is_empty() {
+            return Err(Error::fixed(
+                ErrorKind::Auth,
+                "reload_keyring: no auth_keyring is configured",
+            ));
+        }
+        let k = Keyring::load(std::path::Path::new(&self.path))?;
+        *self.keyring.write() = Some(Arc::new(k));
+        Ok(())
     }
 
     /// With `auth = none`: a warning, once per context, when it first listens or connects.

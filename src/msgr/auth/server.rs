@@ -260,7 +260,8 @@ impl ServerHandshake {
                 return self.fail(RefuseCode::Protocol, format!("randomness: {e}"), true);
             }
         };
-        let secret = cfg.keyring.as_ref().and_then(|k| k.secret(&c.entity));
+        let keyring = cfg.keyring();
+        let secret = keyring.as_ref().and_then(|k| k.secret(&c.entity));
         let known = secret.is_some();
         let key = Zeroizing::new(match secret {
             Some(k) => k.to_vec(),
@@ -282,5 +283,122 @@ impl ServerHandshake {
             known,
         };
         Step::Wait(send)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn cfg(keyring: &str) -> AuthConfig {
+        let dir = std::env::temp_dir().join(format!(
+            "rdmx-server-sm-{}-{}",
+            std::process::id(),
+            keyring.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("k");
+        std::fs::write(&p, keyring).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut c = Config::new();
+        c.set("auth_keyring", p.to_str().unwrap()).unwrap();
+        c.set("auth_entity", "osd.0").unwrap();
+        let a = AuthConfig::from_config(&c).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        a
+    }
+
+    const RING: &str = "[client.a]\nkey = AAECAwQFBgcICQoLDA0ODw==\n";
+    const KEY: [u8; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+
+    fn hello(eph: &Ephemeral, nonce: u8, entity: &str) -> Opening {
+        Opening {
+            version: proto::AUTH_VERSION,
+            mode: Mode::Secret,
+            nonce: [nonce; 32],
+            public: eph.public,
+            entity: entity.into(),
+        }
+    }
+
+    /// Runs a client against the machine with literal ephemeral keys; `key` is the client's.
+    fn exchange(c: &AuthConfig, key: &[u8], entity: &str) -> (Step, Option<Opening>) {
+        let mut hs = ServerHandshake::new();
+        let eph = Ephemeral::from_bytes([3; 32]);
+        let mine = hello(&eph, 1, entity);
+        let Step::Wait(out) =
+            hs.on_bytes(&Frame::ClientHello(mine.clone()).encode(), c, &|_| false)
+        else {
+            panic!("no server hello")
+        };
+        let Ok(Frame::ServerHello(theirs)) = Frame::decode(&out) else {
+            panic!("not a server hello")
+        };
+        let th = proto::transcript_hash(&mine, &theirs);
+        let finish = Frame::ClientFinish(proto::client_proof(key, &th)).encode();
+        // Byte by byte: frames split anywhere are reassembled.
+        let mut last = None;
+        for b in &finish {
+            last = Some(hs.on_bytes(std::slice::from_ref(b), c, &|_| false));
+        }
+        (last.unwrap(), Some(theirs))
+    }
+
+    #[test]
+    fn right_key_passes_with_keys_both_sides_agree_on() {
+        let c = cfg(RING);
+        let (step, theirs) = exchange(&c, &KEY, "client.a");
+        let Step::Done(out, auth) = step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(auth.peer_entity.as_deref(), Some("client.a"));
+        let Ok(Frame::Accept(proof)) = Frame::decode(&out) else {
+            panic!()
+        };
+        let eph = Ephemeral::from_bytes([3; 32]);
+        let mine = hello(&eph, 1, "client.a");
+        let theirs = theirs.unwrap();
+        let th = proto::transcript_hash(&mine, &theirs);
+        assert!(proto::verify_server(&KEY, &th, &proof));
+        // The client derives the same keys.
+        let dh = eph.agree(&theirs.public).unwrap();
+        let k = SessionKeys::derive(&KEY, &dh, &th);
+        let server_keys = auth.keys.unwrap();
+        assert!(server_keys.verify(true, b"x", &k.tag(true, b"x")));
+    }
+
+    #[test]
+    fn wrong_key_unknown_entity_and_garbage_fail() {
+        let c = cfg(RING);
+        let (step, _) = exchange(&c, &[9; 16], "client.a");
+        assert!(
+            matches!(step, Step::Fail { protocol: false, ref reason, .. } if reason.contains("wrong proof"))
+        );
+        let (step, _) = exchange(&c, &KEY, "client.b");
+        assert!(
+            matches!(step, Step::Fail { protocol: false, ref reason, .. } if reason == "unknown entity")
+        );
+        let mut hs = ServerHandshake::new();
+        let step = hs.on_bytes(b"\x00\x00\x00\x10RDXA\x03junkjunk", &c, &|_| false);
+        assert!(
+            matches!(step, Step::Fail { protocol: true, .. }),
+            "{step:?}"
+        );
+        // A finish first.
+        let mut hs = ServerHandshake::new();
+        let step = hs.on_bytes(&Frame::ClientFinish([0; 32]).encode(), &c, &|_| false);
+        assert!(
+            matches!(step, Step::Fail { protocol: true, ref reason, .. } if reason.contains("finish before"))
+        );
+        // A reflected nonce.
+        let mut hs = ServerHandshake::new();
+        let eph = Ephemeral::from_bytes([3; 32]);
+        let f = Frame::ClientHello(hello(&eph, 1, "client.a")).encode();
+        let step = hs.on_bytes(&f, &c, &|n| n == &[1; 32]);
+        assert!(
+            matches!(step, Step::Fail { protocol: false, ref reason, .. } if reason.contains("reflected"))
+        );
     }
 }

@@ -153,6 +153,21 @@ impl Messenger {
         self.core.session_entity(s)
     }
 
+    /// Reads the `auth_keyring` file again (key rotation); handshakes that start
+    /// afterwards (new sessions, reconnects) use the new keys. `ErrorKind::Auth` when the
+    /// file is unusable now (the old keys stay) or no keyring is configured.
+    pub fn reload_keyring(&self) -> Result<()> {
+        self.core.reload_keyring()
+    }
+
+    /// Test hook: connects like [`Messenger::connect`], but the session's hellos claim
+    /// `claimed` as its id (what an attacker who saw a session's id in clear would send
+    /// to take it over). Not for applications.
+    #[doc(hidden)]
+    pub fn connect_claiming(&self, addr: &str, policy: Policy, claimed: u64) -> Result<SessionId> {
+        self.core.connect_claiming(addr, policy, claimed)
+    }
+
     pub fn stats(&self) -> MsgrStats {
         self.core.stats()
     }

@@ -173,6 +173,8 @@ pub(crate) struct Core {
     entities: Mutex<HashMap<(SocketAddr, Option<String>), u64>>,
     /// Bounds on pending links and sessions; the entity of each session.
     admit: Admission,
+    /// Tests only ([`Core::connect_claiming`]): session id -> the peer id its hellos claim.
+    claims: Mutex<HashMap<u64, u64>>,
     /// Bumped when a newer incarnation appeared at an address: every shard then resets
     /// the sessions of the older one ([`Core::reset_stale`]).
     restarts: AtomicU64,
@@ -257,6 +259,7 @@ impl Core {
             incarnation: random_u64().max(1),
             entities: Mutex::new(HashMap::new()),
             admit,
+            claims: Mutex::new(HashMap::new()),
             restarts: AtomicU64::new(0),
             owner: OnceLock::new(),
             me: OnceLock::new(),
@@ -399,6 +402,14 @@ impl Core {
         let a = l.local_addr();
         *g = Some(l);
         Ok(a)
+    }
+
+    /// [`Core::connect`] whose hellos claim `claimed` as this side's session id (a
+    /// takeover attempt: tests of the accepting side's entity check).
+    pub fn connect_claiming(&self, addr: &str, policy: Policy, claimed: u64) -> Result<SessionId> {
+        let s = self.connect(addr, policy)?;
+        self.claims.lock().insert(s.0, claimed);
+        Ok(s)
     }
 
     pub fn connect(&self, addr: &str, policy: Policy) -> Result<SessionId> {
@@ -1324,7 +1335,7 @@ impl Core {
                     self.admit.set_outgoing(sess.id, conn.peer_entity());
                     let mut link = self.link_from(conn, slots);
                     let mut h = Header::new(Kind::Hello);
-                    h.aux = sess.id;
+                    h.aux = self.claims.lock().get(&sess.id).copied().unwrap_or(sess.id);
                     h.aux2 = sess.peer_id;
                     h.aux3 = sess.delivered;
                     // Who we are across restarts: our incarnation and listening port
@@ -1506,6 +1517,12 @@ impl Core {
             v.extend(s.st.lock().sessions.keys().map(|&id| SessionId(id)));
         }
         v
+    }
+
+    /// Reads `auth_keyring` again (key rotation): see
+    /// [`crate::msgr::auth::AuthConfig::reload_keyring`].
+    pub fn reload_keyring(&self) -> Result<()> {
+        self.ctx.shared.auth.reload_keyring()
     }
 
     /// The authenticated entity of session `s`'s peer (None with `auth = none`, or for
