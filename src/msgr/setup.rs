@@ -8,7 +8,10 @@
 //! also carries the MTU, the rd_atomic limits, receive credits and the regions the peer may
 //! access with RDMA READ/WRITE.
 //!
-//! The order of a setup is: connect TCP, [`exchange`] hellos, [`negotiate`], bring the QP to
+//! The order of a setup is: connect TCP, authenticate (`crate::msgr::auth`: no QP exists
+//! and nothing below is sent until both sides proved the key, or, with `auth = none`, the
+//! client spoke first), create the QP, [`exchange_tagged`] hellos (each followed by an
+//! HMAC tag under the session key when authenticated), [`negotiate`], bring the QP to
 //! RTR/RTS with the result, then [`ready`] so that neither side sends RC traffic before the
 //! other side's QP can receive it.
 //!
