@@ -447,7 +447,7 @@ pub static KEYS: &[KeySpec] = &[
     key(
         "handshake_per_source",
         uint(1, 65_536),
-        "16",
+        "32",
         "unauthenticated handshakes one source IP address may have at once on a listener; more are refused (counted, logged)",
     ),
     key(

@@ -102,6 +102,9 @@ pub struct Gate {
     conns: HashMap<u64, Waiting>,
     per_source: HashMap<IpAddr, usize>,
     next: u64,
+    /// Connections that passed in `admit` (their first frame was already in), for the
+    /// next `drive`.
+    ready: Vec<Passed>,
     pub stats: Arc<GateStats>,
     log: LogLimit,
     local: String,
@@ -140,6 +143,7 @@ impl Gate {
             conns: HashMap::new(),
             per_source: HashMap::new(),
             next: 0,
+            ready: Vec::new(),
             stats: Arc::default(),
             log: LogLimit::new(),
             local: local.to_string(),
@@ -238,6 +242,12 @@ impl Gate {
                 deadline: now + l.first_bytes.min(l.timeout),
             },
         );
+        // A client writes its first frame right after connecting: it is usually here
+        // already. Taking it now keeps a burst of legitimate connections from one address
+        // (a client opening many sessions) from counting against the per-source cap.
+        let mut passed = std::mem::take(&mut self.ready);
+        self.step(id, now, &mut passed);
+        self.ready = passed;
     }
 
     fn remove(&mut self, id: u64) -> Option<Waiting> {
@@ -264,7 +274,7 @@ impl Gate {
     /// Reads what arrived, advances the handshakes, drops the late ones; returns the
     /// connections that passed (blocking again, ready for their set-up).
     pub fn drive(&mut self, now: Instant) -> Vec<Passed> {
-        let mut passed = Vec::new();
+        let mut passed = std::mem::take(&mut self.ready);
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         // SAFETY: `events` is a valid buffer of 64 epoll_event; timeout 0 = no wait.
         let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), 64, 0) };
