@@ -26,16 +26,19 @@ pub enum Step {
 
 enum State {
     Hello,
-    Finish {
-        client: Opening,
-        server: Opening,
-        eph: Ephemeral,
-        /// The client's secret, or a random stand-in for an unknown entity (so that an
-        /// unknown name fails at the same step, with the same answer, as a wrong key).
-        key: Zeroizing<Vec<u8>>,
-        known: bool,
-    },
+    /// Boxed: a waiting connection's state is small until its client said hello.
+    Finish(Box<Finish>),
     Over,
+}
+
+struct Finish {
+    client: Opening,
+    server: Opening,
+    eph: Ephemeral,
+    /// The client's secret, or a random stand-in for an unknown entity (so that an
+    /// unknown name fails at the same step, with the same answer, as a wrong key).
+    key: Zeroizing<Vec<u8>>,
+    known: bool,
 }
 
 /// A refusal: the client is told the code's text only for a failed proof (no hint of
@@ -76,7 +79,7 @@ impl ServerHandshake {
     /// The client entity claimed so far.
     pub fn claimed(&self) -> Option<&str> {
         match &self.state {
-            State::Finish { client, .. } => Some(&client.entity),
+            State::Finish(f) => Some(&f.client.entity),
             _ => None,
         }
     }
@@ -84,7 +87,7 @@ impl ServerHandshake {
     /// The nonce this side issued, while it waits for the client's proof.
     pub fn issued_nonce(&self) -> Option<[u8; proto::N]> {
         match &self.state {
-            State::Finish { server, .. } => Some(server.nonce),
+            State::Finish(f) => Some(f.server.nonce),
             _ => None,
         }
     }
@@ -145,16 +148,14 @@ impl ServerHandshake {
     ) -> Step {
         match (std::mem::replace(&mut self.state, State::Over), frame) {
             (State::Hello, Frame::ClientHello(c)) => self.on_client_hello(c, cfg, reflected),
-            (
-                State::Finish {
+            (State::Finish(f), Frame::ClientFinish(proof)) => {
+                let Finish {
                     client,
                     server,
                     eph,
                     key,
                     known,
-                },
-                Frame::ClientFinish(proof),
-            ) => {
+                } = *f;
                 let who = Some(client.entity.clone());
                 let th = proto::transcript_hash(&client, &server);
                 let ok = proto::verify_client(&key, &th, &proof);
@@ -275,13 +276,13 @@ impl ServerHandshake {
             entity: cfg.entity.clone(),
         };
         let send = Frame::ServerHello(server.clone()).encode();
-        self.state = State::Finish {
+        self.state = State::Finish(Box::new(Finish {
             client: c,
             server,
             eph,
             key,
             known,
-        };
+        }));
         Step::Wait(send)
     }
 }
