@@ -833,3 +833,74 @@ fn pending_links_are_capped() {
     assert_eq!(server.stats().pending_connections, 2);
     drop(links);
 }
+
+/// Sessions of `app` that saw on_reset.
+fn resets(app: &App) -> usize {
+    app.resets.lock().unwrap().len()
+}
+
+#[derive(Default)]
+struct ServerApp {
+    inner: App,
+    reset_ids: Mutex<Vec<SessionId>>,
+}
+
+impl Dispatcher for ServerApp {
+    fn on_connect(&self, m: &Messenger, s: SessionId, p: SocketAddr, i: bool) {
+        self.inner.on_connect(m, s, p, i);
+    }
+    fn on_message(&self, m: &Messenger, s: SessionId, msg: InMessage) {
+        self.inner.on_message(m, s, msg);
+    }
+    fn on_reset(&self, m: &Messenger, s: SessionId, why: &rdmx::Error) {
+        self.reset_ids.lock().unwrap().push(s);
+        self.inner.on_reset(m, s, why);
+    }
+}
+
+#[test]
+fn only_the_same_entity_can_announce_a_restart() {
+    let _s = serial();
+    let skeys = Keyfile::new(&[("client.a", K1), ("client.b", K2), ("client.c", K1)]);
+    let akeys = Keyfile::new(&[("client.a", K1)]);
+    let bkeys = Keyfile::new(&[("client.b", K2)]);
+    let sapp = Arc::new(ServerApp::default());
+    let server = Messenger::new(
+        &config(Some(&skeys), "osd.0", &[("msgr_threads", "1")]),
+        sapp.clone(),
+    )
+    .unwrap();
+    let addr = server.listen("127.0.0.1:0").unwrap().to_string();
+    // client.a listens on a port (its identity across restarts is IP + that port) and
+    // opens a session.
+    let (a, _) = msgr(Some(&akeys), "client.a", &[]);
+    let a_port = a.listen("127.0.0.1:0").unwrap().port();
+    a.connect(&addr, Policy::Lossless).unwrap();
+    wait("a's session", || {
+        sapp.inner.sessions.lock().unwrap().len() == 1
+    });
+    let a_on_server = sapp.inner.sessions.lock().unwrap()[0];
+    drop(a);
+    // Another entity takes the same address (a new incarnation there): without the
+    // entity in the key, the server would reset a's session at once, before the new
+    // session's on_connect.
+    let (b, _) = msgr(Some(&bkeys), "client.b", &[]);
+    b.listen(&format!("127.0.0.1:{a_port}")).unwrap();
+    b.connect(&addr, Policy::Lossless).unwrap();
+    wait("b's session", || {
+        sapp.inner.sessions.lock().unwrap().len() == 2
+    });
+    assert!(
+        !sapp.reset_ids.lock().unwrap().contains(&a_on_server),
+        "another entity reset client.a's session"
+    );
+    assert_eq!(resets(&sapp.inner), 0);
+    drop(b);
+    // The same entity restarting there does reset it (the feature still works).
+    let (a2, _) = msgr(Some(&akeys), "client.a", &[]);
+    a2.listen(&format!("127.0.0.1:{a_port}")).unwrap();
+    a2.connect(&addr, Policy::Lossless).unwrap();
+    wait("a's restart seen", || {
+        sapp.reset_ids.lock().unwrap().contains(&a_on_server)
+    });
+}
