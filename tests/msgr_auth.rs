@@ -476,6 +476,7 @@ fn a_hello_changed_in_transit_is_refused() {
     let s = srv.got.recv_timeout(T).unwrap().unwrap_err();
     assert_eq!(s.kind(), ErrorKind::Auth, "{s}");
     assert!(s.message().contains("tag"), "{s}");
+    assert_eq!(srv.counters().auth_failures, 1);
     println!("client saw: {e}");
 
     // Server to client: the rkey of the region the server exposes. Its auth frames: a

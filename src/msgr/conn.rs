@@ -523,6 +523,8 @@ impl Listener {
         let ctx = self.ctx.clone();
         let hs = Arc::clone(&self.handshakes);
         let timeout = self.handshake_timeout;
+        let stats = Arc::clone(&self.gate.lock().stats);
+        let entity = auth.peer_entity.clone();
         let spawned = std::thread::Builder::new()
             .name("rdmx-handshake".into())
             .spawn(move || {
@@ -534,6 +536,19 @@ impl Listener {
                         Ok((conn, mtu))
                     },
                 );
+                if let Err(e) = &r
+                    && e.kind() == ErrorKind::Auth
+                {
+                    // A hello whose tag does not verify: changed in transit or replayed.
+                    stats
+                        .auth_failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    log::warn!(
+                        target: "rdmx::auth",
+                        "authentication failed for {peer} (entity {}): {e}",
+                        entity.as_deref().unwrap_or("(none)")
+                    );
+                }
                 hs.finish(id, peer, r, started.elapsed() >= timeout, timeout);
             });
         if let Err(e) = spawned {

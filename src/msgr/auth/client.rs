@@ -101,7 +101,12 @@ fn refused(peer: &str, code: RefuseCode, text: &str) -> Error {
     };
     Error::new(
         kind,
-        format!("{peer} refused the connection: {why}: {text}"),
+        // The server's text says it (e.g. "authentication failed"); the code's words
+        // are for a refusal without one.
+        format!(
+            "{peer} refused the connection: {}",
+            if text.is_empty() { why } else { text }
+        ),
     )
 }
 

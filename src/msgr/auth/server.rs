@@ -235,7 +235,7 @@ impl ServerHandshake {
                 return Step::Fail {
                     send: Frame::Refuse(
                         RefuseCode::Unavailable,
-                        "this listener runs with auth=none (no keyring)".into(),
+                        "this listener does not authenticate (auth=none: it has no keyring)".into(),
                     )
                     .encode(),
                     reason: "the client asked for authentication; this side has no keyring".into(),
