@@ -905,3 +905,38 @@ fn only_the_same_entity_can_announce_a_restart() {
         sapp.reset_ids.lock().unwrap().contains(&a_on_server)
     });
 }
+
+#[test]
+fn a_region_filter_names_a_region_only_to_the_entities_it_allows() {
+    let _s = serial();
+    let keys = Keyfile::new(&[("client.a", K1), ("client.b", K2)]);
+    let akeys = Keyfile::new(&[("client.a", K1)]);
+    let bkeys = Keyfile::new(&[("client.b", K2)]);
+    let server = ctx(Some(&keys), "osd.0");
+    let pool = server
+        .pool(
+            4096,
+            16,
+            rdmx::rc::verbs::access::REMOTE_READ | rdmx::rc::verbs::access::LOCAL_WRITE,
+        )
+        .unwrap();
+    let chunk = pool.get().unwrap();
+    server.set_region_filter(Some(Arc::new(
+        |entity: Option<&str>, _r: &rdmx::msgr::Region| entity == Some("client.a"),
+    )));
+    let srv = Server::new(&server);
+    let a = ctx(Some(&akeys), "client.a").connect(&srv.addr, T).unwrap();
+    let _sa = srv.got.recv_timeout(T).unwrap().unwrap();
+    let b = ctx(Some(&bkeys), "client.b").connect(&srv.addr, T).unwrap();
+    let _sb = srv.got.recv_timeout(T).unwrap().unwrap();
+    assert!(
+        !a.peer_regions().is_empty(),
+        "client.a is told of the region"
+    );
+    assert!(
+        b.peer_regions().is_empty(),
+        "client.b is not: {:?}",
+        b.peer_regions()
+    );
+    drop((a, b, chunk, pool));
+}

@@ -711,7 +711,14 @@ impl Connection {
                 max_rd_atomic,
                 max_dest_rd_atomic,
                 credits: s.effective_credits(),
-                regions: dev.exposed(),
+                regions: {
+                    let filter = ctx.shared.region_filter.read().clone();
+                    let mut r = dev.exposed();
+                    if let Some(f) = filter {
+                        r.retain(|region| f(auth.peer_entity.as_deref(), region));
+                    }
+                    r
+                },
             };
             let keys = auth.keys.as_ref().map(|k| (k, client));
             let theirs = setup::exchange_tagged(&mut tcp, &mine, timeout, keys)?;

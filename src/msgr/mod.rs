@@ -9,6 +9,6 @@ pub(crate) mod setup;
 pub(crate) mod spin;
 
 pub use conn::{ConnectCancel, Connection, Listener};
-pub use context::{Context, MrInfo, OnConnect};
+pub use context::{Context, MrInfo, OnConnect, RegionFilter};
 pub use messenger::{Messenger, Policy, SessionId};
 pub use setup::Region;
