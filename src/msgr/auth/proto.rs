@@ -166,7 +166,7 @@ impl Frame {
         if !(HEADER..=MAX_FRAME).contains(&len) {
             return Err(format!(
                 "auth frame length {len} out of range {HEADER}..={MAX_FRAME} (first bytes \"{}\"); \
-                 is the peer an rdmx of this version?",
+                 is the peer rdmx? (of a version with authentication)",
                 buf[..4].escape_ascii()
             ));
         }
