@@ -41,7 +41,7 @@ build() { # build NAME SOURCE EXTRA_FLAGS...
            c++ -std=c++17 $cflags "$@" -o "$out/$name" "$here/$src" $ldlibs ;;
   esac
 }
-tests=(test_config.c test_config.cpp test_conn.c test_mem.c test_provider.c test_blk.c)
+tests=(test_config.c test_config.cpp test_conn.c test_mem.c test_provider.c test_blk.c test_auth.c)
 # The messenger echo: a C server, a C client (event records, then callbacks) and a C++ client
 # (callbacks on worker threads), as separate processes.
 echo_progs=(msgr_echo_server.c msgr_echo_client.c msgr_echo_client.cpp)
@@ -115,7 +115,8 @@ for t in "${tests[@]}"; do
   build "$name" "$t" -O1
   if [ "$t" = test_blk.c ]; then
     RDMX_TIMEOUT=18 RDMX_MSGR_KEEPALIVE_TIMEOUT_MS=60000 "${vg[@]}" "$out/$name" "$taddr"
-  elif [ "$t" = test_conn.c ] || [ "$t" = test_mem.c ] || [ "$t" = test_provider.c ]; then
+  elif [ "$t" = test_conn.c ] || [ "$t" = test_mem.c ] || [ "$t" = test_provider.c ] ||
+       [ "$t" = test_auth.c ]; then
     # valgrind slows everything ~30x: give the RC ACK timer room (timeout 16 = 268 ms
     # instead of the default 4.2 ms), or retransmission timeouts would fail connections.
     RDMX_TIMEOUT=16 "${vg[@]}" "$out/$name"

@@ -32,6 +32,8 @@ struct rdmx_fio_options {
 	char *mode;
 	char *profile;
 	char *set;
+	char *keyring;
+	char *entity;
 };
 
 struct rdmx_fio_data {
@@ -126,6 +128,24 @@ static struct fio_option options[] = {
 		.group = FIO_OPT_G_INVALID,
 	},
 	{
+		.name = "keyring",
+		.lname = "rdmx keyring",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct rdmx_fio_options, keyring),
+		.help = "Ceph-style keyring file ([client.NAME] key = BASE64, mode 600): authenticate to the target (auth_keyring)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "entity",
+		.lname = "rdmx entity",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct rdmx_fio_options, entity),
+		.help = "Entity whose key from keyring= this client proves, e.g. client.fio (auth_entity)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
 		.name = NULL,
 	},
 };
@@ -140,6 +160,15 @@ static rdmx_config *make_config(const struct rdmx_fio_options *o)
 	}
 	if (o->profile && *o->profile && rdmx_config_set(cfg, "profile", o->profile) != RDMX_OK) {
 		log_err("fio: rdmx: profile=%s: %s\n", o->profile, rdmx_last_error());
+		goto fail;
+	}
+	if (o->keyring && *o->keyring &&
+	    rdmx_config_set(cfg, "auth_keyring", o->keyring) != RDMX_OK) {
+		log_err("fio: rdmx: keyring=%s: %s\n", o->keyring, rdmx_last_error());
+		goto fail;
+	}
+	if (o->entity && *o->entity && rdmx_config_set(cfg, "auth_entity", o->entity) != RDMX_OK) {
+		log_err("fio: rdmx: entity=%s: %s\n", o->entity, rdmx_last_error());
 		goto fail;
 	}
 	if (o->set && *o->set) {

@@ -264,6 +264,11 @@ typedef enum {
    * A system limit would be exceeded (e.g. RLIMIT_MEMLOCK: `ulimit -l`).
    */
   RDMX_RESOURCE_LIMIT = 14,
+  /**
+   * Authentication failed (wrong or missing key, unknown entity, a peer that would not
+   * authenticate) or its configuration is unusable (a keyring others may read).
+   */
+  RDMX_AUTH = 15,
 } rdmx_status;
 
 /**
@@ -406,6 +411,30 @@ typedef struct {
  * Return 0 to go on; anything else fails the accept/connect (RDMX_CLOSED).
  */
 typedef int32_t (*rdmx_on_connect)(void *user_data, rdmx_conn *conn);
+
+/**
+ * A listener's handshake counters (`rdmx_listener_counters`).
+ */
+typedef struct {
+  /**
+   * Peers that failed authentication (wrong key, unknown entity, no or unwanted
+   * authentication, a replayed or reflected exchange).
+   */
+  uint64_t auth_failures;
+  /**
+   * Connections refused at a handshake bound (`handshake_max`, `handshake_per_source`)
+   * or for a malformed auth frame.
+   */
+  uint64_t refused;
+  /**
+   * Connections dropped for not sending an auth frame within `handshake_first_bytes_ms`.
+   */
+  uint64_t timed_out;
+  /**
+   * Connections that passed authentication (or, with auth=none, spoke).
+   */
+  uint64_t passed;
+} rdmx_handshake_counters;
 
 /**
  * A region the peer exposed for RDMA READ/WRITE.
@@ -862,6 +891,25 @@ typedef struct {
    * Counters summed over every session ever made (closed ones included).
    */
   rdmx_session_counters totals;
+  /**
+   * The listener's peers that failed authentication (wrong key, unknown entity, no or
+   * unwanted authentication, replay, reflection).
+   */
+  uint64_t auth_failures;
+  /**
+   * Connections refused at a handshake bound (`handshake_max`, `handshake_per_source`)
+   * or for a malformed auth frame.
+   */
+  uint64_t handshake_refusals;
+  /**
+   * Connections dropped for not sending an auth frame within `handshake_first_bytes_ms`.
+   */
+  uint64_t handshake_timeouts;
+  /**
+   * Links and sessions refused by `msgr_max_pending_links`, `msgr_max_sessions`,
+   * `msgr_max_sessions_per_entity`, or for resuming another entity's session.
+   */
+  uint64_t session_refusals;
 } rdmx_msgr_stats;
 
 /**
@@ -1160,6 +1208,16 @@ uint16_t rdmx_listener_port(const rdmx_listener *l);
  * `l` NULL or live; `out` NULL or writable.
  */
 rdmx_status rdmx_listener_accept(rdmx_listener *l, int32_t timeout_ms, rdmx_conn **out);
+
+/**
+ * The listener's handshake counters: authentication failures, refusals, timeouts. A
+ * failed handshake never reaches `rdmx_listener_accept`; it is counted here and logged
+ * (warn level, rate-limited) with the peer's address and claimed entity.
+ *
+ * # Safety
+ * `l` NULL or live; `out` NULL or writable.
+ */
+rdmx_status rdmx_listener_counters(const rdmx_listener *l, rdmx_handshake_counters *out);
 
 /**
  * Frees a listener (connections it accepted live on). NULL is a no-op.

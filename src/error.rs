@@ -36,6 +36,9 @@ pub enum ErrorKind {
     Full,
     /// A system resource limit would be exceeded (e.g. RLIMIT_MEMLOCK for pinned memory).
     ResourceLimit,
+    /// Authentication failed or is misconfigured: a wrong or missing key, an unknown
+    /// entity, a peer that would not authenticate, a keyring others may read.
+    Auth,
 }
 
 /// An error with a human-readable message (what `rdmx_last_error()` returns in C).

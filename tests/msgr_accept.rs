@@ -1,7 +1,8 @@
 //! `Listener::accept` under hostile or idle clients: handshakes run concurrently, so TCP
 //! clients that connect and stay silent hold up nobody; a silent client is dropped after
-//! the handshake timeout; several threads may accept on one listener; failures other than
-//! timeouts are still returned; the on-connect hook runs on the accepting thread.
+//! the first-bytes deadline and gets nothing; a non-rdmx client is refused at the gate;
+//! several threads may accept on one listener; the on-connect hook runs on the accepting
+//! thread.
 
 use rdmx::ErrorKind;
 use rdmx::config::Config;
@@ -30,6 +31,8 @@ fn ctx() -> Context {
     let mut c = Config::new();
     c.set("soft_port", "0").unwrap();
     c.set("path_mtu", "1024").unwrap();
+    // All clients here come from 127.0.0.1: room for the fifty silent ones.
+    c.set("handshake_per_source", "64").unwrap();
     Context::new(&c).unwrap()
 }
 
@@ -131,23 +134,29 @@ fn fifty_silent_clients_do_not_hold_up_a_real_one() {
 }
 
 #[test]
-fn a_silent_client_is_dropped_after_the_handshake_timeout() {
+fn a_silent_client_is_dropped_after_the_first_bytes_deadline() {
     let _serial = serial();
-    let (server, client) = (ctx(), ctx());
+    let timeout = Duration::from_millis(300);
+    let server = {
+        let mut c = Config::new();
+        c.set("soft_port", "0").unwrap();
+        c.set("handshake_first_bytes_ms", "300").unwrap();
+        Context::new(&c).unwrap()
+    };
+    let client = ctx();
     let mut l = server.listen("127.0.0.1:0").unwrap();
     assert_eq!(
         l.set_handshake_timeout(Duration::ZERO).unwrap_err().kind(),
         ErrorKind::InvalidArgument
     );
-    let timeout = Duration::from_millis(300);
-    l.set_handshake_timeout(timeout).unwrap();
     let addr = format!("127.0.0.1:{}", l.local_addr().port());
     let mut silent = TcpStream::connect(&addr).unwrap();
     silent
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
     let t0 = Instant::now();
-    // The server hangs up on it: our hello, then EOF.
+    // The server hangs up on it without a byte: nothing (no QP number, no region) goes to
+    // a peer that has not spoken.
     let reader = std::thread::spawn(move || {
         let mut got = Vec::new();
         silent.read_to_end(&mut got).unwrap();
@@ -159,8 +168,9 @@ fn a_silent_client_is_dropped_after_the_handshake_timeout() {
     assert!(e.message().contains("no connection within 800ms"), "{e}");
     assert_eq!(l.handshakes_in_progress(), 0);
     let (got, dropped) = reader.join().unwrap();
-    println!("silent client dropped after {dropped:?} (handshake timeout {timeout:?})");
-    assert!(got.len() > 8 && &got[4..8] == b"RDMX", "{got:?}");
+    println!("silent client dropped after {dropped:?} (first-bytes deadline {timeout:?})");
+    assert!(got.is_empty(), "{got:?}");
+    assert_eq!(l.counters().timed_out, 1);
     assert!(dropped >= timeout, "{dropped:?}");
     assert!(dropped <= upper_bound(timeout), "{dropped:?}");
     // The listener still serves real clients.
@@ -230,12 +240,17 @@ fn handshake_failures_are_returned_and_the_hook_runs_on_the_accepting_thread() {
     let (server, client) = (ctx(), ctx());
     let l = server.listen("127.0.0.1:0").unwrap();
     let addr = format!("127.0.0.1:{}", l.local_addr().port());
-    // Not rdmx: a Parse error from accept, as before.
+    // Not rdmx: refused at the gate (counted, a refusal frame and EOF), not an accept
+    // error: accept goes on waiting.
     let mut junk = TcpStream::connect(&addr).unwrap();
     junk.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
-    let e = l.accept(Some(Duration::from_secs(10))).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Parse, "{e}");
-    assert!(e.message().contains("is the peer rdmx?"), "{e}");
+    let e = l.accept(Some(Duration::from_millis(300))).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert_eq!(l.counters().refused, 1);
+    let mut got = Vec::new();
+    junk.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    junk.read_to_end(&mut got).unwrap();
+    assert_eq!(&got[4..8], b"RDXA", "a refusal frame: {got:?}");
     // The hook runs in accept, on the caller's thread.
     let seen = Arc::new(std::sync::Mutex::new(None));
     let seen2 = Arc::clone(&seen);

@@ -32,6 +32,9 @@ pub enum Kind {
     /// A decimal fraction in 0..=1 with at most 9 decimals, e.g. 0.001 (kept as parts per
     /// billion so values compare exactly).
     Ratio,
+    /// Free text on one line (a file path, an entity name), at most 4096 bytes; empty =
+    /// unset.
+    Text,
 }
 
 impl Kind {
@@ -415,6 +418,67 @@ pub static KEYS: &[KeySpec] = &[
         uint(1, 64),
         "64",
         "most data segments in one message, sent or received (a peer's message with more is refused like an oversized one)",
+    ),
+    // --- authentication and handshake bounds (src/msgr/auth, docs/security.md) ---
+    key(
+        "auth",
+        Kind::Words(&["auto", "required", "none"]),
+        "auto",
+        "side-channel authentication: required = both ends prove the client entity's key from auth_keyring before any QP number, address or region is sent; none = no authentication (warned at listen/connect; benchmarks); auto = required when auth_keyring is set, else none",
+    ),
+    key(
+        "auth_keyring",
+        Kind::Text,
+        "",
+        "Ceph-style keyring file ([client.NAME] key = BASE64), mode 600 or stricter (refused if group or others may read it); setting it makes authentication required",
+    ),
+    key(
+        "auth_entity",
+        Kind::Text,
+        "client.admin",
+        "this side's entity name: a connecting side proves the key of this entity; a listener sends it as its name",
+    ),
+    key(
+        "handshake_first_bytes_ms",
+        uint(1, 60_000),
+        "500",
+        "a new side-channel connection must send its first auth frame (and each next one) within this (ms), or it is dropped (counted, logged)",
+    ),
+    key(
+        "handshake_timeout_ms",
+        uint(1, 600_000),
+        "10000",
+        "the whole side-channel handshake (auth, QP hellos, ready step) must end within this (ms)",
+    ),
+    key(
+        "handshake_max",
+        uint(1, 65_536),
+        "256",
+        "handshakes a listener runs at once (unauthenticated, setting up, or set up and not yet accepted); more connections are refused (counted, logged)",
+    ),
+    key(
+        "handshake_per_source",
+        uint(1, 65_536),
+        "32",
+        "unauthenticated handshakes one source IP address may have at once on a listener; more are refused (counted, logged)",
+    ),
+    key(
+        "msgr_max_pending_links",
+        uint(1, 1_048_576),
+        "256",
+        "accepted connections a messenger holds waiting for their session hello; more are closed (counted, logged)",
+    ),
+    key(
+        "msgr_max_sessions",
+        uint(1, 16_777_216),
+        "4096",
+        "sessions a listening messenger accepts at once; a new session beyond it is refused (counted, logged)",
+    ),
+    key(
+        "msgr_max_sessions_per_entity",
+        uint(1, 16_777_216),
+        "1024",
+        "sessions one authenticated entity may hold on a listening messenger (with auth=none: one peer IP address)",
     ),
     // --- profiles ---
     key(

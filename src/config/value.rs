@@ -40,6 +40,9 @@ impl fmt::Display for Value {
     }
 }
 
+/// Longest free-text value (`Kind::Text`: a path, a name).
+const MAX_TEXT: usize = 4096;
+
 /// Longest device name: IBV_SYSFS_NAME_MAX (64) including the terminating NUL.
 const MAX_DEVICE_NAME: usize = 63;
 
@@ -64,6 +67,8 @@ pub(crate) fn parse(spec: &KeySpec, raw: &str, shown: &str) -> Result<Value> {
         Kind::Profile => find_word(&profiles::names(), &normalize_profile(text)).map(Value::Word),
         Kind::Ratio => parse_ppb(text).map(Value::Ppb),
         Kind::IpAddr => (text.is_empty() || text.parse::<std::net::IpAddr>().is_ok())
+            .then(|| Value::Text(text.to_string())),
+        Kind::Text => (text.len() <= MAX_TEXT && !text.chars().any(char::is_control))
             .then(|| Value::Text(text.to_string())),
     };
     parsed.ok_or_else(|| invalid(spec, raw, shown))
@@ -105,6 +110,7 @@ pub(crate) fn allowed(kind: Kind) -> String {
         ),
         Kind::Profile => format!("one of {}", profiles::names().join(", ")),
         Kind::Ratio => "a decimal fraction in 0..1 with at most 9 decimals, e.g. 0.001".to_string(),
+        Kind::Text => format!("text on one line, at most {MAX_TEXT} bytes (empty = unset)"),
         Kind::IpAddr => {
             "an IPv4 or IPv6 address without port or brackets, e.g. 10.0.0.2 or fd00::2 (empty = every address)"
                 .to_string()

@@ -325,6 +325,51 @@ pub unsafe extern "C" fn rdmx_listener_accept(
     })
 }
 
+/// A listener's handshake counters (`rdmx_listener_counters`).
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_handshake_counters {
+    /// Peers that failed authentication (wrong key, unknown entity, no or unwanted
+    /// authentication, a replayed or reflected exchange).
+    pub auth_failures: u64,
+    /// Connections refused at a handshake bound (`handshake_max`, `handshake_per_source`)
+    /// or for a malformed auth frame.
+    pub refused: u64,
+    /// Connections dropped for not sending an auth frame within `handshake_first_bytes_ms`.
+    pub timed_out: u64,
+    /// Connections that passed authentication (or, with auth=none, spoke).
+    pub passed: u64,
+}
+
+/// The listener's handshake counters: authentication failures, refusals, timeouts. A
+/// failed handshake never reaches `rdmx_listener_accept`; it is counted here and logged
+/// (warn level, rate-limited) with the peer's address and claimed entity.
+///
+/// # Safety
+/// `l` NULL or live; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_listener_counters(
+    l: *const rdmx_listener,
+    out: *mut rdmx_handshake_counters,
+) -> rdmx_status {
+    boundary::call("rdmx_listener_counters", || {
+        let out = out_ptr(out)?;
+        // SAFETY: forwarded contract.
+        let l = unsafe { handle(l, "listener") }?;
+        let c = l.inner.counters();
+        let v = rdmx_handshake_counters {
+            auth_failures: c.auth_failures,
+            refused: c.refused,
+            timed_out: c.timed_out,
+            passed: c.passed,
+        };
+        // SAFETY: `out` checked non-NULL and writable.
+        unsafe { out.write(v) };
+        Ok(())
+    })
+}
+
 /// Frees a listener (connections it accepted live on). NULL is a no-op.
 ///
 /// # Safety

@@ -863,6 +863,17 @@ pub struct rdmx_msgr_stats {
     pub missed_wakes: u64,
     /// Counters summed over every session ever made (closed ones included).
     pub totals: rdmx_session_counters,
+    /// The listener's peers that failed authentication (wrong key, unknown entity, no or
+    /// unwanted authentication, replay, reflection).
+    pub auth_failures: u64,
+    /// Connections refused at a handshake bound (`handshake_max`, `handshake_per_source`)
+    /// or for a malformed auth frame.
+    pub handshake_refusals: u64,
+    /// Connections dropped for not sending an auth frame within `handshake_first_bytes_ms`.
+    pub handshake_timeouts: u64,
+    /// Links and sessions refused by `msgr_max_pending_links`, `msgr_max_sessions`,
+    /// `msgr_max_sessions_per_entity`, or for resuming another entity's session.
+    pub session_refusals: u64,
 }
 
 /// The messenger's figures: pools (to check they are back at their baseline), sessions,
@@ -896,6 +907,10 @@ pub unsafe extern "C" fn rdmx_msgr_get_stats(
             active_sessions: s.active_sessions as u64,
             missed_wakes: s.missed_wakes,
             totals: (&s.totals).into(),
+            auth_failures: s.auth_failures,
+            handshake_refusals: s.handshake_refusals,
+            handshake_timeouts: s.handshake_timeouts,
+            session_refusals: s.session_refusals,
         };
         // SAFETY: `out` checked non-NULL and writable.
         unsafe { out.write(v) };

@@ -39,6 +39,9 @@ pub enum rdmx_status {
     RDMX_FULL = 13,
     /// A system limit would be exceeded (e.g. RLIMIT_MEMLOCK: `ulimit -l`).
     RDMX_RESOURCE_LIMIT = 14,
+    /// Authentication failed (wrong or missing key, unknown entity, a peer that would not
+    /// authenticate) or its configuration is unusable (a keyring others may read).
+    RDMX_AUTH = 15,
 }
 
 impl From<ErrorKind> for rdmx_status {
@@ -58,6 +61,7 @@ impl From<ErrorKind> for rdmx_status {
             ErrorKind::Unsupported => rdmx_status::RDMX_UNSUPPORTED,
             ErrorKind::Full => rdmx_status::RDMX_FULL,
             ErrorKind::ResourceLimit => rdmx_status::RDMX_RESOURCE_LIMIT,
+            ErrorKind::Auth => rdmx_status::RDMX_AUTH,
         }
     }
 }
@@ -83,6 +87,7 @@ pub extern "C" fn rdmx_status_str(status: i32) -> *const c_char {
         12 => b"RDMX_UNSUPPORTED\0",
         13 => b"RDMX_FULL\0",
         14 => b"RDMX_RESOURCE_LIMIT\0",
+        15 => b"RDMX_AUTH\0",
         _ => b"RDMX_UNKNOWN_STATUS\0",
     };
     s.as_ptr().cast()
@@ -130,11 +135,12 @@ mod tests {
             (rdmx_status::RDMX_UNSUPPORTED, "RDMX_UNSUPPORTED"),
             (rdmx_status::RDMX_FULL, "RDMX_FULL"),
             (rdmx_status::RDMX_RESOURCE_LIMIT, "RDMX_RESOURCE_LIMIT"),
+            (rdmx_status::RDMX_AUTH, "RDMX_AUTH"),
         ] {
             assert_eq!(s(rdmx_status_str(st as i32)), name);
         }
         assert_eq!(s(rdmx_status_str(-1)), "RDMX_UNKNOWN_STATUS");
-        assert_eq!(s(rdmx_status_str(15)), "RDMX_UNKNOWN_STATUS");
+        assert_eq!(s(rdmx_status_str(16)), "RDMX_UNKNOWN_STATUS");
     }
 
     #[test]

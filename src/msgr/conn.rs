@@ -19,29 +19,32 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::auth::gate::{Gate, HandshakeCounters, Passed};
+use super::auth::{self, Authenticated};
 use super::context::{Context, closed};
 use super::setup::{self, Hello, Region};
 use crate::provider::soft::mtu::PathMtu;
 
-/// Handshake deadline once the TCP connection is up.
-const HANDSHAKE: Duration = Duration::from_secs(10);
-/// Most handshakes one listener runs at once (each on its own thread, each with a QP), and
-/// ended ones not yet accepted: beyond that, new TCP connections wait in the kernel's
-/// backlog until one ends.
-const MAX_HANDSHAKES: usize = 128;
+/// New TCP connections one accept pass takes from the backlog (the rest wait for the next
+/// pass, so that a flood does not hold the accepting thread).
+const ACCEPT_BATCH: usize = 64;
 /// Longest single wait inside `accept` before it looks at its queues again (a safety net:
 /// every event that matters also wakes it).
 const ACCEPT_SLICE: Duration = Duration::from_secs(1);
 
 /// Accepts connections on a TCP address.
 ///
-/// Each accepted TCP connection's handshake runs on its own thread with its own deadline
-/// (the handshake timeout, 10 s by default), so a client that connects and stays silent
-/// holds up no other client: `accept` returns whichever connection is set up first. The
-/// on-connect hook still runs in `accept`, on the caller's thread. A client that does not
-/// finish its handshake in time is dropped (logged at debug level); other handshake
-/// failures are returned by `accept`, as before. Several threads may accept on one
-/// listener at once.
+/// A new TCP connection first passes the listener's [`Gate`] (`src/msgr/auth/gate.rs`):
+/// its authentication runs over a non-blocking socket driven by `accept` itself, with no
+/// thread and no QP, under the handshake bounds (`handshake_first_bytes_ms` per auth frame,
+/// `handshake_per_source`, `handshake_max`; refusals are counted in [`Listener::counters`]
+/// and logged). Only a peer that authenticated (or, with `auth = none`, said so in its
+/// first frame) gets a set-up thread, a QP and this side's hello, with its own deadline
+/// (`handshake_timeout_ms`), so a client that connects and stays silent holds up no other
+/// client: `accept` returns whichever connection is set up first. The on-connect hook
+/// still runs in `accept`, on the caller's thread. A client that does not finish its
+/// set-up in time is dropped (logged at debug level); other set-up failures are returned
+/// by `accept`. Several threads may accept on one listener at once.
 #[derive(Debug)]
 pub struct Listener {
     ctx: Context,
@@ -49,11 +52,15 @@ pub struct Listener {
     tcp: TcpListener,
     handshakes: Arc<Handshakes>,
     handshake_timeout: Duration,
+    /// Connections not yet authenticated.
+    gate: Mutex<Gate>,
 }
 
 /// A listener's handshakes, shared with the threads that run them.
 #[derive(Debug)]
 struct Handshakes {
+    /// `handshake_max`.
+    max: usize,
     state: Mutex<HandshakeState>,
     /// Signaled when a handshake ends (`accept` waits on it with the listening socket).
     wake: EventFd,
@@ -64,7 +71,7 @@ struct HandshakeState {
     /// Handshakes that ended and were not yet taken by `accept`: the connection (with the
     /// peer's offered path MTU, for the log line) or the error.
     done: VecDeque<Result<(Connection, u32)>>,
-    /// Handshakes running or in `done`: at most [`MAX_HANDSHAKES`].
+    /// Set-ups running or in `done` (with the gate's connections at most `handshake_max`).
     slots: usize,
     /// The sockets of running handshakes (clones), shut down when the listener goes.
     running: HashMap<u64, TcpStream>,
@@ -83,6 +90,8 @@ pub struct Connection {
     qp: Qp,
     peer_regions: Vec<Region>,
     peer: SocketAddr,
+    /// The peer's authenticated entity (None with `auth = none`).
+    peer_entity: Option<String>,
     /// This side's offer (configured, link and active MTU) and the negotiated path MTU.
     mtu: (PathMtu, u32),
     closed: bool,
@@ -113,14 +122,19 @@ impl Context {
             .map_err(|e| Error::new(ErrorKind::Io, format!("listen on {a}: {e}")))?;
         tcp.set_nonblocking(true)
             .map_err(|e| Error::new(ErrorKind::Io, format!("listen on {a}: {e}")))?;
+        let auth = Arc::clone(&self.shared.auth);
+        auth.warn_if_none(&format!("listening on {a}"));
+        let local = tcp.local_addr().unwrap_or(a);
         Ok(Listener {
             ctx: self.clone(),
             tcp,
             handshakes: Arc::new(Handshakes {
+                max: auth.limits.max,
                 state: Mutex::new(HandshakeState::default()),
                 wake: EventFd::new()?,
             }),
-            handshake_timeout: HANDSHAKE,
+            handshake_timeout: auth.limits.timeout,
+            gate: Mutex::new(Gate::new(auth, local)?),
         })
     }
 
@@ -153,13 +167,21 @@ impl Context {
         };
         // The handshake blocks on the side channel: a cancel shuts it down.
         *cancel.tcp.lock() = tcp.try_clone().ok();
+        let auth_cfg = Arc::clone(&self.shared.auth);
+        auth_cfg.warn_if_none(&format!("connecting to {a}"));
+        let hs = auth_cfg.limits.timeout;
         let r = if cancel.cancelled() {
             Err(closed(format!("connect to {a}: cancelled")))
         } else {
-            Connection::prepare(self.clone(), tcp, HANDSHAKE).and_then(|(mut conn, peer_mtu)| {
-                conn.go_live(peer_mtu, |tcp| setup::ready(tcp, HANDSHAKE))?;
-                Ok(conn)
-            })
+            let mut tcp = tcp;
+            // Authenticate first: no QP exists and nothing is disclosed until both sides
+            // proved the key.
+            auth::client::run(&mut tcp, &auth_cfg, Instant::now() + hs)
+                .and_then(|auth| Connection::prepare(self.clone(), tcp, hs, auth, true))
+                .and_then(|(mut conn, peer_mtu)| {
+                    conn.go_live(peer_mtu, |tcp| setup::ready(tcp, hs))?;
+                    Ok(conn)
+                })
         };
         *cancel.tcp.lock() = None;
         match r {
@@ -310,9 +332,9 @@ impl Listener {
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
     }
 
-    /// How long a client may take over its handshake once its TCP connection is accepted
-    /// (default 10 s); one that takes longer is dropped. Applies to handshakes started
-    /// afterwards.
+    /// How long a client may take over its set-up once it authenticated (default
+    /// `handshake_timeout_ms`, 10 s); one that takes longer is dropped. Applies to set-ups
+    /// started afterwards.
     pub fn set_handshake_timeout(&mut self, timeout: Duration) -> Result<()> {
         if timeout.is_zero() {
             return Err(Error::new(
@@ -324,20 +346,34 @@ impl Listener {
         Ok(())
     }
 
-    /// Handshakes running now (TCP connections accepted whose setup has not ended).
+    /// Handshakes running now (TCP connections accepted whose setup has not ended:
+    /// unauthenticated ones at the gate and set-ups on their threads).
     pub fn handshakes_in_progress(&self) -> usize {
-        self.handshakes.state.lock().running.len()
+        self.handshakes.state.lock().running.len() + self.gate.lock().len()
     }
 
-    /// The fds `accept` waits on (a handshake ended; a client waits in the backlog while a
-    /// handshake slot is free), for a caller that polls them itself between accept calls.
+    /// The listener's handshake counters: authentication failures, refusals by a limit,
+    /// connections dropped for silence, connections that passed.
+    pub fn counters(&self) -> HandshakeCounters {
+        self.gate.lock().stats.snapshot()
+    }
+
+    /// The fds `accept` waits on (a handshake ended; a client waits in the backlog; an
+    /// unauthenticated connection sent bytes), for a caller that polls them itself between
+    /// accept calls. A caller that sleeps on them must also call again by
+    /// [`Listener::next_deadline`].
     pub fn wait_fds(&self) -> SmallFds {
         let mut v = SmallFds::new();
         v.push(self.handshakes.wake.raw_fd());
-        if self.handshakes.has_room() {
-            v.push(self.tcp.as_raw_fd());
-        }
+        v.push(self.tcp.as_raw_fd());
+        v.push(self.gate.lock().fd());
         v
+    }
+
+    /// When the earliest unauthenticated connection's deadline passes (it is dropped by
+    /// the accept call after it).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.gate.lock().next_deadline()
     }
 
     /// [`Listener::accept`] without waiting, for a caller that looks often (a busy
@@ -348,7 +384,8 @@ impl Listener {
     pub fn try_accept(&self) -> Result<Option<Connection>> {
         let mut ready = Vec::new();
         sys::poll_readable(&self.wait_fds(), Duration::ZERO, &mut ready)?;
-        if ready.is_empty() {
+        let due = self.next_deadline().is_some_and(|d| d <= Instant::now());
+        if ready.is_empty() && !due {
             return Ok(None);
         }
         match self.accept(Some(Duration::ZERO)) {
@@ -369,8 +406,9 @@ impl Listener {
             if let Some(done) = self.handshakes.take() {
                 let (mut conn, peer_mtu) = done?;
                 let fd = conn.tcp.as_raw_fd();
+                let hs = self.handshake_timeout;
                 conn.go_live(peer_mtu, |tcp| {
-                    setup::send_ready(tcp, HANDSHAKE)?;
+                    setup::send_ready(tcp, hs)?;
                     // Its handshake may have ended a while before this accept call.
                     if sys::peer_closed(fd) {
                         return Err(closed(format!(
@@ -401,23 +439,47 @@ impl Listener {
                     left.min(ACCEPT_SLICE)
                 }
             };
-            let fds = [self.handshakes.wake.raw_fd(), self.tcp.as_raw_fd()];
-            let n = if self.handshakes.has_room() { 2 } else { 1 };
-            sys::poll_readable(&fds[..n], wait, &mut ready)?;
+            let wait = match self.next_deadline() {
+                Some(d) => wait.min(d.saturating_duration_since(Instant::now())),
+                None => wait,
+            };
+            sys::poll_readable(&self.wait_fds(), wait, &mut ready)?;
         }
     }
 
-    /// Accepts the TCP connections waiting in the backlog (while there is room) and starts
-    /// a handshake thread for each.
+    /// Takes the TCP connections waiting in the backlog to the gate (which refuses those
+    /// over a limit), advances the unauthenticated ones, and starts a set-up thread for
+    /// each that passed.
     fn start_handshakes(&self) -> Result<()> {
-        loop {
+        let r = self.admit_new();
+        let passed = self.gate.lock().drive(Instant::now());
+        for p in passed {
             if !self.handshakes.reserve() {
-                return Ok(());
+                // The gate counted this one in; the set-ups filled up meanwhile.
+                log::warn!(
+                    target: "rdmx::auth",
+                    "listener {}: dropped {} after authentication: {} set-ups in progress \
+                     (handshake_max)",
+                    self.local_addr(),
+                    p.peer,
+                    self.handshakes.max
+                );
+                continue;
             }
-            let tcp = match self.tcp.accept() {
-                Ok((s, _)) => s,
+            if let Err(e) = self.spawn_handshake(p) {
+                self.handshakes.release();
+                return Err(e);
+            }
+        }
+        r
+    }
+
+    /// Moves up to [`ACCEPT_BATCH`] connections from the backlog to the gate.
+    fn admit_new(&self) -> Result<()> {
+        for _ in 0..ACCEPT_BATCH {
+            let (tcp, peer) = match self.tcp.accept() {
+                Ok(s) => s,
                 Err(e) => {
-                    self.handshakes.release();
                     match e.kind() {
                         std::io::ErrorKind::WouldBlock => return Ok(()),
                         // A client that reset before we took it, or a signal: next one.
@@ -433,15 +495,16 @@ impl Listener {
                     }
                 }
             };
-            if let Err(e) = self.spawn_handshake(tcp) {
-                self.handshakes.release();
-                return Err(e);
-            }
+            let others = self.handshakes.state.lock().slots;
+            self.gate.lock().admit(tcp, peer, others, Instant::now());
         }
+        Ok(())
     }
 
-    /// Runs the handshake of `tcp` on a thread of its own; its result goes to `done`.
-    fn spawn_handshake(&self, tcp: TcpStream) -> Result<()> {
+    /// Runs the set-up of an authenticated connection on a thread of its own; its result
+    /// goes to `done`.
+    fn spawn_handshake(&self, passed: Passed) -> Result<()> {
+        let Passed { tcp, peer, auth } = passed;
         let io = |e: std::io::Error| {
             Error::new(
                 ErrorKind::Io,
@@ -449,7 +512,6 @@ impl Listener {
             )
         };
         tcp.set_nonblocking(false).map_err(io)?;
-        let peer = tcp.peer_addr().map_err(io)?;
         let id = {
             let clone = tcp.try_clone().map_err(io)?;
             let mut st = self.handshakes.state.lock();
@@ -461,15 +523,32 @@ impl Listener {
         let ctx = self.ctx.clone();
         let hs = Arc::clone(&self.handshakes);
         let timeout = self.handshake_timeout;
+        let stats = Arc::clone(&self.gate.lock().stats);
+        let entity = auth.peer_entity.clone();
         let spawned = std::thread::Builder::new()
             .name("rdmx-handshake".into())
             .spawn(move || {
                 let started = Instant::now();
-                let r = Connection::prepare(ctx, tcp, timeout).and_then(|(mut conn, mtu)| {
-                    let left = timeout.saturating_sub(started.elapsed());
-                    setup::await_ready(&mut conn.tcp, left.max(Duration::from_millis(1)))?;
-                    Ok((conn, mtu))
-                });
+                let r = Connection::prepare(ctx, tcp, timeout, auth, false).and_then(
+                    |(mut conn, mtu)| {
+                        let left = timeout.saturating_sub(started.elapsed());
+                        setup::await_ready(&mut conn.tcp, left.max(Duration::from_millis(1)))?;
+                        Ok((conn, mtu))
+                    },
+                );
+                if let Err(e) = &r
+                    && e.kind() == ErrorKind::Auth
+                {
+                    // A hello whose tag does not verify: changed in transit or replayed.
+                    stats
+                        .auth_failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    log::warn!(
+                        target: "rdmx::auth",
+                        "authentication failed for {peer} (entity {}): {e}",
+                        entity.as_deref().unwrap_or("(none)")
+                    );
+                }
                 hs.finish(id, peer, r, started.elapsed() >= timeout, timeout);
             });
         if let Err(e) = spawned {
@@ -489,7 +568,7 @@ impl Handshakes {
     /// Takes a slot for a new handshake if there is room.
     fn reserve(&self) -> bool {
         let mut st = self.state.lock();
-        if st.slots >= MAX_HANDSHAKES {
+        if st.slots >= self.max {
             return false;
         }
         st.slots += 1;
@@ -499,10 +578,6 @@ impl Handshakes {
     fn release(&self) {
         let mut st = self.state.lock();
         st.slots = st.slots.saturating_sub(1);
-    }
-
-    fn has_room(&self) -> bool {
-        self.state.lock().slots < MAX_HANDSHAKES
     }
 
     /// The oldest ended handshake, if any. With none, clears the wakeup: it fires again
@@ -579,10 +654,17 @@ impl Drop for Listener {
 }
 
 impl Connection {
-    /// The part of a setup that waits for the peer: creates the QP, exchanges hellos
-    /// within `timeout` and brings the QP to RTS. Returns the connection (not yet watched,
-    /// the peer not yet told it may send) and the peer's offered path MTU.
-    fn prepare(ctx: Context, mut tcp: TcpStream, timeout: Duration) -> Result<(Connection, u32)> {
+    /// The part of a setup that waits for the peer, once it authenticated (`auth`; the
+    /// session keys tag both hellos): creates the QP, exchanges hellos within `timeout`
+    /// and brings the QP to RTS. Returns the connection (not yet watched, the peer not yet
+    /// told it may send) and the peer's offered path MTU. `client`: this side connected.
+    fn prepare(
+        ctx: Context,
+        mut tcp: TcpStream,
+        timeout: Duration,
+        auth: Authenticated,
+        client: bool,
+    ) -> Result<(Connection, u32)> {
         let s = &ctx.shared.settings;
         tcp.set_nodelay(true).ok();
         let local_ip = tcp
@@ -629,9 +711,17 @@ impl Connection {
                 max_rd_atomic,
                 max_dest_rd_atomic,
                 credits: s.effective_credits(),
-                regions: ctx.hello_regions(),
+                regions: {
+                    let filter = ctx.shared.region_filter.read().clone();
+                    let mut r = ctx.hello_regions();
+                    if let Some(f) = filter {
+                        r.retain(|region| f(auth.peer_entity.as_deref(), region));
+                    }
+                    r
+                },
             };
-            let theirs = setup::exchange(&mut tcp, &mine, timeout)?;
+            let keys = auth.keys.as_ref().map(|k| (k, client));
+            let theirs = setup::exchange_tagged(&mut tcp, &mine, timeout, keys)?;
             let n = setup::negotiate(&mine, &theirs, peer.ip())?;
             qp.connect(&n, s)?;
             Ok((n.peer_regions, theirs.path_mtu, n.path_mtu))
@@ -649,6 +739,7 @@ impl Connection {
             qp,
             peer_regions,
             peer,
+            peer_entity: auth.peer_entity,
             mtu: (offer, path_mtu),
             closed: false,
             failure_c: std::sync::OnceLock::new(),
@@ -842,6 +933,12 @@ impl Connection {
 
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The peer's entity as authenticated on the side channel: the client's name on an
+    /// accepted connection, the listener's on a connected one; None with `auth = none`.
+    pub fn peer_entity(&self) -> Option<&str> {
+        self.peer_entity.as_deref()
     }
 
     /// The path MTU the connection uses: the smaller of the two sides' offers, each the

@@ -14,6 +14,10 @@ use std::sync::Arc;
 /// and before the peer is told so: the place to post the first receives.
 pub type OnConnect = Arc<dyn Fn(&super::Connection) -> Result<()> + Send + Sync>;
 
+/// Decides which of this side's exposed regions a peer's hello carries, by the peer's
+/// authenticated entity (None with `auth = none`): see [`Context::set_region_filter`].
+pub type RegionFilter = Arc<dyn Fn(Option<&str>, &super::Region) -> bool + Send + Sync>;
+
 /// What listeners and connections share.
 pub(crate) struct Shared {
     pub settings: Settings,
@@ -28,6 +32,10 @@ pub(crate) struct Shared {
     pub on_connect: parking_lot::RwLock<Option<OnConnect>>,
     /// Registrations of caller buffers (`rcache_entries`).
     pub rcache: RegCache,
+    /// Side-channel authentication (`auth*` keys) and handshake bounds.
+    pub auth: Arc<super::auth::AuthConfig>,
+    /// Which exposed regions each peer is told of (None: all).
+    pub region_filter: parking_lot::RwLock<Option<RegionFilter>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -59,6 +67,7 @@ impl Context {
     /// Validates `config`, chooses the provider and opens its device.
     pub fn new(config: &Config) -> Result<Context> {
         let settings = config.settings()?;
+        let auth = Arc::new(super::auth::AuthConfig::from_config(config)?);
         let (dev, provider, provider_reason) = provider::open(&settings)?;
         // No merging (either provider): a merged region would stay valid over a
         // neighbour's buffer after that buffer was invalidated and unmapped, and regions
@@ -76,6 +85,8 @@ impl Context {
                 hello_regions: std::sync::atomic::AtomicBool::new(true),
                 on_connect: parking_lot::RwLock::new(None),
                 rcache,
+                auth,
+                region_filter: parking_lot::RwLock::new(None),
             }),
         })
     }
@@ -107,6 +118,17 @@ impl Context {
     /// post the first receives there, so the peer's first SENDs are not RNR-NAKed.
     pub fn set_on_connect(&self, hook: Option<OnConnect>) {
         *self.shared.on_connect.write() = hook;
+    }
+
+    /// Sets (or clears) which of the regions registered with remote access a connection's
+    /// hello tells its peer of: `filter(peer_entity, region)` runs in every set-up, after
+    /// the peer authenticated, and a region it refuses is not named to that peer (its
+    /// rkey and address are not sent). Without a filter every exposed region is sent. An
+    /// application grants one-sided access per entity with it (a volume's region only to
+    /// the entities allowed to read it); a peer's hello is only ever sent after
+    /// authentication (with `auth = required`).
+    pub fn set_region_filter(&self, filter: Option<RegionFilter>) {
+        *self.shared.region_filter.write() = filter;
     }
 
     /// "soft" or "verbs".

@@ -8,7 +8,10 @@
 //! also carries the MTU, the rd_atomic limits, receive credits and the regions the peer may
 //! access with RDMA READ/WRITE.
 //!
-//! The order of a setup is: connect TCP, [`exchange`] hellos, [`negotiate`], bring the QP to
+//! The order of a setup is: connect TCP, authenticate (`crate::msgr::auth`: no QP exists
+//! and nothing below is sent until both sides proved the key, or, with `auth = none`, the
+//! client spoke first), create the QP, [`exchange_tagged`] hellos (each followed by an
+//! HMAC tag under the session key when authenticated), [`negotiate`], bring the QP to
 //! RTR/RTS with the result, then [`ready`] so that neither side sends RC traffic before the
 //! other side's QP can receive it.
 //!
@@ -590,10 +593,29 @@ pub fn offered_path_mtu(stream: &TcpStream, configured: u32) -> Result<mtu::Path
 /// Errors: [`ErrorKind::InvalidArgument`] for an invalid `mine` or a zero timeout,
 /// [`ErrorKind::Io`] for IO errors, EOF and timeouts, [`ErrorKind::Parse`] for a malformed
 /// hello.
+#[cfg(test)]
 pub fn exchange(stream: &mut TcpStream, mine: &Hello, timeout: Duration) -> Result<Hello> {
+    exchange_tagged(stream, mine, timeout, None)
+}
+
+/// [`exchange`] on an authenticated side channel: each hello is followed by a 32-byte
+/// HMAC tag under the sending direction's session key (`keys`, and whether this side is
+/// the client), and the peer's is checked in constant time before any field is used: a
+/// hello whose QPN, PSN, address or regions were changed in transit, or a hello captured
+/// from another connection, is refused with [`ErrorKind::Auth`].
+pub fn exchange_tagged(
+    stream: &mut TcpStream,
+    mine: &Hello,
+    timeout: Duration,
+    keys: Option<(&crate::msgr::auth::SessionKeys, bool)>,
+) -> Result<Hello> {
     mine.validate()?;
     with_deadline(stream, timeout, |stream, deadline, peer| {
-        let out = mine.encode();
+        let mut out = mine.encode();
+        if let Some((k, client)) = keys {
+            let tag = k.tag(client, &out);
+            out.extend_from_slice(&tag);
+        }
         let writer = stream
             .try_clone()
             .map_err(|e| io_error(peer, "cloning the socket for the hello", e))?;
@@ -602,7 +624,7 @@ pub fn exchange(stream: &mut TcpStream, mine: &Hello, timeout: Duration) -> Resu
                 let mut writer = writer;
                 write_all_by(&mut writer, &out, deadline, peer, "sending our hello")
             });
-            let received = read_hello(stream, deadline, peer);
+            let received = read_hello_tagged(stream, deadline, peer, keys);
             if received.is_err() {
                 // Unblocks the writer if the peer is not reading.
                 let _ = stream.shutdown(Shutdown::Both);
@@ -696,8 +718,50 @@ fn with_deadline<T>(
     result
 }
 
+/// Reads one hello and, on an authenticated side channel, its tag (checked before the
+/// hello is decoded).
+fn read_hello_tagged(
+    stream: &mut TcpStream,
+    deadline: Instant,
+    peer: &str,
+    keys: Option<(&crate::msgr::auth::SessionKeys, bool)>,
+) -> Result<Hello> {
+    let Some((k, client)) = keys else {
+        return read_hello(stream, deadline, peer);
+    };
+    let buf = read_hello_bytes(stream, deadline, peer)?;
+    let mut tag = [0u8; 32];
+    read_exact_by(stream, &mut tag, 0, deadline, peer, "the peer's hello tag")?;
+    if !k.verify(!client, &buf, &tag) {
+        return Err(Error::new(
+            ErrorKind::Auth,
+            format!(
+                "side channel to {peer}: the peer's hello does not carry the session's tag \
+                 (changed in transit, or replayed from another connection): refused"
+            ),
+        ));
+    }
+    Hello::decode(&buf).map_err(|e| {
+        Error::new(
+            ErrorKind::Parse,
+            format!("side channel to {peer}: {}", e.message()),
+        )
+    })
+}
+
 /// Reads one hello: the length prefix, a bound check, then the rest.
 fn read_hello(stream: &mut TcpStream, deadline: Instant, peer: &str) -> Result<Hello> {
+    let buf = read_hello_bytes(stream, deadline, peer)?;
+    Hello::decode(&buf).map_err(|e| {
+        Error::new(
+            ErrorKind::Parse,
+            format!("side channel to {peer}: {}", e.message()),
+        )
+    })
+}
+
+/// The bytes of one hello, length prefix included.
+fn read_hello_bytes(stream: &mut TcpStream, deadline: Instant, peer: &str) -> Result<Vec<u8>> {
     let mut prefix = [0u8; 4];
     read_exact_by(
         stream,
@@ -722,12 +786,7 @@ fn read_hello(stream: &mut TcpStream, deadline: Instant, peer: &str) -> Result<H
     let mut buf = vec![0u8; len];
     buf[..4].copy_from_slice(&prefix);
     read_exact_by(stream, &mut buf, 4, deadline, peer, "the peer's hello")?;
-    Hello::decode(&buf).map_err(|e| {
-        Error::new(
-            ErrorKind::Parse,
-            format!("side channel to {peer}: {}", e.message()),
-        )
-    })
+    Ok(buf)
 }
 
 /// Time left until `deadline`, or a timeout error naming `what` was being waited for.

@@ -78,6 +78,7 @@ pub(crate) fn errno_of(e: &Error) -> c_int {
         ErrorKind::Unsupported => libc::EOPNOTSUPP,
         ErrorKind::Closed => libc::ENOTCONN,
         ErrorKind::Timeout => libc::ETIMEDOUT,
+        ErrorKind::Auth => libc::EACCES,
         ErrorKind::Io | ErrorKind::Panic => libc::EIO,
     }
 }

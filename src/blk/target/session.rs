@@ -77,11 +77,10 @@ impl Sess {
     }
 }
 
-/// The session's authenticated entity: wired to Messenger::session_entity at merge (the
-/// authentication part of issue 27 adds it; until then no session has an entity, which
-/// access control treats as auth = none).
-fn session_entity(_m: &Messenger, _s: SessionId) -> Option<String> {
-    None
+/// The session's authenticated entity (None with auth = none, which access control
+/// treats as such).
+fn session_entity(m: &Messenger, s: SessionId) -> Option<String> {
+    m.session_entity(s)
 }
 
 fn msg_bytes(msg: &InMessage) -> usize {

@@ -58,6 +58,16 @@ msgr_eager_write = true  # default
 msgr_rx_batch = 16  # default
 msgr_max_message_bytes = 16777216  # default
 msgr_max_segments = 64  # default
+auth = auto  # default
+auth_keyring = \"\"  # default
+auth_entity = client.admin  # default
+handshake_first_bytes_ms = 500  # default
+handshake_timeout_ms = 10000  # default
+handshake_max = 256  # default
+handshake_per_source = 32  # default
+msgr_max_pending_links = 256  # default
+msgr_max_sessions = 4096  # default
+msgr_max_sessions_per_entity = 1024  # default
 profile = none  # default
 ";
 

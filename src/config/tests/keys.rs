@@ -77,6 +77,13 @@ const UINT_KEYS: &[(&str, &str, u64, u64, &str)] = &[
     ("msgr_rx_batch", "16", 0, 65536, "0 = no limit"),
     ("msgr_max_message_bytes", "16777216", 4096, 1073741824, ""),
     ("msgr_max_segments", "64", 1, 64, ""),
+    ("handshake_first_bytes_ms", "500", 1, 60000, ""),
+    ("handshake_timeout_ms", "10000", 1, 600000, ""),
+    ("handshake_max", "256", 1, 65536, ""),
+    ("handshake_per_source", "32", 1, 65536, ""),
+    ("msgr_max_pending_links", "256", 1, 1048576, ""),
+    ("msgr_max_sessions", "4096", 1, 16777216, ""),
+    ("msgr_max_sessions_per_entity", "1024", 1, 16777216, ""),
 ];
 
 /// Keys with other kinds, and their defaults.
@@ -96,6 +103,9 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("qp_override", ""),
     ("msgr_policy", "lossless"),
     ("msgr_eager_write", "true"),
+    ("auth", "auto"),
+    ("auth_keyring", ""),
+    ("auth_entity", "client.admin"),
 ];
 
 fn range_message(key: &str, value: &str, min: u64, max: u64, note: &str) -> String {
@@ -573,4 +583,23 @@ fn soft_addr_takes_an_ip_address_or_nothing() {
             "{bad}: {message}"
         );
     }
+}
+
+#[test]
+fn text_keys_take_one_line_of_text() {
+    let mut c = Config::new();
+    c.set("auth_keyring", "/etc/ceph/ceph.client.fio.keyring")
+        .unwrap();
+    assert_eq!(
+        c.get("auth_keyring").unwrap(),
+        "/etc/ceph/ceph.client.fio.keyring"
+    );
+    let e = c.set("auth_keyring", "a\nb").unwrap_err();
+    assert_eq!(e.kind(), crate::error::ErrorKind::InvalidValue);
+    assert!(e.message().contains("text on one line"), "{e}");
+    let long = "x".repeat(4097);
+    assert!(c.set("auth_entity", &long).is_err());
+    assert!(c.set("auth", "sometimes").is_err());
+    c.set("auth", "REQUIRED").unwrap();
+    assert_eq!(c.get("auth").unwrap(), "required");
 }

@@ -13,6 +13,7 @@
 //! and payload preparation), `shard` (progress passes, worker threads, callback dispatch),
 //! `settings` (the `msgr_*` knobs), `types` (the public types).
 
+mod admit;
 mod buffers;
 mod credits;
 mod keepalive;
@@ -144,6 +145,29 @@ impl Messenger {
     }
 
     /// Messenger-wide figures (pools, sessions, totals).
+    /// The authenticated entity of session `s`'s peer: the connecting client's entity on
+    /// a listening messenger (e.g. "client.fio"), the listener's name on a connecting one.
+    /// None with `auth = none` or for an unknown session. Applications base access
+    /// control on it.
+    pub fn session_entity(&self, s: SessionId) -> Option<String> {
+        self.core.session_entity(s)
+    }
+
+    /// Reads the `auth_keyring` file again (key rotation); handshakes that start
+    /// afterwards (new sessions, reconnects) use the new keys. `ErrorKind::Auth` when the
+    /// file is unusable now (the old keys stay) or no keyring is configured.
+    pub fn reload_keyring(&self) -> Result<()> {
+        self.core.reload_keyring()
+    }
+
+    /// Test hook: connects like [`Messenger::connect`], but the session's hellos claim
+    /// `claimed` as its id (what an attacker who saw a session's id in clear would send
+    /// to take it over). Not for applications.
+    #[doc(hidden)]
+    pub fn connect_claiming(&self, addr: &str, policy: Policy, claimed: u64) -> Result<SessionId> {
+        self.core.connect_claiming(addr, policy, claimed)
+    }
+
     pub fn stats(&self) -> MsgrStats {
         self.core.stats()
     }

@@ -21,6 +21,7 @@ use std::sync::{Arc, OnceLock, Weak, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::admit::Admission;
 use super::buffers::Buffers;
 use super::credits::Credits;
 use super::keepalive::Backoff;
@@ -166,9 +167,14 @@ pub(crate) struct Core {
     /// hello with the port it listens on: together with the IP the acceptor sees, the
     /// messenger's identity across restarts (Ceph's entity address + nonce).
     incarnation: u64,
-    /// Accepting side: a connecting messenger's address (IP, listening port) -> the
-    /// incarnation that last said hello from it.
-    entities: Mutex<HashMap<SocketAddr, u64>>,
+    /// Accepting side: a connecting messenger's address (IP, listening port) and
+    /// authenticated entity -> the incarnation that last said hello from it. The entity is
+    /// part of the key, so only a peer holding that entity's key can reset its sessions.
+    entities: Mutex<HashMap<(SocketAddr, Option<String>), u64>>,
+    /// Bounds on pending links and sessions; the entity of each session.
+    admit: Admission,
+    /// Tests only ([`Core::connect_claiming`]): session id -> the peer id its hellos claim.
+    claims: Mutex<HashMap<u64, u64>>,
     /// Bumped when a newer incarnation appeared at an address: every shard then resets
     /// the sessions of the older one ([`Core::reset_stale`]).
     restarts: AtomicU64,
@@ -212,6 +218,7 @@ impl Core {
     pub fn new(config: &Config, dispatcher: Arc<dyn Dispatcher>) -> Result<Arc<Core>> {
         let config = adjust(config)?;
         let settings = MsgrSettings::from_config(&config)?;
+        let admit = Admission::from_config(&config)?;
         let ctx = Context::new(&config)?;
         // Answers go from the thread that polled (they carry the RC ACKs of what it
         // received), and that thread receives: the progress thread keeps out of its way.
@@ -251,6 +258,8 @@ impl Core {
             by_peer: Mutex::new(HashMap::new()),
             incarnation: random_u64().max(1),
             entities: Mutex::new(HashMap::new()),
+            admit,
+            claims: Mutex::new(HashMap::new()),
             restarts: AtomicU64::new(0),
             owner: OnceLock::new(),
             me: OnceLock::new(),
@@ -393,6 +402,14 @@ impl Core {
         let a = l.local_addr();
         *g = Some(l);
         Ok(a)
+    }
+
+    /// [`Core::connect`] whose hellos claim `claimed` as this side's session id (a
+    /// takeover attempt: tests of the accepting side's entity check).
+    pub fn connect_claiming(&self, addr: &str, policy: Policy, claimed: u64) -> Result<SessionId> {
+        let s = self.connect(addr, policy)?;
+        self.claims.lock().insert(s.0, claimed);
+        Ok(s)
     }
 
     pub fn connect(&self, addr: &str, policy: Policy) -> Result<SessionId> {
@@ -981,6 +998,7 @@ impl Core {
         if sess.incoming && sess.peer_id != 0 {
             self.by_peer.lock().remove(&sess.peer_id);
         }
+        self.admit.forget(sess.id);
         self.add_totals(sess);
     }
 
@@ -997,6 +1015,11 @@ impl Core {
                 Ok(Some(conn)) => {
                     found = true;
                     let Some(slots) = slots else { continue };
+                    if !self.admit.try_pending(conn.peer()) {
+                        drop(conn);
+                        release_slots(&self.bufs, slots);
+                        continue;
+                    }
                     let link = Some(self.link_from(conn, slots));
                     if let Some(link) = link {
                         st.pending.push(Pending {
@@ -1058,6 +1081,7 @@ impl Core {
                 }
             }
             if let Some(h) = hello {
+                self.admit.pending_done();
                 let owner = self.by_peer.lock().get(&h.aux).copied();
                 match owner {
                     Some(id) if (id & 0xff) as usize != shard => {
@@ -1073,6 +1097,7 @@ impl Core {
                 {
                     self.malformed.fetch_add(1, Ordering::Relaxed);
                 }
+                self.admit.pending_done();
                 continue; // dropped: closes the connection
             }
             let _ = p.link.replenish();
@@ -1103,10 +1128,24 @@ impl Core {
         // known one means it restarted (two live processes cannot listen on one address):
         // the sessions of the old one are reset here, at once, not after the reconnect
         // timeout, and before the new session's on_connect.
+        let auth_entity = link.conn.peer_entity().map(str::to_string);
+        let ip = link.conn.peer().ip();
+        let known = self.by_peer.lock().get(&h.aux).copied();
+        if let Some(id) = known
+            && st.sessions.contains_key(&id)
+            && !self.admit.may_resume(id, auth_entity.as_deref(), ip)
+        {
+            // A link naming another entity's session: it gets nothing of it, and its
+            // incarnation resets nobody.
+            return;
+        }
         let entity = (h.seq != 0 && h.msg_type != 0)
             .then(|| (SocketAddr::new(link.conn.peer().ip(), h.msg_type), h.seq));
         if let Some((addr, inc)) = entity {
-            let prev = self.entities.lock().insert(addr, inc);
+            let prev = self
+                .entities
+                .lock()
+                .insert((addr, auth_entity.clone()), inc);
             if prev.is_some_and(|p| p != inc) {
                 self.restarts.fetch_add(1, Ordering::AcqRel);
                 self.reset_stale(st, ev);
@@ -1117,7 +1156,6 @@ impl Core {
                 }
             }
         }
-        let known = self.by_peer.lock().get(&h.aux).copied();
         let id = match known {
             Some(id) if st.sessions.contains_key(&id) => id,
             _ if h.aux2 != 0 || h.aux == 0 => {
@@ -1131,6 +1169,13 @@ impl Core {
             _ => {
                 // A new session lives on the shard that accepted it.
                 let id = self.new_id(shard);
+                if !self.admit.try_session(id, auth_entity.as_deref(), ip) {
+                    // Over a bound: said as for an unknown session (the peer resets it).
+                    let mut r = Header::new(Kind::Hello);
+                    let _ = link.send(&mut r, &[], Body::None);
+                    st.closing.push((link, now + CLOSE_DRAIN));
+                    return;
+                }
                 let policy = if h.has(flags::LOSSY) {
                     Policy::Lossy
                 } else {
@@ -1193,7 +1238,7 @@ impl Core {
             let Some((addr, inc)) = sess.peer_entity else {
                 continue;
             };
-            let Some(&now_inc) = latest.get(&addr) else {
+            let Some(&now_inc) = latest.get(&(addr, self.admit.entity(sess.id))) else {
                 continue;
             };
             if sess.state == SessionState::Closed || now_inc == inc {
@@ -1289,9 +1334,10 @@ impl Core {
                 Err(mpsc::TryRecvError::Empty) => return,
                 Ok(Ok((conn, slots))) => {
                     sess.attempt = None;
+                    self.admit.set_outgoing(sess.id, conn.peer_entity());
                     let mut link = self.link_from(conn, slots);
                     let mut h = Header::new(Kind::Hello);
-                    h.aux = sess.id;
+                    h.aux = self.claims.lock().get(&sess.id).copied().unwrap_or(sess.id);
                     h.aux2 = sess.peer_id;
                     h.aux3 = sess.delivered;
                     // Who we are across restarts: our incarnation and listening port
@@ -1480,6 +1526,18 @@ impl Core {
         v
     }
 
+    /// Reads `auth_keyring` again (key rotation): see
+    /// [`crate::msgr::auth::AuthConfig::reload_keyring`].
+    pub fn reload_keyring(&self) -> Result<()> {
+        self.ctx.shared.auth.reload_keyring()
+    }
+
+    /// The authenticated entity of session `s`'s peer (None with `auth = none`, or for
+    /// an unknown session).
+    pub fn session_entity(&self, s: SessionId) -> Option<String> {
+        self.admit.entity(s.0)
+    }
+
     pub fn stats(&self) -> MsgrStats {
         let mut totals = *self.totals.lock();
         let mut sessions = 0;
@@ -1495,7 +1553,17 @@ impl Core {
                 add_counters(&mut totals, &sess.counters);
             }
         }
+        let hs = self
+            .listener
+            .lock()
+            .as_ref()
+            .map(Listener::counters)
+            .unwrap_or_default();
         MsgrStats {
+            auth_failures: hs.auth_failures,
+            handshake_refusals: hs.refused,
+            handshake_timeouts: hs.timed_out,
+            session_refusals: self.admit.refusals.load(Ordering::Relaxed),
             sessions,
             pending_connections: pending,
             data_pool: self.bufs.data.stats(),

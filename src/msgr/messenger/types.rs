@@ -521,6 +521,18 @@ pub struct MsgrStats {
     pub missed_wakes: u64,
     /// Counters summed over every session ever made (closed ones included).
     pub totals: SessionCounters,
+    /// The listener's peers that failed authentication (wrong key, unknown entity, no or
+    /// unwanted authentication, replay, reflection): `src/msgr/auth`.
+    pub auth_failures: u64,
+    /// Connections the listener refused at a handshake bound (`handshake_max`,
+    /// `handshake_per_source`) or for a malformed auth frame.
+    pub handshake_refusals: u64,
+    /// Connections dropped for not sending an auth frame in time
+    /// (`handshake_first_bytes_ms`).
+    pub handshake_timeouts: u64,
+    /// Links and sessions refused by `msgr_max_pending_links`, `msgr_max_sessions`,
+    /// `msgr_max_sessions_per_entity`, or for resuming another entity's session.
+    pub session_refusals: u64,
 }
 
 /// A transport fault to inject on a session's current connection (tests, Ceph's
