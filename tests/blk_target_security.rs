@@ -15,7 +15,7 @@ use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::provider::soft::qp::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
-use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
+use rdmx::rc::{Sge, WcStatus, WrOpcode, smallvec};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -201,17 +201,6 @@ fn a_handle_is_valid_only_on_the_session_that_opened_it() {
     });
 }
 
-fn empty_wc() -> Wc {
-    Wc {
-        cookie: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-    }
-}
-
 /// Posts one RDMA op of 4 KiB between `local` and the target's `addr`/`rkey` on a fresh
 /// connection to the one-sided listener and returns its completion status.
 fn one_sided(t: &Target, op: WrOpcode, local: &mut [u8], addr: u64, rkey: u32) -> WcStatus {
@@ -237,7 +226,7 @@ fn one_sided(t: &Target, op: WrOpcode, local: &mut [u8], addr: u64, rkey: u32) -
         imm: 0,
     }])
     .unwrap();
-    let mut wcs = [empty_wc(); 4];
+    let mut wcs = [Wc::EMPTY; 4];
     let end = Instant::now() + T;
     let status = loop {
         let n = conn.poll(&mut wcs);
@@ -351,4 +340,117 @@ fn allow_without_an_authenticated_entity_opens_nothing() {
     };
     let e = Target::start_with(&cfg(), "127.0.0.1:0", &specs(&["m0=mem:1M"]), &bad).unwrap_err();
     assert!(e.to_string().contains("no such volume"), "{e}");
+}
+
+/// A keyring file (mode 600) in a directory of its own, removed on drop.
+struct Keyring(std::path::PathBuf);
+
+impl Keyring {
+    fn new(entries: &[(&str, &str)]) -> Keyring {
+        use std::os::unix::fs::PermissionsExt;
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "rdmx-target-acl-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keyring");
+        let text: String = entries
+            .iter()
+            .map(|(e, k)| format!("[{e}]\n    key = {k}\n"))
+            .collect();
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Keyring(path)
+    }
+
+    fn cfg(&self, entity: &str) -> Config {
+        let mut c = cfg();
+        c.set("auth_keyring", &self.0.display().to_string())
+            .unwrap();
+        c.set("auth_entity", entity).unwrap();
+        c
+    }
+}
+
+impl Drop for Keyring {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// One 4 KiB request through `c`, waited for; its status.
+fn one_io(c: &mut BlkClient, op: Op, buf: &mut [u8]) -> i32 {
+    let req = Req {
+        op,
+        offset: 0,
+        len: 4096,
+        buf: buf.as_mut_ptr(),
+        cookie: 7,
+    };
+    // SAFETY: `buf` outlives the request, which is waited for.
+    assert_eq!(unsafe { c.submit(&[req]) }.unwrap(), 1);
+    let mut out = Vec::new();
+    let end = Instant::now() + T;
+    while out.is_empty() {
+        assert!(Instant::now() < end, "request not answered");
+        c.poll(&mut out, 1, 1, Duration::from_millis(100)).unwrap();
+    }
+    out[0].status
+}
+
+#[test]
+fn allow_grants_each_authenticated_entity_its_own_access() {
+    const KA: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    const KB: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
+    const KC: &str = "QEFCQ0RFRkdISUpLTE1OT1BRUlNUVVZXWFlaW1xdXl8=";
+    let server = Keyring::new(&[("client.a", KA), ("client.b", KB), ("client.c", KC)]);
+    let (ka, kb, kc) = (
+        Keyring::new(&[("client.a", KA)]),
+        Keyring::new(&[("client.b", KB)]),
+        Keyring::new(&[("client.c", KC)]),
+    );
+    let opts = TargetOptions {
+        allow: vec![
+            "m0=client.a:rw".parse::<AllowSpec>().unwrap(),
+            "m0=client.b:ro".parse::<AllowSpec>().unwrap(),
+        ],
+        limits: Limits::default(),
+    };
+    let t = Target::start_with(
+        &server.cfg("osd.0"),
+        "127.0.0.1:0",
+        &specs(&["m0=mem:1M"]),
+        &opts,
+    )
+    .unwrap();
+    let addr = t.addr().to_string();
+    // client.a (rw): writes, then reads back what it wrote.
+    let mut a = BlkClient::open(&ka.cfg("client.a"), &addr, "m0", Mode::Rpc, T).unwrap();
+    let mut w = vec![0xa5u8; 4096];
+    assert_eq!(one_io(&mut a, Op::Write, &mut w), 0);
+    // client.b (ro): opens and reads a's block; its write is refused.
+    let mut b = BlkClient::open(&kb.cfg("client.b"), &addr, "m0", Mode::Rpc, T).unwrap();
+    let mut r = vec![0u8; 4096];
+    assert_eq!(one_io(&mut b, Op::Read, &mut r), 0);
+    assert_eq!(r, w);
+    let denied = t.stats().access_denied.load(Ordering::Relaxed);
+    let mut w2 = vec![0x11u8; 4096];
+    assert_ne!(
+        one_io(&mut b, Op::Write, &mut w2),
+        0,
+        "a read-only grant wrote"
+    );
+    assert!(t.stats().access_denied.load(Ordering::Relaxed) > denied);
+    // client.c (a valid key, no grant) opens nothing.
+    let e = BlkClient::open(&kc.cfg("client.c"), &addr, "m0", Mode::Rpc, T).unwrap_err();
+    assert!(e.to_string().contains("Permission denied"), "{e}");
+    // client.c claiming to be client.a with its own key: refused at authentication.
+    assert!(BlkClient::open(&kc.cfg("client.a"), &addr, "m0", Mode::Rpc, T).is_err());
+    // a's block is unchanged by b's refused write.
+    assert_eq!(one_io(&mut a, Op::Read, &mut r), 0);
+    assert_eq!(r, w);
 }

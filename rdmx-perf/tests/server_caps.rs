@@ -6,7 +6,7 @@ use rdmx::config::Config;
 use rdmx::msgr::{Connection, Context};
 use rdmx::provider::soft::cq::Wc;
 use rdmx::rc::verbs::access;
-use rdmx::rc::{QpState, Sge, WcOpcode, WcStatus, smallvec};
+use rdmx::rc::{QpState, Sge, WcStatus, smallvec};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -79,17 +79,6 @@ fn server(extra: &[&str]) -> Server {
     }
 }
 
-fn empty_wc() -> Wc {
-    Wc {
-        cookie: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-    }
-}
-
 /// A client connection with one receive posted for the server's ready message.
 struct Client {
     conn: Connection,
@@ -124,7 +113,7 @@ fn client(addr: &str) -> Client {
 impl Client {
     /// Whether the server served this connection (its ready message came) or closed it.
     fn served(&self) -> bool {
-        let mut wcs = [empty_wc(); 4];
+        let mut wcs = [Wc::EMPTY; 4];
         let end = Instant::now() + T;
         loop {
             let n = self.conn.poll(&mut wcs);

@@ -41,6 +41,19 @@ pub struct Wc {
     pub src_qp: Option<u32>,
 }
 
+impl Wc {
+    /// A blank completion, to fill a buffer that `poll` writes into.
+    pub const EMPTY: Wc = Wc {
+        cookie: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qp_num: 0,
+        src_qp: None,
+    };
+}
+
 /// Least time between two overflow log lines of one CQ.
 const OVERFLOW_LOG_INTERVAL_NS: u64 = 10_000_000_000;
 
