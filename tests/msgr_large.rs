@@ -84,10 +84,16 @@ struct Pair {
 
 impl Pair {
     fn new(ka: &[(&str, &str)], kb: &[(&str, &str)]) -> Pair {
+        Pair::new_with(ka, kb, |_| {})
+    }
+
+    /// As `new`, with `before(b)` run before b listens.
+    fn new_with(ka: &[(&str, &str)], kb: &[(&str, &str)], before: impl Fn(&Messenger)) -> Pair {
         let la = Arc::new(Log::default());
         let lb = Arc::new(Log::default());
         let a = Messenger::new(&config(ka), la.clone()).unwrap();
         let b = Messenger::new(&config(kb), lb.clone()).unwrap();
+        before(&b);
         let addr = b.listen("127.0.0.1:0").unwrap();
         let s = a.connect(&addr.to_string(), Policy::Lossless).unwrap();
         let p = Pair { a, b, la, lb, s };
@@ -270,18 +276,54 @@ fn sends_over_the_limits_are_refused() {
     p.stream(2, 1, 8, 2 * MIB);
 }
 
-/// A peer that announces a message over this side's limits (it was configured with larger
-/// ones) is refused before a chunk is taken for the message: counted, the session ended on
-/// both sides, the pool as before.
+/// Each side's hello advertises its limits (protocol 1.3, `FLAG_LIMITS`): a send over the
+/// peer's is refused at `send`, naming the key, and nothing reaches the peer.
+#[test]
+fn sends_over_the_peers_advertised_limits_are_refused() {
+    let p = Pair::new(
+        &[],
+        &[
+            ("msgr_max_message_bytes", "2097152"),
+            ("msgr_max_segments", "4"),
+        ],
+    );
+    p.stream(2, 2, 4, 512 * 1024);
+    for (what, segs, len, key) in [
+        ("bytes", 1, 3 * MIB, "msgr_max_message_bytes"),
+        ("segments", 5, 8192, "msgr_max_segments"),
+    ] {
+        let mut m = OutMessage::new(1, vec![]);
+        for i in 0..segs {
+            m.data.push(Payload::Copy(pattern(i, len)));
+        }
+        let r = p.a.send(p.s, m).unwrap_err();
+        assert_eq!(r.kind(), ErrorKind::InvalidArgument, "{what}");
+        let text = r.to_string();
+        assert!(
+            text.contains(key) && text.contains("peer's advertised"),
+            "{what}: {text}"
+        );
+    }
+    // Within them: delivered; nothing was refused on b's side.
+    p.stream(2, 2, 4, 512 * 1024);
+    assert_eq!(p.b.stats().totals.oversized, 0);
+    p.no_resets();
+}
+
+/// A peer that announces a message over this side's limits (one that did not learn them:
+/// here b's hellos advertise none, as a build before protocol 1.3) is refused before a
+/// chunk is taken for the message: counted, the session ended on both sides, the pool as
+/// before.
 #[test]
 fn a_peer_over_the_limits_is_refused() {
     for (what, segs, len) in [("bytes", 1, 3 * MIB), ("segments", 5, 8192)] {
-        let p = Pair::new(
+        let p = Pair::new_with(
             &[],
             &[
                 ("msgr_max_message_bytes", "2097152"),
                 ("msgr_max_segments", "4"),
             ],
+            |b| b.advertise_limits(false),
         );
         p.stream(2, 2, 4, 512 * 1024);
         let before = p.b.stats().data_pool.chunks_in_use;

@@ -278,6 +278,20 @@ fn address_handles_and_qp_types_refuse_what_roce_cannot_do() {
     assert!(ah.destroy().is_err(), "twice");
     let e = a.send(&ah, &a, 0, 1, None, QKEY).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    // max_ah, as query_device says, is enforced; a destroyed (or dropped) AH frees its slot.
+    let max = a.pd.device().query_device().max_ah as usize;
+    assert_eq!(max, 65536);
+    let attr = ah_attr(Ipv4Addr::new(127, 0, 72, 9));
+    let mut ahs: Vec<Arc<Ah>> = (0..max).map(|_| Ah::new(&a.pd, &attr).unwrap()).collect();
+    assert_eq!(
+        Ah::new(&a.pd, &attr).unwrap_err().kind(),
+        ErrorKind::ResourceLimit
+    );
+    ahs.pop().unwrap().destroy().unwrap();
+    ahs.push(Ah::new(&a.pd, &attr).unwrap());
+    ahs.truncate(1);
+    ahs.push(Ah::new(&a.pd, &attr).unwrap());
+    drop(ahs);
     // UC (3) is not implemented; RC QPs still are.
     assert_eq!(
         Qp::new(&a.pd, &init(&a.scq, &a.rcq, 3), 0x7000)

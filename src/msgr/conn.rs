@@ -92,6 +92,8 @@ pub struct Connection {
     peer: SocketAddr,
     /// The peer's authenticated entity (None with `auth = none`).
     peer_entity: Option<String>,
+    /// The message limits the peer's hello advertised (None: it sent none).
+    peer_limits: Option<setup::MsgLimitsWire>,
     /// This side's offer (configured, link and active MTU) and the negotiated path MTU.
     mtu: (PathMtu, u32),
     closed: bool,
@@ -696,14 +698,21 @@ impl Connection {
         let result = (|| {
             let ep = dev.endpoint(&qp, local_ip)?;
             let (max_rd_atomic, max_dest_rd_atomic) = dev.rd_atomic_offer(s);
+            let limits = *ctx.shared.hello_limits.read();
             let mine = Hello {
                 version: setup::VERSION,
                 flags: if ep.src_port.is_some() {
                     setup::FLAG_SRC_PORT
                 } else {
                     0
-                } | if ep.roce { setup::FLAG_ROCE } else { 0 },
+                } | if ep.roce { setup::FLAG_ROCE } else { 0 }
+                    | if limits.is_some() {
+                        setup::FLAG_LIMITS
+                    } else {
+                        0
+                    },
                 src_port: ep.src_port,
+                limits,
                 qpn: qp.qpn(),
                 psn: setup::random_psn(),
                 udp: ep.udp,
@@ -724,9 +733,9 @@ impl Connection {
             let theirs = setup::exchange_tagged(&mut tcp, &mine, timeout, keys)?;
             let n = setup::negotiate(&mine, &theirs, peer.ip())?;
             qp.connect(&n, s)?;
-            Ok((n.peer_regions, theirs.path_mtu, n.path_mtu))
+            Ok((n.peer_regions, theirs.path_mtu, n.path_mtu, theirs.limits))
         })();
-        let (peer_regions, peer_mtu, path_mtu) = match result {
+        let (peer_regions, peer_mtu, path_mtu, peer_limits) = match result {
             Ok(r) => r,
             Err(e) => {
                 qp.destroy(dev);
@@ -740,6 +749,7 @@ impl Connection {
             peer_regions,
             peer,
             peer_entity: auth.peer_entity,
+            peer_limits,
             mtu: (offer, path_mtu),
             closed: false,
             failure_c: std::sync::OnceLock::new(),
@@ -927,6 +937,13 @@ impl Connection {
     }
 
     /// The memory the peer exposed for one-sided access.
+    /// The message limits the peer's hello advertised (its messenger's
+    /// `msgr_max_message_bytes` and `msgr_max_segments`); None when it sent none (a plain
+    /// connection, or a build before protocol 1.3).
+    pub fn peer_limits(&self) -> Option<setup::MsgLimitsWire> {
+        self.peer_limits
+    }
+
     pub fn peer_regions(&self) -> &[Region] {
         &self.peer_regions
     }

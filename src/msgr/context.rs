@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     pub auth: Arc<super::auth::AuthConfig>,
     /// Which exposed regions each peer is told of (None: all).
     pub region_filter: parking_lot::RwLock<Option<RegionFilter>>,
+    /// Message limits this side's hellos advertise (set by a messenger on its context).
+    pub hello_limits: parking_lot::RwLock<Option<super::setup::MsgLimitsWire>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -87,6 +89,7 @@ impl Context {
                 rcache,
                 auth,
                 region_filter: parking_lot::RwLock::new(None),
+                hello_limits: parking_lot::RwLock::new(None),
             }),
         })
     }
@@ -112,6 +115,13 @@ impl Context {
         } else {
             Vec::new()
         }
+    }
+
+    /// Sets (or clears) the message limits the hellos of this context's later connections
+    /// advertise (`FLAG_LIMITS`); a messenger sets its own (`msgr_max_message_bytes`,
+    /// `msgr_max_segments`) so that its peers refuse at `send` what it would refuse.
+    pub fn set_hello_limits(&self, limits: Option<super::setup::MsgLimitsWire>) {
+        *self.shared.hello_limits.write() = limits;
     }
 
     /// Sets (or clears) the hook run on every new connection before the peer may send:

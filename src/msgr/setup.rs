@@ -22,7 +22,7 @@
 //! | 0 | 4 | total length in bytes, including these 4 |
 //! | 4 | 4 | magic `b"RDMX"` |
 //! | 8 | 2 | version: major in the high byte, minor in the low byte |
-//! | 10 | 2 | flags: bit 0 [`FLAG_SRC_PORT`] (1.1), bit 1 [`FLAG_ROCE`] (1.2); unknown bits are ignored |
+//! | 10 | 2 | flags: bit 0 [`FLAG_SRC_PORT`] (1.1), bit 1 [`FLAG_ROCE`] (1.2), bit 2 [`FLAG_LIMITS`] (1.3); unknown bits are ignored |
 //! | 12 | 4 | qpn (24 bits) |
 //! | 16 | 4 | psn (24 bits) |
 //! | 20 | 2 | path MTU in bytes (256, 512, 1024, 2048 or 4096) |
@@ -35,6 +35,7 @@
 //! | +2 | 2 | region count (at most [`MAX_REGIONS`]) |
 //! | +4 | 24 each | regions: addr u64, len u64, rkey u32, access u32 |
 //! | end | 2 | with [`FLAG_SRC_PORT`]: the UDP source port of the sender QP's RC packets |
+//! | end | 8 + 2 | with [`FLAG_LIMITS`]: the sender's message limits, max_message_bytes u64 and max_segments u16 ([`MsgLimitsWire`]) |
 //!
 //! [`Hello::decode`] is total: any byte string yields `Ok` or an [`ErrorKind::Parse`] error,
 //! never a panic.
@@ -55,8 +56,9 @@ pub const MAGIC: [u8; 4] = *b"RDMX";
 /// Major protocol version. A different major means a different layout: rejected.
 pub const VERSION_MAJOR: u8 = 1;
 /// Minor protocol version. Minor bumps keep the layout and may only add flag bits, so any
-/// minor of a known major is accepted. 1.1 added [`FLAG_SRC_PORT`], 1.2 [`FLAG_ROCE`].
-pub const VERSION_MINOR: u8 = 2;
+/// minor of a known major is accepted. 1.1 added [`FLAG_SRC_PORT`], 1.2 [`FLAG_ROCE`], 1.3
+/// [`FLAG_LIMITS`] (a 1.2 build refuses a hello carrying limits as having trailing bytes).
+pub const VERSION_MINOR: u8 = 3;
 /// Flag bit: a 2-byte UDP source port follows the regions ([`Hello::src_port`]). Without
 /// it (a 1.0 peer), the receiver learns the port from the peer's first RC packet.
 pub const FLAG_SRC_PORT: u16 = 1;
@@ -66,6 +68,21 @@ pub const FLAG_SRC_PORT: u16 = 1;
 /// [`FLAG_SRC_PORT`]). A soft peer can interoperate with it only when its own UDP port is
 /// 4791 ([`negotiate`] checks both directions).
 pub const FLAG_ROCE: u16 = 2;
+/// Flag bit: the sender's message limits follow the source port ([`Hello::limits`]): what
+/// its messenger accepts in one message (`msgr_max_message_bytes`, `msgr_max_segments`),
+/// so that the other side refuses at `send` what the receiver would refuse. Sent inside
+/// the authenticated handshake (with `auth` on, the hello is tagged with the session key).
+pub const FLAG_LIMITS: u16 = 4;
+
+/// A messenger's message limits as a hello carries them ([`FLAG_LIMITS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsgLimitsWire {
+    pub max_message_bytes: u64,
+    pub max_segments: u16,
+}
+
+/// Bytes of [`MsgLimitsWire`] on the wire.
+const LIMITS_LEN: usize = 10;
 /// RoCEv2's UDP destination port (IANA).
 pub const ROCEV2_PORT: u16 = 4791;
 /// The version this build sends: major in the high byte, minor in the low byte.
@@ -137,6 +154,9 @@ pub struct Hello {
     /// `udp`): the receiver takes RC packets only from it (rxe's `check_addr`). Present
     /// exactly when `flags` has [`FLAG_SRC_PORT`]; encoded after the regions.
     pub src_port: Option<u16>,
+    /// The sender's message limits. Present exactly when `flags` has [`FLAG_LIMITS`];
+    /// encoded after the source port.
+    pub limits: Option<MsgLimitsWire>,
 }
 
 /// The parameters the local QP is brought to RTR/RTS with, from both hellos.
@@ -239,6 +259,21 @@ impl Hello {
                     .map_or("absent".to_string(), |p| p.to_string())
             ));
         }
+        if (self.flags & FLAG_LIMITS != 0) != self.limits.is_some() {
+            return Err(format!(
+                "hello: flag LIMITS is {} but the limits are {}",
+                if self.flags & FLAG_LIMITS != 0 {
+                    "set"
+                } else {
+                    "clear"
+                },
+                if self.limits.is_some() {
+                    "present"
+                } else {
+                    "absent"
+                }
+            ));
+        }
         for (i, r) in self.regions.iter().enumerate() {
             if r.addr.checked_add(r.len).is_none() {
                 return Err(format!(
@@ -263,6 +298,7 @@ impl Hello {
             + 2
             + self.regions.len() * REGION_LEN
             + if self.src_port.is_some() { 2 } else { 0 }
+            + if self.limits.is_some() { LIMITS_LEN } else { 0 }
     }
 
     /// Encodes the hello (layout in the module docs).
@@ -304,6 +340,10 @@ impl Hello {
         }
         if let Some(p) = self.src_port {
             b.extend_from_slice(&p.to_be_bytes());
+        }
+        if let Some(l) = self.limits {
+            b.extend_from_slice(&l.max_message_bytes.to_be_bytes());
+            b.extend_from_slice(&l.max_segments.to_be_bytes());
         }
         debug_assert_eq!(b.len(), len);
         b
@@ -407,14 +447,29 @@ fn decode(bytes: &[u8]) -> std::result::Result<Hello, String> {
             "hello: {count} regions: at most {MAX_REGIONS} allowed"
         ));
     }
-    // The length prefix matched the input, so `count` regions (and the source port, if
-    // flagged) must fill the rest exactly.
+    // The length prefix matched the input, so `count` regions (and the source port and
+    // limits, if flagged) must fill the rest exactly.
     let left = bytes.len() - c.pos;
-    let tail = if flags & FLAG_SRC_PORT != 0 { 2 } else { 0 };
+    let port_len = if flags & FLAG_SRC_PORT != 0 { 2 } else { 0 };
+    let limits_len = if flags & FLAG_LIMITS != 0 {
+        LIMITS_LEN
+    } else {
+        0
+    };
+    let tail = port_len + limits_len;
     if left != count * REGION_LEN + tail {
         return Err(format!(
-            "hello: {count} regions{} need {} bytes, {left} left",
-            if tail > 0 { " and the source port" } else { "" },
+            "hello: {count} regions{}{} need {} bytes, {left} left",
+            if port_len > 0 {
+                " and the source port"
+            } else {
+                ""
+            },
+            if limits_len > 0 {
+                " and the limits"
+            } else {
+                ""
+            },
             count * REGION_LEN + tail
         ));
     }
@@ -427,8 +482,16 @@ fn decode(bytes: &[u8]) -> std::result::Result<Hello, String> {
             access: c.u32("region access")?,
         });
     }
-    let src_port = if tail > 0 {
+    let src_port = if port_len > 0 {
         Some(c.u16("source port")?)
+    } else {
+        None
+    };
+    let limits = if limits_len > 0 {
+        Some(MsgLimitsWire {
+            max_message_bytes: c.u64("max_message_bytes")?,
+            max_segments: c.u16("max_segments")?,
+        })
     } else {
         None
     };
@@ -444,6 +507,7 @@ fn decode(bytes: &[u8]) -> std::result::Result<Hello, String> {
         credits,
         regions,
         src_port,
+        limits,
     };
     hello.check()?;
     Ok(hello)
@@ -925,6 +989,7 @@ mod tests {
                 access: access::REMOTE_READ | access::REMOTE_WRITE,
             }],
             src_port: None,
+            limits: None,
         }
     }
 
@@ -977,7 +1042,7 @@ mod tests {
         h.src_port = Some(0xc011);
         let mut want = SMALL.to_vec();
         want[3] = 63; // total length
-        want[9] = VERSION_MINOR; // this build's minor (1.2: FLAG_ROCE)
+        want[9] = VERSION_MINOR; // this build's minor
         want[11] = 1; // flags: SRC_PORT
         want.extend_from_slice(&[0xc0, 0x11]); // source port 0xc011
         assert_eq!(h.encode(), want);
@@ -1005,6 +1070,43 @@ mod tests {
                 .unwrap_err()
                 .message()
                 .contains("flag SRC_PORT is clear")
+        );
+    }
+
+    #[test]
+    fn the_limits_follow_the_source_port_when_flagged() {
+        let mut h = small();
+        h.version = VERSION;
+        h.flags = FLAG_SRC_PORT | FLAG_LIMITS;
+        h.src_port = Some(0xc011);
+        h.limits = Some(MsgLimitsWire {
+            max_message_bytes: 16 << 20,
+            max_segments: 64,
+        });
+        let mut want = SMALL.to_vec();
+        want[3] = 73; // total length
+        want[9] = VERSION_MINOR;
+        want[11] = 5; // flags: SRC_PORT | LIMITS
+        want.extend_from_slice(&[0xc0, 0x11]); // source port 0xc011
+        want.extend_from_slice(&[0, 0, 0, 0, 0x01, 0, 0, 0]); // max_message_bytes 16 MiB
+        want.extend_from_slice(&[0, 64]); // max_segments 64
+        assert_eq!(h.encode(), want);
+        assert_eq!(h.encoded_len(), want.len());
+        assert_eq!(Hello::decode(&want).unwrap(), h);
+        // Flagged without the field (a 1.2 sender setting bit 2): refused by length.
+        let mut short = want.clone();
+        short[3] = 63;
+        short.truncate(63);
+        parse_err(
+            &short,
+            "1 regions and the source port and the limits need 36 bytes, 26 left",
+        );
+        h.limits = None;
+        assert!(
+            h.validate()
+                .unwrap_err()
+                .message()
+                .contains("flag LIMITS is set")
         );
     }
 
@@ -1438,7 +1540,15 @@ mod tests {
         ];
         (
             (any::<u8>(), any::<u16>(), 0..=MASK_24, 0..=MASK_24, addr),
-            any::<Option<u16>>(),
+            (
+                any::<Option<u16>>(),
+                any::<Option<(u64, u16)>>().prop_map(|l| {
+                    l.map(|(b, s)| MsgLimitsWire {
+                        max_message_bytes: b,
+                        max_segments: s,
+                    })
+                }),
+            ),
             (
                 prop::sample::select(MTUS.to_vec()),
                 any::<u8>(),
@@ -1448,12 +1558,19 @@ mod tests {
             prop::collection::vec(arb_region(), 0..8),
         )
             .prop_map(
-                |((minor, flags, qpn, psn, udp), src_port, (mtu, rd, dest, credits), regions)| {
+                |(
+                    (minor, flags, qpn, psn, udp),
+                    (src_port, limits),
+                    (mtu, rd, dest, credits),
+                    regions,
+                )| {
                     Hello {
                         version: VERSION & 0xff00 | u16::from(minor),
-                        flags: flags & !FLAG_SRC_PORT
-                            | if src_port.is_some() { FLAG_SRC_PORT } else { 0 },
+                        flags: flags & !(FLAG_SRC_PORT | FLAG_LIMITS)
+                            | if src_port.is_some() { FLAG_SRC_PORT } else { 0 }
+                            | if limits.is_some() { FLAG_LIMITS } else { 0 },
                         src_port,
+                        limits,
                         qpn,
                         psn,
                         udp,

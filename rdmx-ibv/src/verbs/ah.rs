@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::device::limits::MAX_AH;
 use super::pd::Pd;
 use super::qp::{AhAttr, gid_to_ip};
 
@@ -56,6 +57,13 @@ impl Ah {
                 dev.ip
             )));
         }
+        if dev.ahs.fetch_add(1, Ordering::AcqRel) >= u64::from(MAX_AH) {
+            dev.ahs.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::new(
+                ErrorKind::ResourceLimit,
+                format!("create_ah: {MAX_AH} address handles alive (max_ah)"),
+            ));
+        }
         pd.users.fetch_add(1, Ordering::AcqRel);
         Ok(Arc::new(Ah {
             pd: Arc::clone(pd),
@@ -91,15 +99,21 @@ impl Ah {
         if self.dead.swap(true, Ordering::AcqRel) {
             return Err(invalid("address handle already destroyed".into()));
         }
-        self.pd.users.fetch_sub(1, Ordering::AcqRel);
+        self.release();
         Ok(())
+    }
+
+    /// What a live AH holds: a use of its PD and a slot of the device's `max_ah`.
+    fn release(&self) {
+        self.pd.users.fetch_sub(1, Ordering::AcqRel);
+        self.pd.dev.ahs.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl Drop for Ah {
     fn drop(&mut self) {
         if !self.dead.swap(true, Ordering::AcqRel) {
-            self.pd.users.fetch_sub(1, Ordering::AcqRel);
+            self.release();
         }
     }
 }

@@ -116,6 +116,8 @@ pub struct Device {
     pub(crate) ip: IpAddr,
     pub(crate) qps: AtomicU64,
     pub(crate) overrides: AtomicU64,
+    /// Address handles alive (at most `limits::MAX_AH`).
+    pub(crate) ahs: AtomicU64,
 }
 
 /// `vendor_id` of `ibv_query_device`: rxe's (see [`Device::query_device`]).
@@ -137,6 +139,9 @@ pub(crate) mod limits {
     /// READs in flight per QP (the engine keeps max_rd_atomic in a u8; rxe says 128).
     pub const MAX_RD_ATOM: u32 = 128;
     pub const MAX_SRQ: u32 = 65536;
+    /// Address handles alive at once (each is a resolved UDP address; the bound keeps a
+    /// program that leaks them from growing without limit). rxe: 0x7fff-ish by pool size.
+    pub const MAX_AH: u32 = 65536;
     /// Largest inline payload of a send WR (as the config's `max_inline_data` range).
     pub const MAX_INLINE: u32 = 1024;
     /// A message is at most 2^31 bytes (the engine's limit).
@@ -171,6 +176,7 @@ impl Device {
             ip,
             qps: AtomicU64::new(0),
             overrides: AtomicU64::new(0),
+            ahs: AtomicU64::new(0),
         });
         super::stats::device_opened(&dev);
         Ok(dev)
@@ -233,7 +239,7 @@ impl Device {
             max_mcast_grp: 0,
             max_mcast_qp_attach: 0,
             max_total_mcast_qp_attach: 0,
-            max_ah: 0,
+            max_ah: MAX_AH,
             max_fmr: 0,
             max_map_per_fmr: 0,
             max_srq: MAX_SRQ,

@@ -168,6 +168,15 @@ impl Messenger {
         self.core.connect_claiming(addr, policy, claimed)
     }
 
+    /// Whether the hellos of later connections advertise this messenger's message limits
+    /// (`msgr_max_message_bytes`, `msgr_max_segments`; on by default), so that peers refuse
+    /// at `send` what this side would refuse on receipt. Off, this side behaves as a build
+    /// before protocol 1.3 (its limits are still enforced on receipt): for tests of that.
+    pub fn advertise_limits(&self, on: bool) {
+        let l = on.then(|| self.settings().limits.to_wire());
+        self.context().set_hello_limits(l);
+    }
+
     pub fn stats(&self) -> MsgrStats {
         self.core.stats()
     }

@@ -100,6 +100,8 @@ pub struct Session {
     pub unacked: VecDeque<OutMsg>,
     /// Data + front bytes of `waiting` and `unacked`.
     pub held_bytes: u64,
+    /// The message limits the peer advertised in its last hello (None: not known yet).
+    pub peer_limits: Option<super::settings::MsgLimits>,
     /// A send was refused with Full: tell `on_send_ready` when there is room.
     pub refused: bool,
     pub delivered: u64,
@@ -143,6 +145,7 @@ impl Session {
             waiting: VecDeque::new(),
             unacked: VecDeque::new(),
             held_bytes: 0,
+            peer_limits: None,
             refused: false,
             delivered: 0,
             acked_to_peer: 0,

@@ -28,6 +28,22 @@ impl MsgLimits {
         max_segments: MAX_SEGS,
     };
 
+    /// As a hello advertises them (`setup::FLAG_LIMITS`).
+    pub fn to_wire(self) -> crate::msgr::setup::MsgLimitsWire {
+        crate::msgr::setup::MsgLimitsWire {
+            max_message_bytes: self.max_message_bytes,
+            max_segments: self.max_segments.min(usize::from(u16::MAX)) as u16,
+        }
+    }
+
+    /// A peer's advertised limits.
+    pub fn from_wire(w: crate::msgr::setup::MsgLimitsWire) -> MsgLimits {
+        MsgLimits {
+            max_message_bytes: w.max_message_bytes,
+            max_segments: usize::from(w.max_segments),
+        }
+    }
+
     /// The tighter of two limits (this side's and the peer's advertised ones).
     pub fn min(self, other: MsgLimits) -> MsgLimits {
         MsgLimits {

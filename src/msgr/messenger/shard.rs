@@ -28,6 +28,7 @@ use super::keepalive::Backoff;
 use super::link::{Body, Link, LinkEvent, RecvSlot};
 use super::park::{PARK_AFTER, Parking, ReadyList};
 use super::session::{Event, OutMsg, Session};
+use super::settings::MsgLimits;
 use super::settings::{MsgrSettings, adjust};
 use super::types::*;
 use super::wire::{self, FRONT_MAX, Header, Kind, MAX_SEGS, PAYLOAD_MAX, flags};
@@ -223,6 +224,9 @@ impl Core {
         // Answers go from the thread that polled (they carry the RC ACKs of what it
         // received), and that thread receives: the progress thread keeps out of its way.
         ctx.set_app_driven(true);
+        // Peers learn what this side accepts in one message (the hello's FLAG_LIMITS) and
+        // refuse at their `send` what it would refuse on receipt.
+        ctx.set_hello_limits(Some(settings.limits.to_wire()));
         let bufs = Arc::new(Buffers::new(
             &ctx,
             settings.pool_chunks,
@@ -482,6 +486,21 @@ impl Core {
                     ),
                     msg,
                 ));
+            }
+            // The peer's advertised limits (its hello on the current or the last link):
+            // what it would refuse, and end the session for, is refused here.
+            if let Some(l) = sess.link.as_ref().and_then(|l| l.conn.peer_limits()) {
+                sess.peer_limits = Some(MsgLimits::from_wire(l));
+            }
+            if let Some(peer) = sess.peer_limits {
+                let bytes: u64 = msg.data.iter().map(|p| p.len() as u64).sum();
+                if let Err(e) = peer.check_send(msg.data.len(), bytes) {
+                    let e = Error::new(
+                        e.kind(),
+                        format!("{} (the peer's advertised limit)", e.message()),
+                    );
+                    return Err(refuse(e, msg));
+                }
             }
             if !sess.has_room(&self.settings, bytes) {
                 sess.refused = true;
