@@ -6,6 +6,10 @@
 #      rpc) with and without authentication, PAIRS rounds alternating (order reversed every
 #      other round), DURATION s each. The data path is the same code: the ratio should be
 #      1 within noise (target: within 2%).
+#   3. under attack: a keyholder's open time (median of OPENS) and 4K randread QD32 IOPS,
+#      quiet and beside SILENT silent connections from 16 addresses plus a slow consumer
+#      (examples/target_under_attack.rs, alternating, PAIRS rounds of DURATION s). The
+#      attacker runs on the same 2 cores here, so the IOPS ratio includes its CPU.
 #
 #   bench/auth.sh                              # CONNECTS=200 PAIRS=3 DURATION=5
 #   CONNECTS=5 PAIRS=1 DURATION=1 bench/auth.sh  # a smoke run
@@ -15,6 +19,8 @@ set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 CONNECTS=${CONNECTS:-200}
+SILENT=${SILENT:-500}
+OPENS=${OPENS:-20}
 PAIRS=${PAIRS:-3}
 DURATION=${DURATION:-5}
 LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/rdmx-auth-bench.XXXXXX")
@@ -27,8 +33,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "# building (release): examples/auth_handshake, rdmx-target, fio/rdmx-engine.so"
-if ! cargo build --release --quiet -p rdmx --example auth_handshake ||
+echo "# building (release): examples/auth_handshake, examples/target_under_attack, rdmx-target, fio/rdmx-engine.so"
+if ! cargo build --release --quiet -p rdmx --example auth_handshake --example target_under_attack ||
    ! cargo build --release --quiet -p rdmx-target || ! make -s -C fio >/dev/null; then
     echo "bench/auth.sh: build failed" >&2
     exit 2
@@ -99,3 +105,7 @@ mw, mn = statistics.median(w), statistics.median(n)
 print(f"fio 4K randread QD32 median IOPS: auth=required {mw:.0f}, auth=none {mn:.0f}; "
       f"ratio {mw / mn:.3f} (target 0.98..1.02)")
 PY
+
+echo "# 3. a keyholder beside $SILENT silent connections and a slow consumer, $PAIRS round(s)"
+RDMX_LOG=error "$ROOT/target/release/examples/target_under_attack" "$PAIRS" "$DURATION" \
+    "$SILENT" "$OPENS" || exit 1

@@ -819,6 +819,36 @@ fn the_total_handshake_cap_refuses_the_excess() {
 }
 
 #[test]
+fn silent_connections_at_the_total_cap_do_not_keep_a_keyholder_out() {
+    // Silent connections from four addresses fill handshake_max; a keyholder from a fifth
+    // connects anyway: it takes the place of the oldest handshake of the busiest source.
+    // (Before, it was refused "8 handshakes in progress" until their deadlines.)
+    let _s = serial();
+    let keys = Keyfile::new(&[("client.a", K1)]);
+    let server = Context::new(&config(
+        Some(&keys),
+        "osd.0",
+        &[
+            ("handshake_max", "8"),
+            ("handshake_first_bytes_ms", "60000"),
+        ],
+    ))
+    .unwrap();
+    let srv = Server::new(&server);
+    let held: Vec<TcpStream> = ["127.0.0.4", "127.0.0.5", "127.0.0.6", "127.0.0.7"]
+        .iter()
+        .flat_map(|src| silent(&srv.addr, src, 3))
+        .collect();
+    srv.wait_for("the cap reached", |k| k.refused >= 4);
+    assert_eq!(srv.l.handshakes_in_progress(), 8);
+    let c = ctx(Some(&keys), "client.a").connect(&srv.addr, T).unwrap();
+    let _s1 = srv.got.recv_timeout(T).unwrap().unwrap();
+    assert_eq!(srv.counters().passed, 1);
+    assert!(srv.counters().refused >= 5, "{:?}", srv.counters());
+    drop((c, held));
+}
+
+#[test]
 fn pending_links_are_capped() {
     let _s = serial();
     let keys = Keyfile::new(&[("client.a", K1)]);

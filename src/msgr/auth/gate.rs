@@ -188,15 +188,35 @@ impl Gate {
         let l = self.cfg.limits;
         let ip = peer.ip().to_canonical();
         let from_ip = self.per_source.get(&ip).copied().unwrap_or(0);
-        let refusal = if self.conns.len() + others >= l.max {
-            Some(format!(
-                "{} handshakes in progress (handshake_max)",
-                self.conns.len() + others
-            ))
-        } else if from_ip >= l.per_source {
+        let refusal = if from_ip >= l.per_source {
             Some(format!(
                 "{from_ip} unauthenticated handshakes from {ip} (handshake_per_source)"
             ))
+        } else if self.conns.len() + others >= l.max {
+            // At the total cap a newcomer takes the place of the oldest unauthenticated
+            // handshake of the source holding the most: silent connections from many
+            // addresses would otherwise keep every keyholder out until their deadlines,
+            // and the attacker's source is the one that holds the most.
+            match self.eviction_victim(ip) {
+                Some(victim) => {
+                    if let Some(w) = self.remove(victim) {
+                        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                        self.warn(
+                            now,
+                            format!(
+                                "dropped {}: the oldest unauthenticated handshake of the \
+                                 busiest source, to admit {peer} (handshake_max {})",
+                                w.peer, l.max
+                            ),
+                        );
+                    }
+                    None
+                }
+                None => Some(format!(
+                    "{} handshakes in progress (handshake_max)",
+                    self.conns.len() + others
+                )),
+            }
         } else {
             None
         };
@@ -248,6 +268,21 @@ impl Gate {
         let mut passed = std::mem::take(&mut self.ready);
         self.step(id, now, &mut passed);
         self.ready = passed;
+    }
+
+    /// The handshake to drop for a newcomer from `newcomer` at the total cap: the oldest
+    /// of the source with the most waiting (None when nothing waits, or when that source
+    /// is the newcomer's own and holds only one).
+    fn eviction_victim(&self, newcomer: IpAddr) -> Option<u64> {
+        let (&busiest, &n) = self.per_source.iter().max_by_key(|(_, n)| **n)?;
+        if busiest == newcomer && n <= 1 {
+            return None;
+        }
+        self.conns
+            .iter()
+            .filter(|(_, w)| w.peer.ip().to_canonical() == busiest)
+            .map(|(id, _)| *id)
+            .min()
     }
 
     fn remove(&mut self, id: u64) -> Option<Waiting> {
