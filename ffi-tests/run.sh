@@ -41,7 +41,8 @@ build() { # build NAME SOURCE EXTRA_FLAGS...
            c++ -std=c++17 $cflags "$@" -o "$out/$name" "$here/$src" $ldlibs ;;
   esac
 }
-tests=(test_config.c test_config.cpp test_conn.c test_mem.c test_provider.c test_blk.c test_auth.c)
+tests=(test_config.c test_config.cpp test_conn.c test_mem.c test_provider.c test_blk.c test_auth.c
+  test_blk_acl.c)
 # The messenger echo: a C server, a C client (event records, then callbacks) and a C++ client
 # (callbacks on worker threads), as separate processes.
 echo_progs=(msgr_echo_server.c msgr_echo_client.c msgr_echo_client.cpp)
@@ -66,23 +67,58 @@ echo_run() { # echo_run SUFFIX COUNT RUNNER...: the server and the three clients
 # test_blk talks to an rdmx-target (a memory volume v0) given as its argument. Timeout 18
 # (1.07 s) and a 60 s keepalive timeout on both sides: valgrind slows the client ~30x and
 # stops it for seconds while it translates code.
-echo "== ffi-tests: starting rdmx-target for test_blk"
+# test_blk_acl talks to a second one with keys and grants (keyrings written here).
+echo "== ffi-tests: starting rdmx-target for test_blk and test_blk_acl"
 cargo build --quiet -p rdmx-target
-tlog="$out/rdmx-target.log"
-: >"$tlog" # exists before the loop below reads it (the server opens it only once started)
-"$root/target/debug/rdmx-target" --listen 127.0.0.1:0 --volume v0=mem:4M \
-  --set timeout=18 --set msgr_keepalive_timeout_ms=60000 >"$tlog" 2>&1 &
-tpid=$!
-trap 'kill "$tpid" 2>/dev/null || true' EXIT
-taddr=""
-for _ in $(seq 100); do
-  taddr=$(sed -n 's/^rdmx-target listening on \([^ ]*\) .*/\1/p' "$tlog")
-  [ -n "$taddr" ] && break
-  kill -0 "$tpid" 2>/dev/null || { cat "$tlog"; echo "rdmx-target exited"; exit 1; }
-  sleep 0.1
-done
-[ -n "$taddr" ] || { cat "$tlog"; echo "rdmx-target did not start within 10 s"; exit 1; }
-args_of() { [ "$1" = test_blk.c ] && echo "$taddr"; return 0; }
+tpids=()
+trap 'kill "${tpids[@]}" 2>/dev/null || true' EXIT
+# start_target LOG ARGS...: an rdmx-target in the background; its address in $taddr.
+start_target() {
+  local tlog=$1
+  shift
+  : >"$tlog" # exists before the loop below reads it (the server opens it only once started)
+  "$root/target/debug/rdmx-target" --listen 127.0.0.1:0 --volume v0=mem:4M \
+    --set timeout=18 --set msgr_keepalive_timeout_ms=60000 "$@" >"$tlog" 2>&1 &
+  local tpid=$!
+  tpids+=("$tpid")
+  taddr=""
+  for _ in $(seq 100); do
+    taddr=$(sed -n 's/^rdmx-target listening on \([^ ]*\) .*/\1/p' "$tlog")
+    [ -n "$taddr" ] && break
+    kill -0 "$tpid" 2>/dev/null || { cat "$tlog"; echo "rdmx-target exited"; exit 1; }
+    sleep 0.1
+  done
+  [ -n "$taddr" ] || { cat "$tlog"; echo "rdmx-target did not start within 10 s"; exit 1; }
+}
+start_target "$out/rdmx-target.log"
+blk_addr=$taddr
+keys="$out/acl-keys"
+mkdir -p "$keys"
+key_ro=AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=
+key_rw=ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=
+key_none=QEFCQ0RFRkdISUpLTE1OT1BRUlNUVVZXWFlaW1xdXl8=
+ring() { # ring FILE ENTITY KEY [ENTITY KEY]...: a keyring, mode 600
+  local f=$1
+  shift
+  : >"$f"
+  chmod 600 "$f"
+  while [ $# -gt 0 ]; do printf '[%s]\n    key = %s\n' "$1" "$2" >>"$f"; shift 2; done
+}
+ring "$keys/server" client.ro "$key_ro" client.rw "$key_rw" client.none "$key_none"
+ring "$keys/ro" client.ro "$key_ro"
+ring "$keys/rw" client.rw "$key_rw"
+ring "$keys/none" client.none "$key_none"
+ring "$keys/wrong" client.ro "$key_rw"
+start_target "$out/rdmx-target-acl.log" --keyring "$keys/server" --entity osd.0 \
+  --allow v0=client.ro:ro,client.rw:rw --set handshake_first_bytes_ms=10000
+acl_addr=$taddr
+args_of() {
+  case "$1" in
+    test_blk.c) echo "$blk_addr" ;;
+    test_blk_acl.c) echo "$acl_addr $keys" ;;
+  esac
+  return 0
+}
 
 echo "== ffi-tests: ASan+UBSan"
 for t in "${tests[@]}"; do
@@ -113,8 +149,9 @@ vg=(valgrind -q --error-exitcode=99 --leak-check=full --trace-children=yes
 for t in "${tests[@]}"; do
   name="${t%.*}_${t##*.}"
   build "$name" "$t" -O1
-  if [ "$t" = test_blk.c ]; then
-    RDMX_TIMEOUT=18 RDMX_MSGR_KEEPALIVE_TIMEOUT_MS=60000 "${vg[@]}" "$out/$name" "$taddr"
+  if [ "$t" = test_blk.c ] || [ "$t" = test_blk_acl.c ]; then
+    # shellcheck disable=SC2046
+    RDMX_TIMEOUT=18 RDMX_MSGR_KEEPALIVE_TIMEOUT_MS=60000 "${vg[@]}" "$out/$name" $(args_of "$t")
   elif [ "$t" = test_conn.c ] || [ "$t" = test_mem.c ] || [ "$t" = test_provider.c ] ||
        [ "$t" = test_auth.c ]; then
     # valgrind slows everything ~30x: give the RC ACK timer room (timeout 16 = 268 ms

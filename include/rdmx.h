@@ -266,7 +266,9 @@ typedef enum {
   RDMX_RESOURCE_LIMIT = 14,
   /**
    * Authentication failed (wrong or missing key, unknown entity, a peer that would not
-   * authenticate) or its configuration is unusable (a keyring others may read).
+   * authenticate) or its configuration is unusable (a keyring others may read); also
+   * access refused to an authenticated entity (`rdmx_blk_open` of a volume the
+   * target's `--allow` does not grant it).
    */
   RDMX_AUTH = 15,
 } rdmx_status;
@@ -988,8 +990,10 @@ extern "C" {
  * carries the transport and `msgr_*` keys; `msgr_threads = 0` (the default) means
  * `rdmx_blk_poll` drives all progress on the caller's thread. `*out` receives a client
  * the caller owns (NULL on failure). RDMX_INVALID_ARGUMENT for an unknown volume,
- * RDMX_UNSUPPORTED for RDMX_BLK_MODE_READ on a file volume, RDMX_TIMEOUT / RDMX_CLOSED
- * when the target does not answer.
+ * RDMX_UNSUPPORTED for RDMX_BLK_MODE_READ on a file volume, RDMX_AUTH when
+ * authentication fails or the target's `--allow` grants this entity (`auth_entity`)
+ * nothing on the volume, RDMX_TIMEOUT / RDMX_CLOSED when the target does not answer. A
+ * read-only grant opens; its writes complete with -EACCES.
  *
  * # Safety
  * `cfg` NULL or live; `addr`, `volume` NULL or NUL-terminated; `out` NULL or writable.

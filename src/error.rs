@@ -37,7 +37,8 @@ pub enum ErrorKind {
     /// A system resource limit would be exceeded (e.g. RLIMIT_MEMLOCK for pinned memory).
     ResourceLimit,
     /// Authentication failed or is misconfigured: a wrong or missing key, an unknown
-    /// entity, a peer that would not authenticate, a keyring others may read.
+    /// entity, a peer that would not authenticate, a keyring others may read; or an
+    /// authenticated entity was refused access (a block volume its grants do not cover).
     Auth,
 }
 

@@ -447,9 +447,11 @@ fn allow_grants_each_authenticated_entity_its_own_access() {
     assert!(t.stats().access_denied.load(Ordering::Relaxed) > denied);
     // client.c (a valid key, no grant) opens nothing.
     let e = BlkClient::open(&kc.cfg("client.c"), &addr, "m0", Mode::Rpc, T).unwrap_err();
+    assert_eq!(e.kind(), rdmx::ErrorKind::Auth, "{e}");
     assert!(e.to_string().contains("Permission denied"), "{e}");
     // client.c claiming to be client.a with its own key: refused at authentication.
-    assert!(BlkClient::open(&kc.cfg("client.a"), &addr, "m0", Mode::Rpc, T).is_err());
+    let e = BlkClient::open(&kc.cfg("client.a"), &addr, "m0", Mode::Rpc, T).unwrap_err();
+    assert_eq!(e.kind(), rdmx::ErrorKind::Auth, "{e}");
     // a's block is unchanged by b's refused write.
     assert_eq!(one_io(&mut a, Op::Read, &mut r), 0);
     assert_eq!(r, w);

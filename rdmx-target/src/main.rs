@@ -1,5 +1,6 @@
 //! `rdmx-target --listen ADDR:PORT --volume NAME=mem:SIZE|file:PATH [--volume ...]
-//! [--allow VOLUME=ENTITY:rw|ro[,...]]... [--max-backlog N] [--session-bufs N]
+//! [--keyring FILE] [--entity NAME] [--allow VOLUME=ENTITY:rw|ro[,...]]...
+//! [--max-backlog N] [--session-bufs N]
 //! [--max-deferred N] [--max-deferred-bytes SIZE] [--io-bufs N] [--set KEY=VALUE]...
 //! [--profile NAME]`: serves block volumes until killed (SIGTERM / SIGINT end it).
 //! `RDMX_LOG` (off, error, warn, info, debug, trace; default warn) sets what it logs on
@@ -32,6 +33,15 @@ struct Args {
         required = true
     )]
     volumes: Vec<VolumeSpec>,
+    /// A Ceph-style keyring ([client.NAME] key = BASE64; mode 600 or stricter) with the
+    /// keys of the entities that may connect: clients must authenticate (auth = required).
+    /// The same as `--set auth_keyring=FILE`; see docs/security.md.
+    #[arg(long, value_name = "FILE")]
+    keyring: Option<String>,
+    /// The name this target gives itself in the handshake (auth_entity; default
+    /// client.admin).
+    #[arg(long, value_name = "NAME")]
+    entity: Option<String>,
     /// Who may open a volume: VOLUME=ENTITY:rw|ro[,ENTITY:rw|ro...] (e.g.
     /// v0=client.a:rw,client.b:ro). Repeatable. Without any, every peer may open every
     /// volume read-write (a warning says so); with any, only the entities granted may, and
@@ -80,6 +90,14 @@ fn config(a: &Args) -> Result<Config, String> {
     if let Some(p) = &a.profile {
         cfg.set("profile", p)
             .map_err(|e| format!("--profile {p}: {e}"))?;
+    }
+    if let Some(k) = &a.keyring {
+        cfg.set("auth_keyring", k)
+            .map_err(|e| format!("--keyring {k}: {e}"))?;
+    }
+    if let Some(e) = &a.entity {
+        cfg.set("auth_entity", e)
+            .map_err(|err| format!("--entity {e}: {err}"))?;
     }
     for (k, v) in &a.sets {
         cfg.set(k, v).map_err(|e| format!("--set {k}={v}: {e}"))?;

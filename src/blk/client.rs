@@ -116,7 +116,9 @@ struct State {
     done: VecDeque<Completion>,
     /// Replies to control requests (open, query) by request id.
     control: HashMap<u64, Reply>,
-    dead: Option<String>,
+    /// Why the session ended, and the kind callers get (Auth when the handshake was
+    /// refused for the key, Closed otherwise).
+    dead: Option<(ErrorKind, String)>,
     connected: bool,
     /// Registrations of finished requests, put back after the lock is released.
     to_put: Vec<Handle>,
@@ -185,7 +187,7 @@ impl Shared {
         }
     }
 
-    fn fail_all(&self, st: &mut State, why: String) {
+    fn fail_all(&self, st: &mut State, kind: ErrorKind, why: String) {
         let ids: Vec<u64> = st.inflight.keys().copied().collect();
         for id in ids {
             if let Some(p) = st.inflight.get_mut(&id) {
@@ -194,7 +196,7 @@ impl Shared {
             }
             self.finish(st, id);
         }
-        st.dead.get_or_insert(why);
+        st.dead.get_or_insert((kind, why));
     }
 }
 
@@ -338,8 +340,17 @@ impl Dispatcher for Disp {
 
     fn on_reset(&self, m: &Messenger, _s: SessionId, why: &Error) {
         let mut st = self.sh.st.lock();
-        self.sh
-            .fail_all(&mut st, format!("the session to the target ended: {why}"));
+        // A refused authentication stays an Auth error (RDMX_AUTH): retrying cannot help.
+        let kind = if why.kind() == ErrorKind::Auth {
+            ErrorKind::Auth
+        } else {
+            ErrorKind::Closed
+        };
+        self.sh.fail_all(
+            &mut st,
+            kind,
+            format!("the session to the target ended: {why}"),
+        );
         put_back(m, &mut st);
     }
 }
@@ -479,13 +490,19 @@ impl BlkClient {
         let r = c.control(Op::Open, volume.as_bytes(), deadline)?;
         if r.status != 0 {
             let e = std::io::Error::from_raw_os_error(r.status as i32);
+            // EACCES: the target's access control grants this entity nothing on the
+            // volume (or, with auth = none, the target grants only named entities).
+            let (kind, why) = match r.status as i32 {
+                libc::ENOENT => (ErrorKind::InvalidArgument, ""),
+                libc::EACCES => (
+                    ErrorKind::Auth,
+                    " (the target's --allow grants this entity no access to it)",
+                ),
+                _ => (ErrorKind::Io, ""),
+            };
             return Err(Error::new(
-                if r.status == libc::ENOENT as u32 {
-                    ErrorKind::InvalidArgument
-                } else {
-                    ErrorKind::Io
-                },
-                format!("open volume '{volume}' on {target}: {e}"),
+                kind,
+                format!("open volume '{volume}' on {target}: {e}{why}"),
             ));
         }
         let info = r.info.unwrap_or_default();
@@ -576,8 +593,8 @@ impl BlkClient {
                 if let Some(r) = st.control.remove(&id) {
                     return Ok(r);
                 }
-                if let Some(why) = &st.dead {
-                    return Err(Error::new(ErrorKind::Closed, why.clone()));
+                if let Some((kind, why)) = &st.dead {
+                    return Err(Error::new(*kind, why.clone()));
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -683,11 +700,11 @@ impl BlkClient {
         for r in reqs {
             {
                 let st = self.sh.st.lock();
-                if let Some(why) = &st.dead {
+                if let Some((kind, why)) = &st.dead {
                     if n > 0 {
                         return Ok(n);
                     }
-                    return Err(Error::new(ErrorKind::Closed, why.clone()));
+                    return Err(Error::new(*kind, why.clone()));
                 }
             }
             let bad = matches!(r.op, Op::Read | Op::Write)

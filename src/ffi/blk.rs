@@ -96,8 +96,10 @@ fn mode_of(mode: u32) -> crate::error::Result<Mode> {
 /// carries the transport and `msgr_*` keys; `msgr_threads = 0` (the default) means
 /// `rdmx_blk_poll` drives all progress on the caller's thread. `*out` receives a client
 /// the caller owns (NULL on failure). RDMX_INVALID_ARGUMENT for an unknown volume,
-/// RDMX_UNSUPPORTED for RDMX_BLK_MODE_READ on a file volume, RDMX_TIMEOUT / RDMX_CLOSED
-/// when the target does not answer.
+/// RDMX_UNSUPPORTED for RDMX_BLK_MODE_READ on a file volume, RDMX_AUTH when
+/// authentication fails or the target's `--allow` grants this entity (`auth_entity`)
+/// nothing on the volume, RDMX_TIMEOUT / RDMX_CLOSED when the target does not answer. A
+/// read-only grant opens; its writes complete with -EACCES.
 ///
 /// # Safety
 /// `cfg` NULL or live; `addr`, `volume` NULL or NUL-terminated; `out` NULL or writable.

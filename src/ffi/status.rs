@@ -40,7 +40,9 @@ pub enum rdmx_status {
     /// A system limit would be exceeded (e.g. RLIMIT_MEMLOCK: `ulimit -l`).
     RDMX_RESOURCE_LIMIT = 14,
     /// Authentication failed (wrong or missing key, unknown entity, a peer that would not
-    /// authenticate) or its configuration is unusable (a keyring others may read).
+    /// authenticate) or its configuration is unusable (a keyring others may read); also
+    /// access refused to an authenticated entity (`rdmx_blk_open` of a volume the
+    /// target's `--allow` does not grant it).
     RDMX_AUTH = 15,
 }
 
