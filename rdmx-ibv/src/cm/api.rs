@@ -54,7 +54,7 @@ fn lookup(p: *mut rdma_cm_id) -> Result<Arc<Id>, c_int> {
 }
 
 /// A PSN for a new connection (24 bits, different per connection).
-fn new_psn() -> u32 {
+pub(crate) fn new_psn() -> u32 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let t = std::time::SystemTime::now()
@@ -320,6 +320,9 @@ fn bind(id: &Arc<Id>, a: SocketAddr, reuse: bool) -> Result<(), c_int> {
         if !wildcard {
             b.id.verbs = d.ctx;
             b.id.port_num = 1;
+            if b.id.pd.is_null() {
+                b.id.pd = d.pd;
+            }
             b.id.route.addr.addr.ibaddr.sgid.raw = d.gid;
             b.id.route.addr.addr.ibaddr.pkey = 0xffffu16.to_be();
         }
@@ -602,7 +605,6 @@ fn accept(cmp: *mut rdma_cm_id, p: Option<&rdma_conn_param>) -> Result<(), c_int
             Some(p) if p.responder_resources != RDMA_MAX_RESP_RES => p.responder_resources,
             _ => st.resp_res.min(d.max_resp_res),
         };
-        st.psn = new_psn();
     }
     if !cm.qp.is_null() {
         qp::connect(&id, d, cm.qp)?;
@@ -973,7 +975,9 @@ pub unsafe extern "C" fn rdma_create_ep(
                     return undo(errno());
                 }
                 if let (Some(idr), Some(a)) = (Id::lookup(cm), qp_init_attr.as_ref()) {
-                    idr.st.lock().ep_qp_attr = Some(*a);
+                    let mut a = *a;
+                    a.qp_type = qpt;
+                    idr.st.lock().ep_qp_attr = Some(a);
                 }
                 (*cm).pd = pd;
                 *id = cm;

@@ -228,6 +228,9 @@ fn passive(lid: Arc<Id>, s: TcpStream) {
         st.init_depth = req.responder_resources;
         st.retry = req.retry_count;
         st.rnr_retry = req.rnr_retry_count;
+        // Chosen now: a program that moves its own QP (rdma_init_qp_attr) before
+        // rdma_accept needs the PSN the REP will carry.
+        st.psn = super::api::new_psn();
         st.peer = Some(req.clone());
     }
     let room = req_room(lid.ps, ud);
@@ -273,6 +276,9 @@ pub unsafe fn fill_route(
     let c = &mut b.id;
     c.verbs = dev.ctx;
     c.port_num = 1;
+    if c.pd.is_null() {
+        c.pd = dev.pd;
+    }
     // SAFETY: writing the storage members of the address unions.
     unsafe {
         if let Some(l) = local {

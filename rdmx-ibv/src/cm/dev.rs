@@ -6,7 +6,7 @@
 //! the first call that needs it and stays open for the life of the process, as
 //! librdmacm's do.
 
-use rdma_sys::{ibv_context, ibv_device_attr, ibv_gid, ibv_port_attr};
+use rdma_sys::{ibv_context, ibv_device_attr, ibv_gid, ibv_pd, ibv_port_attr};
 use std::ffi::{CStr, c_int};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
@@ -23,6 +23,9 @@ pub struct Dev {
     /// and `max_initiator_depth`.
     pub max_resp_res: u8,
     pub max_init_depth: u8,
+    /// The PD librdmacm gives every id bound to the device (`cma_dev->pd`): `id->pd`
+    /// for `rdma_create_qp`/`rdma_create_ep` without a PD of the program's.
+    pub pd: *mut ibv_pd,
 }
 
 // SAFETY: the context pointer is only handed to libibverbs, whose calls are thread-safe.
@@ -78,6 +81,11 @@ fn open() -> Result<Dev, c_int> {
     if unsafe { rdma_sys::ibv_query_device(ctx, &mut da) } != 0 {
         return Err(libc::ENODEV);
     }
+    // SAFETY: as above.
+    let pd = unsafe { rdma_sys::ibv_alloc_pd(ctx) };
+    if pd.is_null() {
+        return Err(libc::ENOMEM);
+    }
     // SAFETY: ibv_gid is a union of a 16-byte array and two u64.
     let raw = unsafe { gid.raw };
     Ok(Dev {
@@ -87,6 +95,7 @@ fn open() -> Result<Dev, c_int> {
         mtu: port.active_mtu as u8,
         max_resp_res: da.max_qp_rd_atom.clamp(0, 255) as u8,
         max_init_depth: da.max_qp_init_rd_atom.clamp(0, 255) as u8,
+        pd,
     })
 }
 

@@ -1,0 +1,347 @@
+//! The RDMA connection manager on rdmx0: unmodified librdmacm programs under
+//! `rdmx-ibv exec` (rping, ucmatose, udaddy, rdma_server/rdma_client from rdmacm-utils;
+//! perftest's `-R`), each pair on its own 127.0.44.x addresses and a free port, every
+//! process under a deadline; and `tests/c/cm_events.c` (cc -Wall -Wextra -Werror) for
+//! the events rxe gives: a REJECTED carrying the passive side's private data (status
+//! 28, consumer reject, 148 bytes as the IB REJ), a connect with no listener (REJECTED,
+//! status 8), private data both ways on an accepted connection, a disconnect from
+//! either side, and a peer killed while connected (DISCONNECTED on the other side,
+//! bounded).
+
+mod ibv_support;
+
+use ibv_support::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A port nobody listens on at `ip` now.
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A server command, then (once its rdma_cm port listens) a client command; both must
+/// exit 0 within [`LIMIT`]. Returns (server output, client output).
+fn cm_pair(
+    name: &str,
+    srv: (Option<&str>, &str, &[&str]),
+    cli: (Option<&str>, &str, &[&str]),
+    port: u16,
+) -> (String, String) {
+    let dir = scratch(name);
+    let mut s = spawn_in(&dir, &format!("{name}-server"), srv.0, srv.1, &[], srv.2);
+    wait_listening(port, &mut s);
+    let mut c = spawn_in(&dir, &format!("{name}-client"), cli.0, cli.1, &[], cli.2);
+    let cst = c.wait(LIMIT);
+    let sst = s.wait(LIMIT);
+    let (so, co) = (s.output(), c.output());
+    assert!(cst.success(), "{name} client: {cst}\n--- client\n{co}\n--- server\n{so}");
+    assert!(sst.success(), "{name} server: {sst}\n--- server\n{so}\n--- client\n{co}");
+    (so, co)
+}
+
+fn rping(name: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), port: u16, extra: &[&str]) {
+    require_tool("rping");
+    let p = port.to_string();
+    let mut s = vec!["rping", "-s", "-a", srv.1, "-p", &p];
+    s.extend_from_slice(extra);
+    let mut c = vec!["rping", "-c", "-a", srv.1, "-p", &p, "-v", "-C", "1000"];
+    c.extend_from_slice(extra);
+    let (_, co) = cm_pair(name, (srv.0, srv.1, &s), (cli.0, cli.1, &c), port);
+    let pings = co.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
+    assert_eq!(pings, 1000, "rping client:\n{co}");
+    assert!(co.contains("rdma-ping-999: "), "{co}");
+}
+
+fn ucmatose(name: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), port: u16) {
+    require_tool("ucmatose");
+    let p = port.to_string();
+    let (so, co) = cm_pair(
+        name,
+        (srv.0, srv.1, &["ucmatose", "-b", srv.1, "-p", &p, "-c", "3", "-C", "20", "-S", "4096"]),
+        (cli.0, cli.1, &["ucmatose", "-s", srv.1, "-p", &p, "-c", "3", "-C", "20", "-S", "4096"]),
+        port,
+    );
+    for o in [&so, &co] {
+        assert!(o.contains("data transfers complete") && o.contains("return status 0"), "{o}");
+    }
+}
+
+/// udaddy (v44) has no port option (`-p` is the port space): it uses 7174, on the
+/// test's own address.
+fn udaddy(name: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str)) {
+    require_tool("udaddy");
+    let (so, co) = cm_pair(
+        name,
+        (srv.0, srv.1, &["udaddy", "-b", srv.1, "-c", "2", "-C", "10"]),
+        (cli.0, cli.1, &["udaddy", "-s", srv.1, "-c", "2", "-C", "10"]),
+        7174,
+    );
+    for o in [&so, &co] {
+        assert!(o.contains("data transfers complete") && o.contains("return status 0"), "{o}");
+    }
+}
+
+fn perftest_rdma_cm(name: &str, tool: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), port: u16) {
+    require_tool(tool);
+    let p = port.to_string();
+    let base = [tool, "-d", "rdmx0", "-R", "-x", "0", "-F", "-n", "200", "-p", &p];
+    let mut c: Vec<&str> = base.to_vec();
+    c.push(srv.1);
+    let (so, co) = cm_pair(name, (srv.0, srv.1, &base), (cli.0, cli.1, &c), port);
+    for o in [&so, &co] {
+        assert!(o.contains("#bytes") && o.contains("65536"), "{tool} -R:\n{o}");
+    }
+}
+
+#[test]
+fn rping_loopback() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    let (s, c) = ("127.0.44.1", "127.0.44.2");
+    rping("cm-rping", (None, s), (None, c), free_port(s), &[]);
+}
+
+/// `rping -q`: the program creates its QP itself and moves it with `rdma_init_qp_attr`;
+/// the active side finishes with `rdma_establish` after CONNECT_RESPONSE.
+#[test]
+fn rping_own_qp_loopback() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    let (s, c) = ("127.0.44.3", "127.0.44.4");
+    rping("cm-rping-q", (None, s), (None, c), free_port(s), &["-q"]);
+}
+
+#[test]
+fn ucmatose_loopback() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    let (s, c) = ("127.0.44.5", "127.0.44.6");
+    ucmatose("cm-ucmatose", (None, s), (None, c), free_port(s));
+}
+
+#[test]
+fn udaddy_loopback() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    let (s, c) = ("127.0.44.7", "127.0.44.8");
+    udaddy("cm-udaddy", (None, s), (None, c));
+}
+
+#[test]
+fn perftest_send_and_read_bw_over_rdma_cm() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    let (s, c) = ("127.0.44.9", "127.0.44.10");
+    perftest_rdma_cm("cm-send-bw", "ib_send_bw", (None, s), (None, c), free_port(s));
+    perftest_rdma_cm("cm-read-bw", "ib_read_bw", (None, s), (None, c), free_port(s));
+}
+
+/// The synchronous endpoint API (`rdma_getaddrinfo`, `rdma_create_ep`,
+/// `rdma_get_request`, ids without a channel).
+#[test]
+fn rdma_server_and_client_endpoints() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    require_tool("rdma_server");
+    let (s, c) = ("127.0.44.11", "127.0.44.12");
+    let port = free_port(s);
+    let p = port.to_string();
+    let (so, co) = cm_pair(
+        "cm-endpoints",
+        (None, s, &["rdma_server", "-s", s, "-p", &p]),
+        (None, c, &["rdma_client", "-s", s, "-p", &p]),
+        port,
+    );
+    assert!(so.contains("rdma_server: end 0"), "{so}");
+    assert!(co.contains("rdma_client: end 0"), "{co}");
+}
+
+fn cm_events_exe() -> PathBuf {
+    require_tool("cc");
+    let dir = scratch("cm_events-build");
+    let exe = dir.join("cm_events");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cm_events.c");
+    let cc = Command::new("cc")
+        .args(["-std=gnu11", "-g", "-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .args(["-lrdmacm", "-libverbs"])
+        .output()
+        .unwrap();
+    assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
+    exe
+}
+
+/// The event lines (`EVENT name status=S len=L pdata=P`) of an output.
+fn events(out: &str) -> Vec<&str> {
+    out.lines().filter_map(|l| l.strip_prefix("EVENT ")).collect()
+}
+
+fn cm_events_pair(
+    name: &str,
+    exe: &Path,
+    srv: (Option<&str>, &str),
+    cli: (Option<&str>, &str),
+    mode: &str,
+    expect: &str,
+) -> (String, String) {
+    let port = free_port_for(srv);
+    let p = port.to_string();
+    let e = exe.to_str().unwrap();
+    cm_pair(
+        name,
+        (srv.0, srv.1, &[e, "server", srv.1, &p, mode, "server-private-data"]),
+        (cli.0, cli.1, &[e, "client", srv.1, &p, "client-private-data", expect]),
+        port,
+    )
+}
+
+/// A free port for a listener at `srv` (in a namespace any port is free: it is new).
+fn free_port_for(srv: (Option<&str>, &str)) -> u16 {
+    match srv.0 {
+        None => free_port(srv.1),
+        Some(_) => free_port("127.0.0.1"),
+    }
+}
+
+#[test]
+fn reject_carries_private_data() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    let exe = cm_events_exe();
+    let (so, co) = cm_events_pair(
+        "cm-reject",
+        &exe,
+        (None, "127.0.44.13"),
+        (None, "127.0.44.14"),
+        "reject",
+        "RDMA_CM_EVENT_REJECTED",
+    );
+    // The REQ's private data reaches the listener (56 bytes: the IB REQ's 92 less the
+    // CMA header, zero-padded, as the kernel reports it).
+    assert_eq!(
+        events(&so),
+        ["RDMA_CM_EVENT_CONNECT_REQUEST status=0 len=56 pdata=client-private-data"],
+        "{so}"
+    );
+    // The reject's private data reaches the client with IB CM reason 28 (consumer
+    // defined) and the REJ's 148 bytes.
+    assert_eq!(
+        events(&co),
+        [
+            "RDMA_CM_EVENT_ADDR_RESOLVED status=0 len=0 pdata=",
+            "RDMA_CM_EVENT_ROUTE_RESOLVED status=0 len=0 pdata=",
+            "RDMA_CM_EVENT_REJECTED status=28 len=148 pdata=server-private-data",
+        ],
+        "{co}"
+    );
+}
+
+#[test]
+fn no_listener_is_rejected() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    let exe = cm_events_exe();
+    let dir = scratch("cm-no-listener");
+    let port = free_port("127.0.44.15").to_string();
+    let mut c = spawn(
+        &dir,
+        "client",
+        "127.0.44.16",
+        &[],
+        &[exe.to_str().unwrap(), "client", "127.0.44.15", &port, "x", "RDMA_CM_EVENT_REJECTED"],
+    );
+    let st = c.wait(LIMIT);
+    let out = c.output();
+    assert!(st.success(), "{out}");
+    // IB CM reason 8, invalid service ID: what rxe's peer answers for a port nobody
+    // listens on.
+    assert!(events(&out).contains(&"RDMA_CM_EVENT_REJECTED status=8 len=148 pdata="), "{out}");
+}
+
+/// Accept with private data both ways; the server disconnects: both sides get
+/// DISCONNECTED, the client's `rdma_disconnect` after it succeeds.
+#[test]
+fn accept_and_disconnect() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    let exe = cm_events_exe();
+    let (so, co) = cm_events_pair(
+        "cm-disconnect",
+        &exe,
+        (None, "127.0.44.17"),
+        (None, "127.0.44.18"),
+        "accept-disconnect",
+        "RDMA_CM_EVENT_ESTABLISHED",
+    );
+    assert_eq!(
+        events(&so),
+        [
+            "RDMA_CM_EVENT_CONNECT_REQUEST status=0 len=56 pdata=client-private-data",
+            "RDMA_CM_EVENT_ESTABLISHED status=0 len=0 pdata=",
+            "RDMA_CM_EVENT_DISCONNECTED status=0 len=0 pdata=",
+        ],
+        "{so}"
+    );
+    assert_eq!(
+        events(&co),
+        [
+            "RDMA_CM_EVENT_ADDR_RESOLVED status=0 len=0 pdata=",
+            "RDMA_CM_EVENT_ROUTE_RESOLVED status=0 len=0 pdata=",
+            "RDMA_CM_EVENT_ESTABLISHED status=0 len=196 pdata=server-private-data",
+            "RDMA_CM_EVENT_DISCONNECTED status=0 len=0 pdata=",
+        ],
+        "{co}"
+    );
+}
+
+/// A connected peer is killed (SIGKILL): the other side gets DISCONNECTED, within a
+/// bound (the kernel of the dead process closes its connection at once; 10 s allowed).
+fn killed_peer(tag: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), kill_server: bool) {
+    let exe = cm_events_exe();
+    let e = exe.to_str().unwrap();
+    let dir = scratch(&format!("cm-killed-{tag}"));
+    let port = free_port_for(srv);
+    let p = port.to_string();
+    let mut s = spawn_in(&dir, "server", srv.0, srv.1, &[], &[e, "server", srv.1, &p, "accept", "s"]);
+    wait_listening(port, &mut s);
+    let mut c = spawn_in(&dir, "client", cli.0, cli.1, &[], &[e, "client", srv.1, &p, "c", "RDMA_CM_EVENT_ESTABLISHED"]);
+    c.wait_for_output("CONNECTED", LIMIT);
+    s.wait_for_output("RDMA_CM_EVENT_ESTABLISHED", LIMIT);
+    let (victim, survivor) = if kill_server { (&mut s, &mut c) } else { (&mut c, &mut s) };
+    let killed = Instant::now();
+    // SAFETY: kill(2) on our own child (exec keeps the program's pid).
+    unsafe { libc::kill(victim.child.id() as i32, libc::SIGKILL) };
+    let _ = victim.child.wait();
+    let st = survivor.wait(Duration::from_secs(30));
+    let took = killed.elapsed();
+    let out = survivor.output();
+    assert!(st.success(), "{tag}: the survivor failed: {st}\n{out}");
+    assert_eq!(
+        events(&out).last(),
+        Some(&"RDMA_CM_EVENT_DISCONNECTED status=0 len=0 pdata="),
+        "{out}"
+    );
+    assert!(took < Duration::from_secs(10), "DISCONNECTED took {took:?}");
+}
+
+#[test]
+fn killed_client_disconnects_server() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    killed_peer("client", (None, "127.0.44.19"), (None, "127.0.44.20"), false);
+}
+
+#[test]
+fn killed_server_disconnects_client() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    killed_peer("server", (None, "127.0.44.21"), (None, "127.0.44.22"), true);
+}
