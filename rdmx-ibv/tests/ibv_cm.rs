@@ -34,10 +34,21 @@ fn cm_pair(
     cli: (Option<&str>, &str, &[&str]),
     port: u16,
 ) -> (String, String) {
+    cm_pair_with(name, &[], srv, cli, port)
+}
+
+/// As [`cm_pair`], both sides with the configuration `sets` (`--set K=V`).
+fn cm_pair_with(
+    name: &str,
+    sets: &[&str],
+    srv: (Option<&str>, &str, &[&str]),
+    cli: (Option<&str>, &str, &[&str]),
+    port: u16,
+) -> (String, String) {
     let dir = scratch(name);
-    let mut s = spawn_in(&dir, &format!("{name}-server"), srv.0, srv.1, &[], srv.2);
+    let mut s = spawn_in(&dir, &format!("{name}-server"), srv.0, srv.1, sets, srv.2);
     wait_listening(port, &mut s);
-    let mut c = spawn_in(&dir, &format!("{name}-client"), cli.0, cli.1, &[], cli.2);
+    let mut c = spawn_in(&dir, &format!("{name}-client"), cli.0, cli.1, sets, cli.2);
     let cst = c.wait(LIMIT);
     let sst = s.wait(LIMIT);
     let (so, co) = (s.output(), c.output());
@@ -344,4 +355,37 @@ fn killed_server_disconnects_client() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     skip_unless_platform!();
     killed_peer("server", (None, "127.0.44.21"), (None, "127.0.44.22"), true);
+}
+
+/// Two processes on one address (as rdma-core's CM tests fork them): with `soft_port=0`
+/// each receives on its own free UDP port, and the REQ/REP (SIDR_REQ/SIDR_REP) tell the
+/// peer which (`verbs::peer_port`): RC (rping, RDMA READ/WRITE and SEND) and UD
+/// (udaddy) traffic reach the right process.
+#[test]
+fn two_processes_on_one_address() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    require_tool("rping");
+    require_tool("udaddy");
+    let a = "127.0.44.23";
+    let port = free_port(a);
+    let p = port.to_string();
+    let (_, co) = cm_pair_with(
+        "cm-one-address-rping",
+        &["soft_port=0"],
+        (None, a, &["rping", "-s", "-a", a, "-p", &p]),
+        (None, a, &["rping", "-c", "-a", a, "-p", &p, "-v", "-C", "200"]),
+        port,
+    );
+    assert!(co.contains("rdma-ping-199: "), "{co}");
+    let (so, co) = cm_pair_with(
+        "cm-one-address-udaddy",
+        &["soft_port=0"],
+        (None, a, &["udaddy", "-b", a, "-c", "2", "-C", "10"]),
+        (None, a, &["udaddy", "-s", a, "-c", "2", "-C", "10"]),
+        7174,
+    );
+    for o in [&so, &co] {
+        assert!(o.contains("return status 0"), "{o}");
+    }
 }

@@ -299,14 +299,16 @@ pub extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 fn bind(id: &Arc<Id>, a: SocketAddr, reuse: bool) -> Result<(), c_int> {
     let d = dev::dev()?;
     let wildcard = a.ip().is_unspecified();
-    if !wildcard && !dev::same_ip(a.ip(), d.ip) {
+    if !wildcard && !dev::names_device(a.ip(), d.ip) {
         return Err(libc::ENODEV);
     }
     let mut st = id.st.lock();
     if st.state != State::Idle {
         return Err(libc::EINVAL);
     }
-    let fd = conn::bind_socket(SocketAddr::new(d.ip, a.port()), reuse)?;
+    // The wildcard binds rdmx0's address: the only one with the device.
+    let ip = if wildcard { d.ip } else { a.ip() };
+    let fd = conn::bind_socket(SocketAddr::new(ip, a.port()), reuse)?;
     let actual = conn::local_addr(&fd).ok_or(libc::EINVAL)?;
     let shown = if wildcard {
         SocketAddr::new(a.ip(), actual.port())
@@ -527,6 +529,7 @@ fn connect(cmp: *mut rdma_cm_id, p: Option<&rdma_conn_param>) -> Result<(), c_in
     m.psn = st.psn;
     m.gid = d.gid;
     m.mtu = d.mtu;
+    m.udp_port = d.udp_port;
     m.responder_resources = st.resp_res;
     m.initiator_depth = st.init_depth;
     m.flow_control = p.map_or(0, |p| p.flow_control);
@@ -576,6 +579,7 @@ fn accept(cmp: *mut rdma_cm_id, p: Option<&rdma_conn_param>) -> Result<(), c_int
         m.qpn = qpn & 0xff_ffff;
         m.qkey = RDMA_UDP_QKEY;
         m.gid = d.gid;
+        m.udp_port = d.udp_port;
         m.pdata = pd;
         conn::send(&st, &m)?;
         st.state = State::Done;
@@ -619,6 +623,7 @@ fn accept(cmp: *mut rdma_cm_id, p: Option<&rdma_conn_param>) -> Result<(), c_int
     m.psn = st.psn;
     m.gid = d.gid;
     m.mtu = d.mtu;
+    m.udp_port = d.udp_port;
     m.responder_resources = st.resp_res;
     m.initiator_depth = st.init_depth;
     m.flow_control = p.map_or(0, |p| p.flow_control);
@@ -1085,14 +1090,28 @@ pub extern "C" fn rdma_set_option(
     _optlen: usize,
 ) -> c_int {
     guard("rdma_set_option", -1, || {
-        if Id::lookup(id).is_none() || optval.is_null() {
+        let Some(idr) = Id::lookup(id) else {
+            return fail(libc::EINVAL);
+        };
+        if optval.is_null() {
             return fail(libc::EINVAL);
         }
-        // RDMA_OPTION_ID (0): TOS, REUSEADDR, AFONLY, ACK_TIMEOUT; RDMA_OPTION_IB (1):
-        // PATH. Accepted and without effect on the soft transport (no ToS, one path);
+        // RDMA_OPTION_ID (0): TOS (0), REUSEADDR (1), AFONLY (2), ACK_TIMEOUT (3);
+        // RDMA_OPTION_IB (1): PATH (1). ACK_TIMEOUT (a u8, as the kernel reads it) sets
+        // the QP's local ACK timeout at RTS; the others are accepted and have no effect
+        // on the soft transport (no ToS, one path, sockets reuse addresses already);
         // anything else is the kernel's ENOSYS.
         match (level, optname) {
-            (0, 0..=3) | (1, 1) => 0,
+            (0, 3) => {
+                // SAFETY: the caller's option value (at least one byte).
+                let v = unsafe { *(optval as *const u8) };
+                if v > 31 {
+                    return fail(libc::EINVAL);
+                }
+                idr.st.lock().ack_timeout = Some(v);
+                0
+            }
+            (0, 0..=2) | (1, 1) => 0,
             _ => fail(libc::ENOSYS),
         }
     })

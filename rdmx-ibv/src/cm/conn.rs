@@ -189,6 +189,7 @@ fn passive(lid: Arc<Id>, s: TcpStream) {
     };
     let ud = lid.qp_type == id::QPT_UD;
     let want = if ud { Kind::SidrReq } else { Kind::Req };
+    learn_port(&req);
     let Ok(dev) = dev::dev() else { return };
     let s = Arc::new(s);
     let lst = lid.st.lock();
@@ -421,6 +422,13 @@ fn read_some(s: &TcpStream, buf: &mut Vec<u8>) -> Result<bool, ()> {
     }
 }
 
+/// Remembers where the sender's QP receives (before any QP moves to RTR towards it).
+fn learn_port(m: &Msg) {
+    if m.qpn != 0 {
+        crate::verbs::peer_port::learn(dev::gid_ip(&m.gid), m.qpn, m.udp_port);
+    }
+}
+
 /// Reads the connection's messages until it ends or the id is done.
 fn reader(id: Arc<Id>, s: Arc<TcpStream>) {
     let _ = s.set_read_timeout(Some(TICK));
@@ -472,6 +480,9 @@ fn conn_from(m: &Msg) -> impl FnOnce(&mut rdma_cm_event) + '_ {
 
 /// One message from the peer; false when the connection is done.
 fn on_message(id: &Arc<Id>, m: Msg) -> bool {
+    if matches!(m.kind, Kind::Rep | Kind::SidrRep) {
+        learn_port(&m);
+    }
     let mut st = id.st.lock();
     if id.is_destroyed() {
         return false;

@@ -26,6 +26,8 @@ pub struct Dev {
     /// The PD librdmacm gives every id bound to the device (`cma_dev->pd`): `id->pd`
     /// for `rdma_create_qp`/`rdma_create_ep` without a PD of the program's.
     pub pd: *mut ibv_pd,
+    /// The UDP port rdmx0's QPs receive on (told to peers: `verbs::peer_port`).
+    pub udp_port: u16,
 }
 
 // SAFETY: the context pointer is only handed to libibverbs, whose calls are thread-safe.
@@ -88,6 +90,10 @@ fn open() -> Result<Dev, c_int> {
     }
     // SAFETY: ibv_gid is a union of a 16-byte array and two u64.
     let raw = unsafe { gid.raw };
+    // SAFETY: ctx is an open rdmx0 context.
+    let udp_port = unsafe { crate::glue::context::device_of(ctx) }
+        .map(|d| crate::verbs::peer_port::own_port(&d, gid_ip(&raw)))
+        .unwrap_or(0);
     Ok(Dev {
         ctx,
         gid: raw,
@@ -96,6 +102,7 @@ fn open() -> Result<Dev, c_int> {
         max_resp_res: da.max_qp_rd_atom.clamp(0, 255) as u8,
         max_init_depth: da.max_qp_init_rd_atom.clamp(0, 255) as u8,
         pd,
+        udp_port,
     })
 }
 
@@ -201,4 +208,69 @@ mod tests {
             assert_eq!(unsafe { from_c(&s as *const _ as *const _) }, Some(a));
         }
     }
+}
+
+/// Whether `ip` may name rdmx0: its own address, or another address of the network
+/// interface holding it (rxe's GID table lists every address of its netdev; rdmx0's has
+/// one GID, and a program binding another address of that interface, as rdma-core's
+/// tests bind the interface's first address, still means this device). Loopback
+/// addresses all belong to `lo`.
+pub fn names_device(ip: IpAddr, dev_ip: IpAddr) -> bool {
+    if same_ip(ip, dev_ip) {
+        return true;
+    }
+    let (ip, dev_ip) = (ip.to_canonical(), dev_ip.to_canonical());
+    if ip.is_loopback() && dev_ip.is_loopback() {
+        return true;
+    }
+    let ifs = interfaces();
+    let holder = |a: IpAddr| {
+        ifs.iter()
+            .find(|(_, net, len)| in_prefix(a, *net, *len))
+            .map(|(name, _, _)| name.clone())
+    };
+    matches!((holder(ip), holder(dev_ip)), (Some(a), Some(b)) if a == b)
+}
+
+fn in_prefix(a: IpAddr, net: IpAddr, len: u32) -> bool {
+    match (a, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let m = if len == 0 { 0 } else { u32::MAX << (32 - len.min(32)) };
+            u32::from(a) & m == u32::from(n) & m
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let m = if len == 0 { 0 } else { u128::MAX << (128 - len.min(128)) };
+            u128::from(a) & m == u128::from(n) & m
+        }
+        _ => false,
+    }
+}
+
+/// (interface, address, prefix length) of every address of the host (this namespace).
+fn interfaces() -> Vec<(String, IpAddr, u32)> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs with a valid out-pointer; the list is freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: p walks the list getifaddrs returned.
+        let i = unsafe { &*p };
+        // SAFETY: ifa_addr/ifa_netmask are NULL or socket addresses of their family.
+        if let (Some(a), Some(m)) = unsafe { (from_c(i.ifa_addr), from_c(i.ifa_netmask)) } {
+            let len = match m.ip() {
+                IpAddr::V4(v) => u32::from(v).count_ones(),
+                IpAddr::V6(v) => u128::from(v).count_ones(),
+            };
+            // SAFETY: ifa_name is a NUL-terminated string of the list.
+            let name = unsafe { CStr::from_ptr(i.ifa_name) }.to_string_lossy().into_owned();
+            out.push((name, a.ip(), len));
+        }
+        p = i.ifa_next;
+    }
+    // SAFETY: the list came from getifaddrs.
+    unsafe { libc::freeifaddrs(head) };
+    out
 }

@@ -104,6 +104,8 @@ pub struct St {
     pub deadline: Option<(Instant, Wait)>,
     /// `rdma_create_ep` of a listener: the QP each `rdma_get_request` creates.
     pub ep_qp_attr: Option<ibv_qp_init_attr>,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the local ACK timeout at RTS instead of the default.
+    pub ack_timeout: Option<u8>,
 }
 
 // SAFETY: the raw pointers name objects that live while the id does; they are only used
@@ -165,6 +167,7 @@ impl Id {
                 rnr_retry: 7,
                 deadline: None,
                 ep_qp_attr: None,
+                ack_timeout: None,
             }),
             refs: AtomicUsize::new(0),
             destroyed: AtomicBool::new(false),

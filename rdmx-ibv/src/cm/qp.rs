@@ -110,7 +110,7 @@ pub fn init_attr(id: &Id, st: &St, dev: &Dev, state: u32) -> Result<(ibv_qp_attr
                 return Err(libc::EINVAL);
             }
             a.sq_psn = st.psn;
-            a.timeout = ACK_TIMEOUT;
+            a.timeout = st.ack_timeout.unwrap_or(ACK_TIMEOUT);
             a.retry_cnt = st.retry.min(7);
             a.rnr_retry = st.rnr_retry.min(7);
             a.max_rd_atomic = st.init_depth;

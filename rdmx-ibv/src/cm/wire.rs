@@ -9,7 +9,7 @@ use std::io;
 
 pub const VERSION: u8 = 1;
 /// Bytes of the fixed body fields (see [`Msg::encode`]).
-const FIXED: usize = 40;
+const FIXED: usize = 44;
 /// Largest private data any message carries (a SIDR_REQ's 216 bytes; the caller checks
 /// the per-kind limit).
 pub const MAX_PDATA: usize = 216;
@@ -66,6 +66,9 @@ pub struct Msg {
     pub status: u8,
     /// SIDR_REP: the Q_Key of the UD QP.
     pub qkey: u32,
+    /// The UDP port the sender's QP receives on (4791 unless `soft_port = 0`; see
+    /// `verbs::peer_port`).
+    pub udp_port: u16,
     pub pdata: Vec<u8>,
 }
 
@@ -85,6 +88,7 @@ impl Msg {
             srq: 0,
             status: 0,
             qkey: 0,
+            udp_port: 0,
             pdata: Vec::new(),
         }
     }
@@ -110,6 +114,8 @@ impl Msg {
             self.status,
         ]);
         b.extend_from_slice(&self.qkey.to_be_bytes());
+        b.extend_from_slice(&self.udp_port.to_be_bytes());
+        b.extend_from_slice(&[0, 0]);
         b.extend_from_slice(&(pd.len() as u32).to_be_bytes());
         b.extend_from_slice(pd);
         b
@@ -135,7 +141,7 @@ impl Msg {
         }
         let b = &buf[4..4 + body];
         let u32_at = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let plen = u32_at(36) as usize;
+        let plen = u32_at(40) as usize;
         if plen != body - FIXED {
             return Err(bad("rdmx cm: private data length mismatch"));
         }
@@ -155,6 +161,7 @@ impl Msg {
             srq: b[30],
             status: b[31],
             qkey: u32_at(32),
+            udp_port: u16::from_be_bytes([b[36], b[37]]),
             pdata: b[FIXED..].to_vec(),
         };
         buf.drain(..4 + body);
@@ -176,6 +183,7 @@ mod tests {
         m.retry_count = 7;
         m.status = 28;
         m.qkey = 0x01234567;
+        m.udp_port = 4791;
         m.pdata = b"hello".to_vec();
         let bytes = m.encode();
         let mut buf = bytes[..10].to_vec();
