@@ -389,3 +389,49 @@ fn two_processes_on_one_address() {
         assert!(o.contains("return status 0"), "{o}");
     }
 }
+
+/// The provider defines every function librdmacm.so.1 exports (the rsockets family as
+/// ENOSYS): none of librdmacm's own runs under `exec`, where it would find no
+/// `/dev/infiniband/rdma_cm`, or (its internal calls go through its PLT, to the
+/// provider's) mix its private structures with the provider's ids.
+#[test]
+fn provider_defines_every_librdmacm_function() {
+    require_tool("nm");
+    let defined = |path: &str| -> std::collections::BTreeSet<String> {
+        let out = Command::new("nm").args(["-D", "--defined-only", path]).output().unwrap();
+        assert!(out.status.success(), "nm {path}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.split_whitespace().nth(1).is_some_and(|t| t == "T"))
+            .filter_map(|l| l.split_whitespace().nth(2))
+            .map(|s| s.split('@').next().unwrap().to_string())
+            .collect()
+    };
+    let lib = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"]
+        .iter()
+        .map(|d| format!("{d}/librdmacm.so.1"))
+        .find(|p| Path::new(p).exists())
+        .expect("librdmacm.so.1 (librdmacm1)");
+    let provider = Path::new(launcher()).with_file_name("librdmx_ibv.so");
+    let theirs = defined(&lib);
+    let ours = defined(provider.to_str().unwrap());
+    assert!(theirs.len() > 60, "{theirs:?}");
+    let missing: Vec<_> = theirs.difference(&ours).collect();
+    assert!(missing.is_empty(), "not defined by the provider: {missing:?}");
+}
+
+/// rsockets answer ENOSYS (rstream's server fails at `rsocket`, not in librdmacm).
+#[test]
+fn rsockets_answer_enosys() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    require_tool("rstream");
+    let dir = scratch("cm-rsockets");
+    let a = "127.0.44.24";
+    let port = free_port(a).to_string();
+    let mut p = spawn(&dir, "rstream", a, &[], &["rstream", "-s", a, "-p", &port]);
+    let st = p.wait(LIMIT);
+    let out = p.output();
+    assert!(!st.success(), "{out}");
+    assert!(out.contains("rsocket failed: Function not implemented"), "{out}");
+}

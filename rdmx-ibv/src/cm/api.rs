@@ -154,6 +154,9 @@ pub unsafe extern "C" fn rdma_get_cm_event(
             return fail(libc::EINVAL);
         }
         let Some(chan) = Chan::lookup(channel) else {
+            if Chan::was_destroyed(channel) {
+                super::chan::wait_forever();
+            }
             return fail(libc::EINVAL);
         };
         match next_event(&chan) {

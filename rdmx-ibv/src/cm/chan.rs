@@ -99,12 +99,18 @@ impl Chan {
             inner: inner.clone(),
         }));
         registry().lock().insert(b as usize, inner.clone());
+        destroyed().lock().remove(&(b as usize));
         Ok((b as *mut rdma_event_channel, inner))
     }
 
     /// Ours behind `ch`.
     pub fn lookup(ch: *mut rdma_event_channel) -> Option<Arc<Chan>> {
         registry().lock().get(&(ch as usize)).cloned()
+    }
+
+    /// Whether `ch` is a channel of ours that was destroyed (and its address not reused).
+    pub fn was_destroyed(ch: *mut rdma_event_channel) -> bool {
+        destroyed().lock().contains(&(ch as usize))
     }
 
     /// `rdma_destroy_event_channel`: closes both fds and frees the structure. Events
@@ -126,6 +132,13 @@ impl Chan {
         unsafe {
             libc::close(inner.rd);
             libc::close(inner.wr);
+        }
+        {
+            let mut d = destroyed().lock();
+            if d.len() >= 1024 {
+                d.clear();
+            }
+            d.insert(ch as usize);
         }
         // SAFETY: ch came from Chan::create (it was in the registry).
         drop(unsafe { Box::from_raw(ch as *mut ChanBox) });
@@ -157,13 +170,8 @@ impl Chan {
             if n <= 0 {
                 let e = if n == 0 { libc::EBADF } else { errno() };
                 if (e == libc::EBADF) && self.q.lock().closed {
-                    // The channel was destroyed under a thread waiting on it (rping's
-                    // event thread, when the main thread tears down): with the kernel's
-                    // channel that read stays blocked until the process ends, which
-                    // programs rely on (an error here makes rping exit non-zero).
-                    loop {
-                        std::thread::park();
-                    }
+                    // Destroyed under a thread waiting on it.
+                    wait_forever();
                 }
                 return Err(e);
             }
@@ -211,6 +219,22 @@ pub fn release(e: Box<EventBox>) {
     id.unref();
     if let Some(l) = listen {
         l.unref();
+    }
+}
+
+/// Addresses of destroyed channels (bounded; an address made again by `create` leaves).
+fn destroyed() -> &'static Mutex<std::collections::HashSet<usize>> {
+    static D: OnceLock<Mutex<std::collections::HashSet<usize>>> = OnceLock::new();
+    D.get_or_init(|| Mutex::new(std::collections::HashSet::new()))
+}
+
+/// The wait of a thread on a destroyed channel: forever, as a thread blocked in the
+/// kernel channel's read stays blocked after another thread closed it. Programs with an
+/// event thread (rping) tear the channel down from their main thread while that thread
+/// goes back to `rdma_get_cm_event`; an error there makes them exit non-zero.
+pub fn wait_forever() -> ! {
+    loop {
+        std::thread::park();
     }
 }
 

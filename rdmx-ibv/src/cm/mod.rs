@@ -7,8 +7,8 @@
 //! program's `rdma_*@RDMACM_1.x` references to these unversioned definitions of an
 //! earlier object (as for `ibv_create_comp_channel`), and `librdmacm.so.1`, still loaded
 //! as the program's dependency, is never called (its functions do nothing at load time).
-//! Every exported function of librdmacm but the rsockets family (`rsocket`, `rsend`,
-//! ...) is defined here; see `docs/ibv-device.md` ("Connection manager").
+//! Every exported function of librdmacm is defined here (the rsockets family answers
+//! ENOSYS, [`rsockets`]); see `docs/ibv-device.md` ("Connection manager").
 //!
 //! - [`api`]: the exported functions, librdmacm's return conventions.
 //! - [`chan`]: event channels (a socket pair: the fd is readable while events wait) and
@@ -21,6 +21,7 @@
 //! - [`qp`]: `rdma_create_qp` and the QP attributes of each step.
 //! - [`dev`]: the rdmx0 context ids are bound to; socket addresses.
 //! - [`addrinfo`]: `rdma_getaddrinfo`.
+//! - [`rsockets`]: `rsocket` and the rest, ENOSYS.
 
 pub mod addrinfo;
 pub mod api;
@@ -29,6 +30,7 @@ pub mod conn;
 pub mod dev;
 pub mod id;
 pub mod qp;
+pub mod rsockets;
 pub mod wire;
 
 // The public structures programs read directly, as librdmacm 44's headers lay them out
