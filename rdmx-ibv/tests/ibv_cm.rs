@@ -435,3 +435,23 @@ fn rsockets_answer_enosys() {
     assert!(!st.success(), "{out}");
     assert!(out.contains("rsocket failed: Function not implemented"), "{out}");
 }
+
+/// fio's `rdma` ioengine (connection setup through librdmacm, in fio's forked job
+/// process): a server (rw=read) and a client writing 8 MiB with RDMA WRITE.
+#[test]
+fn fio_rdma_ioengine() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    require_tool("fio");
+    let (s, c) = ("127.0.44.25", "127.0.44.26");
+    let port = free_port(s);
+    let p = format!("--port={port}");
+    let host = format!("--hostname={s}");
+    let (_, co) = cm_pair(
+        "cm-fio",
+        (None, s, &["fio", "--name=server", "--ioengine=rdma", &p, "--bs=64k", "--size=8m", "--rw=read", "--iodepth=1"]),
+        (None, c, &["fio", "--name=client", "--ioengine=rdma", &host, &p, "--verb=write", "--bs=64k", "--size=8m", "--rw=write", "--iodepth=16"]),
+        port,
+    );
+    assert!(co.contains("io=8192KiB"), "{co}");
+}
