@@ -52,12 +52,24 @@ fn cm_pair_with(
     let cst = c.wait(LIMIT);
     let sst = s.wait(LIMIT);
     let (so, co) = (s.output(), c.output());
-    assert!(cst.success(), "{name} client: {cst}\n--- client\n{co}\n--- server\n{so}");
-    assert!(sst.success(), "{name} server: {sst}\n--- server\n{so}\n--- client\n{co}");
+    assert!(
+        cst.success(),
+        "{name} client: {cst}\n--- client\n{co}\n--- server\n{so}"
+    );
+    assert!(
+        sst.success(),
+        "{name} server: {sst}\n--- server\n{so}\n--- client\n{co}"
+    );
     (so, co)
 }
 
-fn rping(name: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), port: u16, extra: &[&str]) {
+fn rping(
+    name: &str,
+    srv: (Option<&str>, &str),
+    cli: (Option<&str>, &str),
+    port: u16,
+    extra: &[&str],
+) {
     require_tool("rping");
     let p = port.to_string();
     let mut s = vec!["rping", "-s", "-a", srv.1, "-p", &p];
@@ -65,7 +77,10 @@ fn rping(name: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), port:
     let mut c = vec!["rping", "-c", "-a", srv.1, "-p", &p, "-v", "-C", "1000"];
     c.extend_from_slice(extra);
     let (_, co) = cm_pair(name, (srv.0, srv.1, &s), (cli.0, cli.1, &c), port);
-    let pings = co.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count();
+    let pings = co
+        .lines()
+        .filter(|l| l.starts_with("ping data: rdma-ping-"))
+        .count();
     assert_eq!(pings, 1000, "rping client:\n{co}");
     assert!(co.contains("rdma-ping-999: "), "{co}");
 }
@@ -75,12 +90,27 @@ fn ucmatose(name: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), po
     let p = port.to_string();
     let (so, co) = cm_pair(
         name,
-        (srv.0, srv.1, &["ucmatose", "-b", srv.1, "-p", &p, "-c", "3", "-C", "20", "-S", "4096"]),
-        (cli.0, cli.1, &["ucmatose", "-s", srv.1, "-p", &p, "-c", "3", "-C", "20", "-S", "4096"]),
+        (
+            srv.0,
+            srv.1,
+            &[
+                "ucmatose", "-b", srv.1, "-p", &p, "-c", "3", "-C", "20", "-S", "4096",
+            ],
+        ),
+        (
+            cli.0,
+            cli.1,
+            &[
+                "ucmatose", "-s", srv.1, "-p", &p, "-c", "3", "-C", "20", "-S", "4096",
+            ],
+        ),
         port,
     );
     for o in [&so, &co] {
-        assert!(o.contains("data transfers complete") && o.contains("return status 0"), "{o}");
+        assert!(
+            o.contains("data transfers complete") && o.contains("return status 0"),
+            "{o}"
+        );
     }
 }
 
@@ -90,24 +120,46 @@ fn udaddy(name: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str)) {
     require_tool("udaddy");
     let (so, co) = cm_pair(
         name,
-        (srv.0, srv.1, &["udaddy", "-b", srv.1, "-c", "2", "-C", "10"]),
-        (cli.0, cli.1, &["udaddy", "-s", srv.1, "-c", "2", "-C", "10"]),
+        (
+            srv.0,
+            srv.1,
+            &["udaddy", "-b", srv.1, "-c", "2", "-C", "10"],
+        ),
+        (
+            cli.0,
+            cli.1,
+            &["udaddy", "-s", srv.1, "-c", "2", "-C", "10"],
+        ),
         7174,
     );
     for o in [&so, &co] {
-        assert!(o.contains("data transfers complete") && o.contains("return status 0"), "{o}");
+        assert!(
+            o.contains("data transfers complete") && o.contains("return status 0"),
+            "{o}"
+        );
     }
 }
 
-fn perftest_rdma_cm(name: &str, tool: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), port: u16) {
+fn perftest_rdma_cm(
+    name: &str,
+    tool: &str,
+    srv: (Option<&str>, &str),
+    cli: (Option<&str>, &str),
+    port: u16,
+) {
     require_tool(tool);
     let p = port.to_string();
-    let base = [tool, "-d", "rdmx0", "-R", "-x", "0", "-F", "-n", "200", "-p", &p];
+    let base = [
+        tool, "-d", "rdmx0", "-R", "-x", "0", "-F", "-n", "200", "-p", &p,
+    ];
     let mut c: Vec<&str> = base.to_vec();
     c.push(srv.1);
     let (so, co) = cm_pair(name, (srv.0, srv.1, &base), (cli.0, cli.1, &c), port);
     for o in [&so, &co] {
-        assert!(o.contains("#bytes") && o.contains("65536"), "{tool} -R:\n{o}");
+        assert!(
+            o.contains("#bytes") && o.contains("65536"),
+            "{tool} -R:\n{o}"
+        );
     }
 }
 
@@ -150,8 +202,20 @@ fn perftest_send_and_read_bw_over_rdma_cm() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     skip_unless_platform!();
     let (s, c) = ("127.0.44.9", "127.0.44.10");
-    perftest_rdma_cm("cm-send-bw", "ib_send_bw", (None, s), (None, c), free_port(s));
-    perftest_rdma_cm("cm-read-bw", "ib_read_bw", (None, s), (None, c), free_port(s));
+    perftest_rdma_cm(
+        "cm-send-bw",
+        "ib_send_bw",
+        (None, s),
+        (None, c),
+        free_port(s),
+    );
+    perftest_rdma_cm(
+        "cm-read-bw",
+        "ib_read_bw",
+        (None, s),
+        (None, c),
+        free_port(s),
+    );
 }
 
 /// The synchronous endpoint API (`rdma_getaddrinfo`, `rdma_create_ep`,
@@ -180,19 +244,33 @@ fn cm_events_exe() -> PathBuf {
     let exe = dir.join("cm_events");
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cm_events.c");
     let cc = Command::new("cc")
-        .args(["-std=gnu11", "-g", "-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .args([
+            "-std=gnu11",
+            "-g",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
         .arg(&exe)
         .arg(src)
         .args(["-lrdmacm", "-libverbs"])
         .output()
         .unwrap();
-    assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
     exe
 }
 
 /// The event lines (`EVENT name status=S len=L pdata=P`) of an output.
 fn events(out: &str) -> Vec<&str> {
-    out.lines().filter_map(|l| l.strip_prefix("EVENT ")).collect()
+    out.lines()
+        .filter_map(|l| l.strip_prefix("EVENT "))
+        .collect()
 }
 
 fn cm_events_pair(
@@ -208,8 +286,16 @@ fn cm_events_pair(
     let e = exe.to_str().unwrap();
     cm_pair(
         name,
-        (srv.0, srv.1, &[e, "server", srv.1, &p, mode, "server-private-data"]),
-        (cli.0, cli.1, &[e, "client", srv.1, &p, "client-private-data", expect]),
+        (
+            srv.0,
+            srv.1,
+            &[e, "server", srv.1, &p, mode, "server-private-data"],
+        ),
+        (
+            cli.0,
+            cli.1,
+            &[e, "client", srv.1, &p, "client-private-data", expect],
+        ),
         port,
     )
 }
@@ -267,14 +353,24 @@ fn no_listener_is_rejected() {
         "client",
         "127.0.44.16",
         &[],
-        &[exe.to_str().unwrap(), "client", "127.0.44.15", &port, "x", "RDMA_CM_EVENT_REJECTED"],
+        &[
+            exe.to_str().unwrap(),
+            "client",
+            "127.0.44.15",
+            &port,
+            "x",
+            "RDMA_CM_EVENT_REJECTED",
+        ],
     );
     let st = c.wait(LIMIT);
     let out = c.output();
     assert!(st.success(), "{out}");
     // IB CM reason 8, invalid service ID: what rxe's peer answers for a port nobody
     // listens on.
-    assert!(events(&out).contains(&"RDMA_CM_EVENT_REJECTED status=8 len=148 pdata="), "{out}");
+    assert!(
+        events(&out).contains(&"RDMA_CM_EVENT_REJECTED status=8 len=148 pdata="),
+        "{out}"
+    );
 }
 
 /// Accept with private data both ways; the server disconnects: both sides get
@@ -321,12 +417,30 @@ fn killed_peer(tag: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), 
     let dir = scratch(&format!("cm-killed-{tag}"));
     let port = free_port_for(srv);
     let p = port.to_string();
-    let mut s = spawn_in(&dir, "server", srv.0, srv.1, &[], &[e, "server", srv.1, &p, "accept", "s"]);
+    let mut s = spawn_in(
+        &dir,
+        "server",
+        srv.0,
+        srv.1,
+        &[],
+        &[e, "server", srv.1, &p, "accept", "s"],
+    );
     wait_listening(port, &mut s);
-    let mut c = spawn_in(&dir, "client", cli.0, cli.1, &[], &[e, "client", srv.1, &p, "c", "RDMA_CM_EVENT_ESTABLISHED"]);
+    let mut c = spawn_in(
+        &dir,
+        "client",
+        cli.0,
+        cli.1,
+        &[],
+        &[e, "client", srv.1, &p, "c", "RDMA_CM_EVENT_ESTABLISHED"],
+    );
     c.wait_for_output("CONNECTED", LIMIT);
     s.wait_for_output("RDMA_CM_EVENT_ESTABLISHED", LIMIT);
-    let (victim, survivor) = if kill_server { (&mut s, &mut c) } else { (&mut c, &mut s) };
+    let (victim, survivor) = if kill_server {
+        (&mut s, &mut c)
+    } else {
+        (&mut c, &mut s)
+    };
     let killed = Instant::now();
     // SAFETY: kill(2) on our own child (exec keeps the program's pid).
     unsafe { libc::kill(victim.child.id() as i32, libc::SIGKILL) };
@@ -347,7 +461,12 @@ fn killed_peer(tag: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), 
 fn killed_client_disconnects_server() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     skip_unless_platform!();
-    killed_peer("client", (None, "127.0.44.19"), (None, "127.0.44.20"), false);
+    killed_peer(
+        "client",
+        (None, "127.0.44.19"),
+        (None, "127.0.44.20"),
+        false,
+    );
 }
 
 #[test]
@@ -374,7 +493,11 @@ fn two_processes_on_one_address() {
         "cm-one-address-rping",
         &["soft_port=0"],
         (None, a, &["rping", "-s", "-a", a, "-p", &p]),
-        (None, a, &["rping", "-c", "-a", a, "-p", &p, "-v", "-C", "200"]),
+        (
+            None,
+            a,
+            &["rping", "-c", "-a", a, "-p", &p, "-v", "-C", "200"],
+        ),
         port,
     );
     assert!(co.contains("rdma-ping-199: "), "{co}");
@@ -398,7 +521,10 @@ fn two_processes_on_one_address() {
 fn provider_defines_every_librdmacm_function() {
     require_tool("nm");
     let defined = |path: &str| -> std::collections::BTreeSet<String> {
-        let out = Command::new("nm").args(["-D", "--defined-only", path]).output().unwrap();
+        let out = Command::new("nm")
+            .args(["-D", "--defined-only", path])
+            .output()
+            .unwrap();
         assert!(out.status.success(), "nm {path}");
         String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -407,17 +533,25 @@ fn provider_defines_every_librdmacm_function() {
             .map(|s| s.split('@').next().unwrap().to_string())
             .collect()
     };
-    let lib = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"]
-        .iter()
-        .map(|d| format!("{d}/librdmacm.so.1"))
-        .find(|p| Path::new(p).exists())
-        .expect("librdmacm.so.1 (librdmacm1)");
+    let lib = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ]
+    .iter()
+    .map(|d| format!("{d}/librdmacm.so.1"))
+    .find(|p| Path::new(p).exists())
+    .expect("librdmacm.so.1 (librdmacm1)");
     let provider = Path::new(launcher()).with_file_name("librdmx_ibv.so");
     let theirs = defined(&lib);
     let ours = defined(provider.to_str().unwrap());
     assert!(theirs.len() > 60, "{theirs:?}");
     let missing: Vec<_> = theirs.difference(&ours).collect();
-    assert!(missing.is_empty(), "not defined by the provider: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "not defined by the provider: {missing:?}"
+    );
 }
 
 /// rsockets answer ENOSYS (rstream's server fails at `rsocket`, not in librdmacm).
@@ -433,7 +567,10 @@ fn rsockets_answer_enosys() {
     let st = p.wait(LIMIT);
     let out = p.output();
     assert!(!st.success(), "{out}");
-    assert!(out.contains("rsocket failed: Function not implemented"), "{out}");
+    assert!(
+        out.contains("rsocket failed: Function not implemented"),
+        "{out}"
+    );
 }
 
 /// fio's `rdma` ioengine (connection setup through librdmacm, in fio's forked job
@@ -449,9 +586,216 @@ fn fio_rdma_ioengine() {
     let host = format!("--hostname={s}");
     let (_, co) = cm_pair(
         "cm-fio",
-        (None, s, &["fio", "--name=server", "--ioengine=rdma", &p, "--bs=64k", "--size=8m", "--rw=read", "--iodepth=1"]),
-        (None, c, &["fio", "--name=client", "--ioengine=rdma", &host, &p, "--verb=write", "--bs=64k", "--size=8m", "--rw=write", "--iodepth=16"]),
+        (
+            None,
+            s,
+            &[
+                "fio",
+                "--name=server",
+                "--ioengine=rdma",
+                &p,
+                "--bs=64k",
+                "--size=8m",
+                "--rw=read",
+                "--iodepth=1",
+            ],
+        ),
+        (
+            None,
+            c,
+            &[
+                "fio",
+                "--name=client",
+                "--ioengine=rdma",
+                &host,
+                &p,
+                "--verb=write",
+                "--bs=64k",
+                "--size=8m",
+                "--rw=write",
+                "--iodepth=16",
+            ],
+        ),
         port,
     );
     assert!(co.contains("io=8192KiB"), "{co}");
+}
+
+/// The public librdmacm structures the provider hands out (rdma-sys' bindings) have the
+/// installed headers' sizes and offsets (`tests/c/cm_layout.c`, cc -Wall -Wextra -Werror).
+#[test]
+fn public_layouts_match_the_headers() {
+    use rdma_sys::*;
+    use std::mem::{offset_of, size_of};
+    require_tool("cc");
+    let dir = scratch("cm_layout");
+    let exe = dir.join("cm_layout");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cm_layout.c");
+    let cc = Command::new("cc")
+        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = Command::new(&exe).output().unwrap();
+    let c: std::collections::HashMap<String, usize> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect();
+    let rust: &[(&str, usize)] = &[
+        ("sizeof rdma_cm_id", size_of::<rdma_cm_id>()),
+        ("offsetof rdma_cm_id.verbs", offset_of!(rdma_cm_id, verbs)),
+        (
+            "offsetof rdma_cm_id.channel",
+            offset_of!(rdma_cm_id, channel),
+        ),
+        (
+            "offsetof rdma_cm_id.context",
+            offset_of!(rdma_cm_id, context),
+        ),
+        ("offsetof rdma_cm_id.qp", offset_of!(rdma_cm_id, qp)),
+        ("offsetof rdma_cm_id.route", offset_of!(rdma_cm_id, route)),
+        ("offsetof rdma_cm_id.ps", offset_of!(rdma_cm_id, ps)),
+        (
+            "offsetof rdma_cm_id.port_num",
+            offset_of!(rdma_cm_id, port_num),
+        ),
+        ("offsetof rdma_cm_id.event", offset_of!(rdma_cm_id, event)),
+        (
+            "offsetof rdma_cm_id.send_cq_channel",
+            offset_of!(rdma_cm_id, send_cq_channel),
+        ),
+        (
+            "offsetof rdma_cm_id.send_cq",
+            offset_of!(rdma_cm_id, send_cq),
+        ),
+        (
+            "offsetof rdma_cm_id.recv_cq_channel",
+            offset_of!(rdma_cm_id, recv_cq_channel),
+        ),
+        (
+            "offsetof rdma_cm_id.recv_cq",
+            offset_of!(rdma_cm_id, recv_cq),
+        ),
+        ("offsetof rdma_cm_id.srq", offset_of!(rdma_cm_id, srq)),
+        ("offsetof rdma_cm_id.pd", offset_of!(rdma_cm_id, pd)),
+        (
+            "offsetof rdma_cm_id.qp_type",
+            offset_of!(rdma_cm_id, qp_type),
+        ),
+        ("sizeof rdma_route", size_of::<rdma_route>()),
+        (
+            "offsetof rdma_route.path_rec",
+            offset_of!(rdma_route, path_rec),
+        ),
+        (
+            "offsetof rdma_route.num_paths",
+            offset_of!(rdma_route, num_paths),
+        ),
+        ("sizeof rdma_addr", size_of::<rdma_addr>()),
+        (
+            "offsetof rdma_addr.dst_addr",
+            offset_of!(rdma_addr, dst_addr_union),
+        ),
+        ("offsetof rdma_addr.addr", offset_of!(rdma_addr, addr)),
+        ("sizeof rdma_cm_event", size_of::<rdma_cm_event>()),
+        (
+            "offsetof rdma_cm_event.listen_id",
+            offset_of!(rdma_cm_event, listen_id),
+        ),
+        (
+            "offsetof rdma_cm_event.event",
+            offset_of!(rdma_cm_event, event),
+        ),
+        (
+            "offsetof rdma_cm_event.status",
+            offset_of!(rdma_cm_event, status),
+        ),
+        (
+            "offsetof rdma_cm_event.param",
+            offset_of!(rdma_cm_event, param),
+        ),
+        ("sizeof rdma_conn_param", size_of::<rdma_conn_param>()),
+        (
+            "offsetof rdma_conn_param.private_data_len",
+            offset_of!(rdma_conn_param, private_data_len),
+        ),
+        (
+            "offsetof rdma_conn_param.responder_resources",
+            offset_of!(rdma_conn_param, responder_resources),
+        ),
+        (
+            "offsetof rdma_conn_param.initiator_depth",
+            offset_of!(rdma_conn_param, initiator_depth),
+        ),
+        (
+            "offsetof rdma_conn_param.flow_control",
+            offset_of!(rdma_conn_param, flow_control),
+        ),
+        (
+            "offsetof rdma_conn_param.retry_count",
+            offset_of!(rdma_conn_param, retry_count),
+        ),
+        (
+            "offsetof rdma_conn_param.rnr_retry_count",
+            offset_of!(rdma_conn_param, rnr_retry_count),
+        ),
+        (
+            "offsetof rdma_conn_param.srq",
+            offset_of!(rdma_conn_param, srq),
+        ),
+        (
+            "offsetof rdma_conn_param.qp_num",
+            offset_of!(rdma_conn_param, qp_num),
+        ),
+        ("sizeof rdma_ud_param", size_of::<rdma_ud_param>()),
+        (
+            "offsetof rdma_ud_param.private_data_len",
+            offset_of!(rdma_ud_param, private_data_len),
+        ),
+        (
+            "offsetof rdma_ud_param.ah_attr",
+            offset_of!(rdma_ud_param, ah_attr),
+        ),
+        (
+            "offsetof rdma_ud_param.qp_num",
+            offset_of!(rdma_ud_param, qp_num),
+        ),
+        (
+            "offsetof rdma_ud_param.qkey",
+            offset_of!(rdma_ud_param, qkey),
+        ),
+        ("sizeof rdma_addrinfo", size_of::<rdma_addrinfo>()),
+        (
+            "offsetof rdma_addrinfo.ai_src_addr",
+            offset_of!(rdma_addrinfo, ai_src_addr),
+        ),
+        (
+            "offsetof rdma_addrinfo.ai_dst_addr",
+            offset_of!(rdma_addrinfo, ai_dst_addr),
+        ),
+        (
+            "offsetof rdma_addrinfo.ai_next",
+            offset_of!(rdma_addrinfo, ai_next),
+        ),
+        ("sizeof rdma_event_channel", size_of::<rdma_event_channel>()),
+        ("sizeof ibv_sa_path_rec", size_of::<ibv_sa_path_rec>()),
+    ];
+    assert_eq!(
+        c.len(),
+        rust.len(),
+        "probe output:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    for (k, v) in rust {
+        assert_eq!(c.get(*k), Some(v), "{k}");
+    }
 }

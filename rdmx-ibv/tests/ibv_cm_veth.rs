@@ -49,7 +49,9 @@ impl Pair {
         let veth_b = format!("cmb{}", pid % 1_000_000);
         ip(&["netns", "add", &pair.a])?;
         ip(&["netns", "add", &pair.b])?;
-        ip(&["link", "add", &veth_a, "type", "veth", "peer", "name", &veth_b])?;
+        ip(&[
+            "link", "add", &veth_a, "type", "veth", "peer", "name", &veth_b,
+        ])?;
         ip(&["link", "set", &veth_a, "netns", &pair.a])?;
         ip(&["link", "set", &veth_b, "netns", &pair.b])?;
         for (ns, dev, addr) in [(&pair.a, &veth_a, IP_A), (&pair.b, &veth_b, IP_B)] {
@@ -78,8 +80,14 @@ fn cm_pair(name: &str, p: &Pair, srv: &[&str], cli: &[&str], port: u16) -> (Stri
     let cst = c.wait(LIMIT);
     let sst = s.wait(LIMIT);
     let (so, co) = (s.output(), c.output());
-    assert!(cst.success(), "{name} client: {cst}\n--- client\n{co}\n--- server\n{so}");
-    assert!(sst.success(), "{name} server: {sst}\n--- server\n{so}\n--- client\n{co}");
+    assert!(
+        cst.success(),
+        "{name} client: {cst}\n--- client\n{co}\n--- server\n{so}"
+    );
+    assert!(
+        sst.success(),
+        "{name} server: {sst}\n--- server\n{so}\n--- client\n{co}"
+    );
     (so, co)
 }
 
@@ -89,18 +97,32 @@ fn cm_events_exe() -> std::path::PathBuf {
     let exe = dir.join("cm_events");
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cm_events.c");
     let cc = Command::new("cc")
-        .args(["-std=gnu11", "-g", "-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .args([
+            "-std=gnu11",
+            "-g",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
         .arg(&exe)
         .arg(src)
         .args(["-lrdmacm", "-libverbs"])
         .output()
         .unwrap();
-    assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
     exe
 }
 
 fn events(out: &str) -> Vec<&str> {
-    out.lines().filter_map(|l| l.strip_prefix("EVENT ")).collect()
+    out.lines()
+        .filter_map(|l| l.strip_prefix("EVENT "))
+        .collect()
 }
 
 #[test]
@@ -128,7 +150,9 @@ fn cm_programs_across_a_veth() {
         7174,
     );
     assert_eq!(
-        co.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).count(),
+        co.lines()
+            .filter(|l| l.starts_with("ping data: rdma-ping-"))
+            .count(),
         1000,
         "{co}"
     );
@@ -136,8 +160,12 @@ fn cm_programs_across_a_veth() {
     let (so, co) = cm_pair(
         "cm-veth-ucmatose",
         &p,
-        &["ucmatose", "-b", IP_A, "-p", "7471", "-c", "2", "-C", "20", "-S", "4096"],
-        &["ucmatose", "-s", IP_A, "-p", "7471", "-c", "2", "-C", "20", "-S", "4096"],
+        &[
+            "ucmatose", "-b", IP_A, "-p", "7471", "-c", "2", "-C", "20", "-S", "4096",
+        ],
+        &[
+            "ucmatose", "-s", IP_A, "-p", "7471", "-c", "2", "-C", "20", "-S", "4096",
+        ],
         7471,
     );
     for o in [&so, &co] {
@@ -155,7 +183,19 @@ fn cm_programs_across_a_veth() {
         assert!(o.contains("return status 0"), "{o}");
     }
 
-    let srv = ["ib_send_bw", "-d", "rdmx0", "-R", "-x", "0", "-F", "-n", "200", "-p", "18515"];
+    let srv = [
+        "ib_send_bw",
+        "-d",
+        "rdmx0",
+        "-R",
+        "-x",
+        "0",
+        "-F",
+        "-n",
+        "200",
+        "-p",
+        "18515",
+    ];
     let mut cli = srv.to_vec();
     cli.push(IP_A);
     let (_, co) = cm_pair("cm-veth-send-bw", &p, &srv, &cli, 18515);
@@ -163,9 +203,23 @@ fn cm_programs_across_a_veth() {
 
     // A killed client: the server's DISCONNECTED, bounded.
     let dir = scratch("cm-veth-killed");
-    let mut s = spawn_in(&dir, "server", Some(&p.a), IP_A, &[], &[e, "server", IP_A, "20002", "accept", "s"]);
+    let mut s = spawn_in(
+        &dir,
+        "server",
+        Some(&p.a),
+        IP_A,
+        &[],
+        &[e, "server", IP_A, "20002", "accept", "s"],
+    );
     wait_listening(20002, &mut s);
-    let mut c = spawn_in(&dir, "client", Some(&p.b), IP_B, &[], &[e, "client", IP_A, "20002", "c", "RDMA_CM_EVENT_ESTABLISHED"]);
+    let mut c = spawn_in(
+        &dir,
+        "client",
+        Some(&p.b),
+        IP_B,
+        &[],
+        &[e, "client", IP_A, "20002", "c", "RDMA_CM_EVENT_ESTABLISHED"],
+    );
     c.wait_for_output("CONNECTED", LIMIT);
     s.wait_for_output("RDMA_CM_EVENT_ESTABLISHED", LIMIT);
     let killed = Instant::now();
@@ -175,15 +229,40 @@ fn cm_programs_across_a_veth() {
     let st = s.wait(Duration::from_secs(30));
     let so = s.output();
     assert!(st.success(), "{so}");
-    assert_eq!(events(&so).last(), Some(&"RDMA_CM_EVENT_DISCONNECTED status=0 len=0 pdata="), "{so}");
-    assert!(killed.elapsed() < Duration::from_secs(10), "{:?}", killed.elapsed());
+    assert_eq!(
+        events(&so).last(),
+        Some(&"RDMA_CM_EVENT_DISCONNECTED status=0 len=0 pdata="),
+        "{so}"
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        killed.elapsed()
+    );
 
     // Nobody has the address: UNREACHABLE (no neighbour answers), within the bounded
     // connect wait.
-    let mut c = spawn_in(&dir, "nobody", Some(&p.b), IP_B, &[], &[e, "client", IP_NOBODY, "20003", "c", "RDMA_CM_EVENT_UNREACHABLE"]);
+    let mut c = spawn_in(
+        &dir,
+        "nobody",
+        Some(&p.b),
+        IP_B,
+        &[],
+        &[
+            e,
+            "client",
+            IP_NOBODY,
+            "20003",
+            "c",
+            "RDMA_CM_EVENT_UNREACHABLE",
+        ],
+    );
     let st = c.wait(Duration::from_secs(40));
     let co = c.output();
     assert!(st.success(), "{co}");
     let last = events(&co).last().copied().unwrap_or_default();
-    assert!(last.starts_with("RDMA_CM_EVENT_UNREACHABLE status=-"), "{co}");
+    assert!(
+        last.starts_with("RDMA_CM_EVENT_UNREACHABLE status=-"),
+        "{co}"
+    );
 }

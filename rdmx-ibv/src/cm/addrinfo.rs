@@ -57,7 +57,8 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             return -1;
         }
         // SAFETY: calloc of one structure, freed by rdma_freeaddrinfo.
-        let rai = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) } as *mut rdma_addrinfo;
+        let rai =
+            unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) } as *mut rdma_addrinfo;
         if rai.is_null() {
             set_errno(libc::ENOMEM);
             return -1;

@@ -9,17 +9,17 @@ use super::chan::{Chan, EventBox, Fixup, errno, release};
 use super::conn::{self, REJ_CONSUMER_DEFINED, REJ_PDATA, REP_PDATA, SIDR_REJECT, SIDR_REP_PDATA};
 use super::dev::{self, Dev};
 use super::id::{
-    self, EV_CONNECT_ERROR, EV_CONNECT_REQUEST, EV_ESTABLISHED, EV_REJECTED, Id, PS_IB,
-    PS_IPOIB, PS_TCP, PS_UDP, QPT_RC, QPT_UD, State, Wait,
+    self, EV_CONNECT_ERROR, EV_CONNECT_REQUEST, EV_ESTABLISHED, EV_REJECTED, Id, PS_IB, PS_IPOIB,
+    PS_TCP, PS_UDP, QPT_RC, QPT_UD, State, Wait,
 };
 use super::qp::{self, RDMA_UDP_QKEY};
 use super::wire::{Kind, Msg};
 use crate::glue::{guard, set_errno};
 use parking_lot::Mutex;
 use rdma_sys::{
-    ibv_context, ibv_pd, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex,
-    ibv_srq_init_attr, ibv_srq_init_attr_ex, rdma_addrinfo, rdma_cm_event, rdma_cm_id,
-    rdma_conn_param, rdma_event_channel,
+    ibv_context, ibv_pd, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_srq_init_attr,
+    ibv_srq_init_attr_ex, rdma_addrinfo, rdma_cm_event, rdma_cm_id, rdma_conn_param,
+    rdma_event_channel,
 };
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_void};
@@ -77,15 +77,17 @@ fn qp_type_of(ps: u32) -> Result<u32, c_int> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
-    guard("rdma_create_event_channel", std::ptr::null_mut(), || {
-        match Chan::create() {
+    guard(
+        "rdma_create_event_channel",
+        std::ptr::null_mut(),
+        || match Chan::create() {
             Ok((p, _)) => p,
             Err(e) => {
                 set_errno(e);
                 std::ptr::null_mut()
             }
-        }
-    })
+        },
+    )
 }
 
 /// # Safety
@@ -357,7 +359,8 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::so
 fn routable(dst: SocketAddr) -> Result<(), c_int> {
     let s = std::net::UdpSocket::bind(if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-    s.connect(dst).map_err(|e| e.raw_os_error().unwrap_or(libc::EHOSTUNREACH))
+    s.connect(dst)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EHOSTUNREACH))
 }
 
 fn resolve_addr(id: &Arc<Id>, src: Option<SocketAddr>, dst: SocketAddr) -> Result<(), c_int> {
@@ -373,9 +376,23 @@ fn resolve_addr(id: &Arc<Id>, src: Option<SocketAddr>, dst: SocketAddr) -> Resul
     let dst_ip = dst.ip().to_canonical();
     let dst = SocketAddr::new(dst_ip, dst.port());
     let family_ok = dst_ip.is_ipv4() == d.ip.is_ipv4();
-    let route = if family_ok { routable(dst) } else { Err(libc::EAFNOSUPPORT) };
+    let route = if family_ok {
+        routable(dst)
+    } else {
+        Err(libc::EAFNOSUPPORT)
+    };
     if let Err(e) = route {
-        id::post(id, &st, None, id::EV_ADDR_ERROR, -e, &[], 0, Fixup::None, |_| {});
+        id::post(
+            id,
+            &st,
+            None,
+            id::EV_ADDR_ERROR,
+            -e,
+            &[],
+            0,
+            Fixup::None,
+            |_| {},
+        );
         drop(st);
         return complete(id);
     }
@@ -388,7 +405,17 @@ fn resolve_addr(id: &Arc<Id>, src: Option<SocketAddr>, dst: SocketAddr) -> Resul
     }
     st.remote = Some(dst);
     st.state = State::AddrResolved;
-    id::post(id, &st, None, id::EV_ADDR_RESOLVED, 0, &[], 0, Fixup::None, |_| {});
+    id::post(
+        id,
+        &st,
+        None,
+        id::EV_ADDR_RESOLVED,
+        0,
+        &[],
+        0,
+        Fixup::None,
+        |_| {},
+    );
     drop(st);
     complete(id)
 }
@@ -428,7 +455,17 @@ pub extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) ->
             // SAFETY: the application's live id box; written under the id's lock.
             conn::fill_path(unsafe { &mut *id.boxed() }, d, st.remote);
             st.state = State::RouteResolved;
-            id::post(&id, &st, None, id::EV_ROUTE_RESOLVED, 0, &[], 0, Fixup::None, |_| {});
+            id::post(
+                &id,
+                &st,
+                None,
+                id::EV_ROUTE_RESOLVED,
+                0,
+                &[],
+                0,
+                Fixup::None,
+                |_| {},
+            );
             drop(st);
             complete(&id)
         })();
@@ -463,12 +500,21 @@ pub extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
 }
 
 /// librdmacm's `ucma_valid_param`.
-fn valid_param(id: &Id, cm: &rdma_cm_id, d: &Dev, p: Option<&rdma_conn_param>) -> Result<(), c_int> {
+fn valid_param(
+    id: &Id,
+    cm: &rdma_cm_id,
+    d: &Dev,
+    p: Option<&rdma_conn_param>,
+) -> Result<(), c_int> {
     if id.ps != PS_TCP {
         return Ok(());
     }
     let Some(p) = p else {
-        return if cm.qp.is_null() { Err(libc::EINVAL) } else { Ok(()) };
+        return if cm.qp.is_null() {
+            Err(libc::EINVAL)
+        } else {
+            Ok(())
+        };
     };
     if (p.responder_resources != RDMA_MAX_RESP_RES && p.responder_resources > d.max_resp_res)
         || (p.initiator_depth != RDMA_MAX_INIT_DEPTH && p.initiator_depth > d.max_init_depth)
@@ -486,8 +532,10 @@ unsafe fn pdata(p: Option<&rdma_conn_param>) -> Vec<u8> {
     match p {
         Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
             // SAFETY: the caller's promise.
-            unsafe { std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize) }
-                .to_vec()
+            unsafe {
+                std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize)
+            }
+            .to_vec()
         }
         _ => Vec::new(),
     }
@@ -550,9 +598,15 @@ fn connect(cmp: *mut rdma_cm_id, p: Option<&rdma_conn_param>) -> Result<(), c_in
 /// # Safety
 /// `conn_param` is NULL or valid.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
-    // SAFETY: the caller's promise.
-    guard("rdma_connect", -1, || res(connect(id, unsafe { conn_param.as_ref() })))
+pub unsafe extern "C" fn rdma_connect(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
+    guard("rdma_connect", -1, || {
+        // SAFETY: the caller's promise.
+        let p = unsafe { conn_param.as_ref() };
+        res(connect(id, p))
+    })
 }
 
 fn accept(cmp: *mut rdma_cm_id, p: Option<&rdma_conn_param>) -> Result<(), c_int> {
@@ -650,9 +704,15 @@ fn st_sync(id: &Id) -> bool {
 /// # Safety
 /// `conn_param` is NULL or valid.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
-    // SAFETY: the caller's promise.
-    guard("rdma_accept", -1, || res(accept(id, unsafe { conn_param.as_ref() })))
+pub unsafe extern "C" fn rdma_accept(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
+    guard("rdma_accept", -1, || {
+        // SAFETY: the caller's promise.
+        let p = unsafe { conn_param.as_ref() };
+        res(accept(id, p))
+    })
 }
 
 fn reject(cmp: *mut rdma_cm_id, pdata: &[u8]) -> Result<(), c_int> {
@@ -666,7 +726,11 @@ fn reject(cmp: *mut rdma_cm_id, pdata: &[u8]) -> Result<(), c_int> {
         return Err(libc::EINVAL);
     }
     let mut m = Msg::new(if ud { Kind::SidrRep } else { Kind::Rej });
-    m.status = if ud { SIDR_REJECT } else { REJ_CONSUMER_DEFINED };
+    m.status = if ud {
+        SIDR_REJECT
+    } else {
+        REJ_CONSUMER_DEFINED
+    };
     m.pdata = pdata.to_vec();
     let r = conn::send(&st, &m);
     st.state = State::Done;
@@ -679,7 +743,11 @@ fn reject(cmp: *mut rdma_cm_id, pdata: &[u8]) -> Result<(), c_int> {
 /// # Safety
 /// `private_data` is valid for `len` bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_int {
+pub unsafe extern "C" fn rdma_reject(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    len: u8,
+) -> c_int {
     guard("rdma_reject", -1, || {
         let pd = if private_data.is_null() || len == 0 {
             &[][..]
@@ -691,8 +759,10 @@ pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, private_data: *const c
     })
 }
 
+/// # Safety
+/// `id` is NULL or a live id of ours (anything else is refused).
 #[unsafe(no_mangle)]
-pub extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
+pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
     guard("rdma_establish", -1, || {
         let r = (|| {
             let id_ = lookup(id)?;
@@ -712,8 +782,10 @@ pub extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
     })
 }
 
+/// # Safety
+/// `id` is NULL or a live id of ours (anything else is refused).
 #[unsafe(no_mangle)]
-pub extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     guard("rdma_disconnect", -1, || {
         let r = (|| {
             let id_ = lookup(id)?;
@@ -728,7 +800,11 @@ pub extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
                     drop(st);
                     complete(&id_)
                 }
-                State::Disconnecting | State::Disconnected | State::Done | State::ReqRcvd | State::Connecting => Ok(()),
+                State::Disconnecting
+                | State::Disconnected
+                | State::Done
+                | State::ReqRcvd
+                | State::Connecting => Ok(()),
                 _ => Err(libc::EINVAL),
             }
         })();
@@ -739,7 +815,10 @@ pub extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
 /// # Safety
 /// `channel` is NULL or a channel of ours.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
+pub unsafe extern "C" fn rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
     guard("rdma_migrate_id", -1, || {
         let r = (|| {
             let id_ = lookup(id)?;
@@ -751,7 +830,9 @@ pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma
             };
             let mut st = id_.st.lock();
             let me = Arc::as_ptr(&id_);
-            let moved = st.chan.withdraw(|e| Arc::as_ptr(&e.id) == me && e.listen.is_none());
+            let moved = st
+                .chan
+                .withdraw(|e| Arc::as_ptr(&e.id) == me && e.listen.is_none());
             let (old_ptr, old_sync) = (st.chan_ptr, st.sync);
             st.chan = new.clone();
             st.chan_ptr = new_ptr;
@@ -805,7 +886,10 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
 /// # Safety
 /// `attr` is valid.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> c_int {
+pub unsafe extern "C" fn rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
     guard("rdma_create_qp_ex", -1, || {
         let r = (|| {
             let id_ = lookup(id)?;
@@ -843,8 +927,12 @@ pub unsafe extern "C" fn rdma_create_qp(
             ex.qp_type = ia.qp_type;
             ex.sq_sig_all = ia.sq_sig_all;
             ex.comp_mask = 1; // IBV_QP_INIT_ATTR_PD
-            // SAFETY: the application's live id.
-            ex.pd = if pd.is_null() { unsafe { (*id).pd } } else { pd };
+            ex.pd = if pd.is_null() {
+                // SAFETY: the application's live id.
+                unsafe { (*id).pd }
+            } else {
+                pd
+            };
             // SAFETY: as above.
             let r = unsafe { qp::create(&id_, d, id, &mut ex) };
             ia.send_cq = ex.send_cq;
@@ -857,8 +945,10 @@ pub unsafe extern "C" fn rdma_create_qp(
     })
 }
 
+/// # Safety
+/// `id` is NULL or a live id of ours (anything else is refused).
 #[unsafe(no_mangle)]
-pub extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
+pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     guard("rdma_destroy_qp", (), || {
         if Id::lookup(id).is_none() {
             return;
@@ -908,7 +998,10 @@ pub unsafe extern "C" fn rdma_create_srq(
 /// # Safety
 /// `attr` is valid.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int {
+pub unsafe extern "C" fn rdma_create_srq_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> c_int {
     guard("rdma_create_srq_ex", -1, || {
         if attr.is_null() {
             return fail(libc::EINVAL);
@@ -922,8 +1015,15 @@ pub unsafe extern "C" fn rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_
         if a.comp_mask & !(PD | TYPE) != 0 || (a.comp_mask & TYPE != 0 && a.srq_type != 0) {
             return fail(libc::EOPNOTSUPP);
         }
-        let mut basic = ibv_srq_init_attr { srq_context: a.srq_context, attr: a.attr };
-        let pd = if a.comp_mask & PD != 0 { a.pd } else { std::ptr::null_mut() };
+        let mut basic = ibv_srq_init_attr {
+            srq_context: a.srq_context,
+            attr: a.attr,
+        };
+        let pd = if a.comp_mask & PD != 0 {
+            a.pd
+        } else {
+            std::ptr::null_mut()
+        };
         // SAFETY: as above.
         let r = unsafe { rdma_create_srq(id, pd, &mut basic) };
         a.attr = basic.attr;
@@ -931,8 +1031,10 @@ pub unsafe extern "C" fn rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_
     })
 }
 
+/// # Safety
+/// `id` is NULL or a live id of ours (anything else is refused).
 #[unsafe(no_mangle)]
-pub extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
+pub unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
     guard("rdma_destroy_srq", (), || {
         if Id::lookup(id).is_none() {
             return;
@@ -966,7 +1068,11 @@ pub unsafe extern "C" fn rdma_create_ep(
         // SAFETY: the caller's promise.
         let ai = unsafe { &*res_ };
         let ps = ai.ai_port_space as u32;
-        let qpt = if ai.ai_qp_type != 0 { ai.ai_qp_type as u32 } else { QPT_RC };
+        let qpt = if ai.ai_qp_type != 0 {
+            ai.ai_qp_type as u32
+        } else {
+            QPT_RC
+        };
         let cm = match create_id(std::ptr::null_mut(), std::ptr::null_mut(), ps, qpt) {
             Ok(cm) => cm,
             Err(e) => return fail(e),
@@ -1012,14 +1118,19 @@ pub unsafe extern "C" fn rdma_create_ep(
     })
 }
 
+/// # Safety
+/// `id` is NULL or a live id of ours (anything else is refused).
 #[unsafe(no_mangle)]
-pub extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
+pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
     guard("rdma_destroy_ep", (), || {
         if Id::lookup(id).is_none() {
             return;
         }
-        rdma_destroy_qp(id);
-        rdma_destroy_srq(id);
+        // SAFETY: a live id of ours (looked up above).
+        unsafe {
+            rdma_destroy_qp(id);
+            rdma_destroy_srq(id);
+        }
         let _ = destroy_id(id);
     })
 }
@@ -1027,7 +1138,10 @@ pub extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
 /// # Safety
 /// `id` is a valid out-pointer.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
     guard("rdma_get_request", -1, || {
         let r = (|| {
             let l = lookup(listen)?;
@@ -1162,7 +1276,8 @@ pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut 
     guard("rdma_get_devices", std::ptr::null_mut(), || {
         let ctx = dev::dev().map(|d| d.ctx).ok();
         // SAFETY: calloc of two pointers, freed by rdma_free_devices.
-        let list = unsafe { libc::calloc(2, std::mem::size_of::<*mut ibv_context>()) } as *mut *mut ibv_context;
+        let list = unsafe { libc::calloc(2, std::mem::size_of::<*mut ibv_context>()) }
+            as *mut *mut ibv_context;
         if list.is_null() {
             set_errno(libc::ENOMEM);
             return list;
@@ -1185,7 +1300,9 @@ pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
     // SAFETY: the caller's promise (calloc'd by rdma_get_devices).
-    guard("rdma_free_devices", (), || unsafe { libc::free(list.cast()) })
+    guard("rdma_free_devices", (), || unsafe {
+        libc::free(list.cast())
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -1217,12 +1334,20 @@ pub extern "C" fn rdma_event_str(event: u32) -> *const c_char {
 /// Multicast: rdmx0's UD QPs have no multicast (`ibv_attach_mcast` is EOPNOTSUPP), so
 /// joining a group answers ENOSYS.
 #[unsafe(no_mangle)]
-pub extern "C" fn rdma_join_multicast(_id: *mut rdma_cm_id, _addr: *mut libc::sockaddr, _context: *mut c_void) -> c_int {
+pub extern "C" fn rdma_join_multicast(
+    _id: *mut rdma_cm_id,
+    _addr: *mut libc::sockaddr,
+    _context: *mut c_void,
+) -> c_int {
     fail(libc::ENOSYS)
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn rdma_join_multicast_ex(_id: *mut rdma_cm_id, _attr: *mut c_void, _context: *mut c_void) -> c_int {
+pub extern "C" fn rdma_join_multicast_ex(
+    _id: *mut rdma_cm_id,
+    _attr: *mut c_void,
+    _context: *mut c_void,
+) -> c_int {
     fail(libc::ENOSYS)
 }
 
@@ -1247,4 +1372,3 @@ pub extern "C" fn rdma_get_remote_ece(_id: *mut rdma_cm_id, _ece: *mut c_void) -
 pub extern "C" fn rdma_reject_ece(_id: *mut rdma_cm_id, _pdata: *const c_void, _len: u8) -> c_int {
     fail(libc::EOPNOTSUPP)
 }
-

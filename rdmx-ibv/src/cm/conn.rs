@@ -10,8 +10,8 @@
 use super::chan::Fixup;
 use super::dev::{self, Dev};
 use super::id::{
-    self, EV_CONNECT_REQUEST, EV_CONNECT_RESPONSE, EV_DISCONNECTED, EV_ESTABLISHED,
-    EV_REJECTED, EV_UNREACHABLE, Id, PS_IB, St, State, Wait,
+    self, EV_CONNECT_REQUEST, EV_CONNECT_RESPONSE, EV_DISCONNECTED, EV_ESTABLISHED, EV_REJECTED,
+    EV_UNREACHABLE, Id, PS_IB, St, State, Wait,
 };
 use super::wire::{Kind, Msg};
 use rdma_sys::rdma_cm_event;
@@ -96,7 +96,11 @@ fn tune(s: &TcpStream) {
 /// A TCP socket bound to `a` (SO_REUSEADDR for listeners, as the kernel CM lets a port
 /// be bound again once its previous id is gone).
 pub fn bind_socket(a: SocketAddr, reuse: bool) -> Result<OwnedFd, c_int> {
-    let fam = if a.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let fam = if a.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     // SAFETY: socket(2).
     let fd = unsafe { libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -111,7 +115,14 @@ pub fn bind_socket(a: SocketAddr, reuse: bool) -> Result<OwnedFd, c_int> {
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     dev::to_c(a, &mut ss);
     // SAFETY: bind with a socket address of the right length.
-    if unsafe { libc::bind(fd, (&ss as *const libc::sockaddr_storage).cast(), dev::c_len(a)) } != 0 {
+    if unsafe {
+        libc::bind(
+            fd,
+            (&ss as *const libc::sockaddr_storage).cast(),
+            dev::c_len(a),
+        )
+    } != 0
+    {
         return Err(super::chan::errno());
     }
     Ok(owned)
@@ -123,7 +134,14 @@ pub fn local_addr(fd: &OwnedFd) -> Option<SocketAddr> {
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: getsockname into a sockaddr_storage of the length given.
-    if unsafe { libc::getsockname(fd.as_raw_fd(), (&mut ss as *mut libc::sockaddr_storage).cast(), &mut len) } != 0 {
+    if unsafe {
+        libc::getsockname(
+            fd.as_raw_fd(),
+            (&mut ss as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    } != 0
+    {
         return None;
     }
     // SAFETY: the kernel wrote a socket address.
@@ -340,10 +358,34 @@ fn active(id: Arc<Id>, fd: OwnedFd, dst: SocketAddr, req: Msg) {
         st.state = State::Done;
         if e == libc::ECONNREFUSED {
             // Nobody listens on that port: the kernel CM's REJ "invalid service ID".
-            id::post(&id, &st, None, EV_REJECTED, REJ_INVALID_SERVICE_ID as i32, &[], REJ_PDATA, Fixup::QpToErr, |_| {});
+            id::post(
+                &id,
+                &st,
+                None,
+                EV_REJECTED,
+                REJ_INVALID_SERVICE_ID as i32,
+                &[],
+                REJ_PDATA,
+                Fixup::QpToErr,
+                |_| {},
+            );
         } else {
-            let status = if e == libc::ETIMEDOUT { -libc::ETIMEDOUT } else { -e };
-            id::post(&id, &st, None, EV_UNREACHABLE, status, &[], 0, Fixup::None, |_| {});
+            let status = if e == libc::ETIMEDOUT {
+                -libc::ETIMEDOUT
+            } else {
+                -e
+            };
+            id::post(
+                &id,
+                &st,
+                None,
+                EV_UNREACHABLE,
+                status,
+                &[],
+                0,
+                Fixup::None,
+                |_| {},
+            );
         }
         return;
     }
@@ -355,7 +397,17 @@ fn active(id: Arc<Id>, fd: OwnedFd, dst: SocketAddr, req: Msg) {
     if send(&st, &req).is_err() {
         st.state = State::Done;
         st.sock = None;
-        id::post(&id, &st, None, EV_UNREACHABLE, -libc::ECONNRESET, &[], 0, Fixup::None, |_| {});
+        id::post(
+            &id,
+            &st,
+            None,
+            EV_UNREACHABLE,
+            -libc::ECONNRESET,
+            &[],
+            0,
+            Fixup::None,
+            |_| {},
+        );
         return;
     }
     drop(st);
@@ -371,7 +423,11 @@ fn tcp_connect(fd: &OwnedFd, dst: SocketAddr) -> Result<(), c_int> {
         libc::fcntl(raw, libc::F_SETFL, fl | libc::O_NONBLOCK);
         let mut ss: libc::sockaddr_storage = std::mem::zeroed();
         dev::to_c(dst, &mut ss);
-        let r = libc::connect(raw, (&ss as *const libc::sockaddr_storage).cast(), dev::c_len(dst));
+        let r = libc::connect(
+            raw,
+            (&ss as *const libc::sockaddr_storage).cast(),
+            dev::c_len(dst),
+        );
         let res = if r == 0 {
             Ok(())
         } else {
@@ -379,7 +435,11 @@ fn tcp_connect(fd: &OwnedFd, dst: SocketAddr) -> Result<(), c_int> {
             if e != libc::EINPROGRESS {
                 Err(e)
             } else {
-                let mut p = libc::pollfd { fd: raw, events: libc::POLLOUT, revents: 0 };
+                let mut p = libc::pollfd {
+                    fd: raw,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
                 let n = libc::poll(&mut p, 1, CONNECT_TIMEOUT.as_millis() as c_int);
                 if n == 0 {
                     Err(libc::ETIMEDOUT)
@@ -388,7 +448,13 @@ fn tcp_connect(fd: &OwnedFd, dst: SocketAddr) -> Result<(), c_int> {
                 } else {
                     let mut err: c_int = 0;
                     let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
-                    libc::getsockopt(raw, libc::SOL_SOCKET, libc::SO_ERROR, (&mut err as *mut c_int).cast(), &mut len);
+                    libc::getsockopt(
+                        raw,
+                        libc::SOL_SOCKET,
+                        libc::SO_ERROR,
+                        (&mut err as *mut c_int).cast(),
+                        &mut len,
+                    );
                     if err == 0 { Ok(()) } else { Err(err) }
                 }
             }
@@ -496,26 +562,56 @@ fn on_message(id: &Arc<Id>, m: Msg) -> bool {
             st.state = State::RepRcvd;
             st.deadline = None;
             st.peer = Some(m.clone());
-            id::post(id, &st, None, EV_CONNECT_RESPONSE, 0, &m.pdata, REP_PDATA, Fixup::ConnResponse, conn_from(&m));
+            id::post(
+                id,
+                &st,
+                None,
+                EV_CONNECT_RESPONSE,
+                0,
+                &m.pdata,
+                REP_PDATA,
+                Fixup::ConnResponse,
+                conn_from(&m),
+            );
             true
         }
         (State::Connecting, Kind::SidrRep) => {
             st.state = State::Done;
             st.deadline = None;
             if m.status != 0 {
-                id::post(id, &st, None, EV_UNREACHABLE, m.status as i32, &m.pdata, SIDR_REP_PDATA, Fixup::None, |_| {});
+                id::post(
+                    id,
+                    &st,
+                    None,
+                    EV_UNREACHABLE,
+                    m.status as i32,
+                    &m.pdata,
+                    SIDR_REP_PDATA,
+                    Fixup::None,
+                    |_| {},
+                );
             } else {
-                id::post(id, &st, None, EV_ESTABLISHED, 0, &m.pdata, SIDR_REP_PDATA, Fixup::None, |ev| {
-                    // SAFETY: writing the ud member of the parameter union.
-                    let u = unsafe { &mut ev.param.ud };
-                    u.qp_num = m.qpn;
-                    u.qkey = m.qkey;
-                    u.ah_attr.is_global = 1;
-                    u.ah_attr.port_num = 1;
-                    u.ah_attr.grh.dgid.raw = m.gid;
-                    u.ah_attr.grh.sgid_index = 0;
-                    u.ah_attr.grh.hop_limit = 64;
-                });
+                id::post(
+                    id,
+                    &st,
+                    None,
+                    EV_ESTABLISHED,
+                    0,
+                    &m.pdata,
+                    SIDR_REP_PDATA,
+                    Fixup::None,
+                    |ev| {
+                        // SAFETY: writing the ud member of the parameter union.
+                        let u = unsafe { &mut ev.param.ud };
+                        u.qp_num = m.qpn;
+                        u.qkey = m.qkey;
+                        u.ah_attr.is_global = 1;
+                        u.ah_attr.port_num = 1;
+                        u.ah_attr.grh.dgid.raw = m.gid;
+                        u.ah_attr.grh.sgid_index = 0;
+                        u.ah_attr.grh.hop_limit = 64;
+                    },
+                );
             }
             st.sock = None;
             false
@@ -523,7 +619,17 @@ fn on_message(id: &Arc<Id>, m: Msg) -> bool {
         (State::Connecting | State::ReqRcvd | State::Accepted | State::RepRcvd, Kind::Rej) => {
             st.state = State::Done;
             st.deadline = None;
-            id::post(id, &st, None, EV_REJECTED, m.status as i32, &m.pdata, REJ_PDATA, Fixup::QpToErr, |_| {});
+            id::post(
+                id,
+                &st,
+                None,
+                EV_REJECTED,
+                m.status as i32,
+                &m.pdata,
+                REJ_PDATA,
+                Fixup::QpToErr,
+                |_| {},
+            );
             st.sock = None;
             false
         }
@@ -531,25 +637,58 @@ fn on_message(id: &Arc<Id>, m: Msg) -> bool {
             st.state = State::Connected;
             st.deadline = None;
             let p = st.peer.clone().unwrap_or_else(|| Msg::new(Kind::Req));
-            id::post(id, &st, None, EV_ESTABLISHED, 0, &[], 0, Fixup::None, move |ev| {
-                // SAFETY: writing the conn member of the parameter union.
-                let c = unsafe { &mut ev.param.conn };
-                c.qp_num = p.qpn;
-                c.srq = p.srq;
-            });
+            id::post(
+                id,
+                &st,
+                None,
+                EV_ESTABLISHED,
+                0,
+                &[],
+                0,
+                Fixup::None,
+                move |ev| {
+                    // SAFETY: writing the conn member of the parameter union.
+                    let c = unsafe { &mut ev.param.conn };
+                    c.qp_num = p.qpn;
+                    c.srq = p.srq;
+                },
+            );
             true
         }
-        (State::Connected | State::Accepted | State::RepRcvd | State::Disconnecting, Kind::Dreq) => {
+        (
+            State::Connected | State::Accepted | State::RepRcvd | State::Disconnecting,
+            Kind::Dreq,
+        ) => {
             let _ = send(&st, &Msg::new(Kind::Drep));
             st.state = State::Disconnected;
             st.deadline = None;
-            id::post(id, &st, None, EV_DISCONNECTED, 0, &[], 0, Fixup::None, |_| {});
+            id::post(
+                id,
+                &st,
+                None,
+                EV_DISCONNECTED,
+                0,
+                &[],
+                0,
+                Fixup::None,
+                |_| {},
+            );
             true
         }
         (State::Disconnecting, Kind::Drep) => {
             st.state = State::Disconnected;
             st.deadline = None;
-            id::post(id, &st, None, EV_DISCONNECTED, 0, &[], 0, Fixup::None, |_| {});
+            id::post(
+                id,
+                &st,
+                None,
+                EV_DISCONNECTED,
+                0,
+                &[],
+                0,
+                Fixup::None,
+                |_| {},
+            );
             st.sock = None;
             false
         }
@@ -572,15 +711,45 @@ fn on_gone(id: &Arc<Id>) {
         // that had sent its REQ, consumer-defined otherwise) or a DREQ once connected.
         State::Connecting | State::RepRcvd | State::Accepted => {
             st.state = State::Done;
-            id::post(id, &st, None, EV_REJECTED, REJ_CONSUMER_DEFINED as i32, &[], REJ_PDATA, Fixup::QpToErr, |_| {});
+            id::post(
+                id,
+                &st,
+                None,
+                EV_REJECTED,
+                REJ_CONSUMER_DEFINED as i32,
+                &[],
+                REJ_PDATA,
+                Fixup::QpToErr,
+                |_| {},
+            );
         }
         State::ReqRcvd => {
             st.state = State::Done;
-            id::post(id, &st, None, EV_REJECTED, REJ_TIMEOUT as i32, &[], REJ_PDATA, Fixup::QpToErr, |_| {});
+            id::post(
+                id,
+                &st,
+                None,
+                EV_REJECTED,
+                REJ_TIMEOUT as i32,
+                &[],
+                REJ_PDATA,
+                Fixup::QpToErr,
+                |_| {},
+            );
         }
         State::Connected | State::Disconnecting => {
             st.state = State::Disconnected;
-            id::post(id, &st, None, EV_DISCONNECTED, 0, &[], 0, Fixup::None, |_| {});
+            id::post(
+                id,
+                &st,
+                None,
+                EV_DISCONNECTED,
+                0,
+                &[],
+                0,
+                Fixup::None,
+                |_| {},
+            );
         }
         _ => {}
     }
@@ -604,12 +773,32 @@ fn on_tick(id: &Arc<Id>) -> bool {
         // No REP, or no RTU: the kernel CM's REQ/REP timeouts report UNREACHABLE.
         Wait::Rep | Wait::Rtu => {
             st.state = State::Done;
-            id::post(id, &st, None, EV_UNREACHABLE, -libc::ETIMEDOUT, &[], 0, Fixup::QpToErr, |_| {});
+            id::post(
+                id,
+                &st,
+                None,
+                EV_UNREACHABLE,
+                -libc::ETIMEDOUT,
+                &[],
+                0,
+                Fixup::QpToErr,
+                |_| {},
+            );
         }
         // No DREP: DISCONNECTED all the same (the kernel's DREQ timeout).
         Wait::Drep => {
             st.state = State::Disconnected;
-            id::post(id, &st, None, EV_DISCONNECTED, -libc::ETIMEDOUT, &[], 0, Fixup::None, |_| {});
+            id::post(
+                id,
+                &st,
+                None,
+                EV_DISCONNECTED,
+                -libc::ETIMEDOUT,
+                &[],
+                0,
+                Fixup::None,
+                |_| {},
+            );
         }
     }
     if let Some(s) = st.sock.take() {

@@ -54,7 +54,10 @@ fn open() -> Result<Dev, c_int> {
         let d = unsafe { *list.add(i) };
         // SAFETY: d is a listed device; the name is a NUL-terminated string it owns.
         let name = unsafe { CStr::from_ptr(rdma_sys::ibv_get_device_name(d)) };
-        if name.to_bytes().starts_with(crate::glue::IBDEV_PREFIX.as_bytes()) {
+        if name
+            .to_bytes()
+            .starts_with(crate::glue::IBDEV_PREFIX.as_bytes())
+        {
             // SAFETY: d is a listed device.
             ctx = unsafe { rdma_sys::ibv_open_device(d) };
             break;
@@ -189,27 +192,6 @@ pub fn same_ip(a: IpAddr, b: IpAddr) -> bool {
     a.to_canonical() == b.to_canonical()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gids_and_c_addresses_round_trip() {
-        let ip: IpAddr = "127.0.0.9".parse().unwrap();
-        assert_eq!(gid_ip(&ip_gid(ip)), ip);
-        let v6: IpAddr = "fd00::5".parse().unwrap();
-        assert_eq!(gid_ip(&ip_gid(v6)), v6);
-        for a in ["127.0.0.9:7174", "[fd00::5]:18515"] {
-            let a: SocketAddr = a.parse().unwrap();
-            // SAFETY: plain data.
-            let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-            to_c(a, &mut s);
-            // SAFETY: s holds a socket address of a's family.
-            assert_eq!(unsafe { from_c(&s as *const _ as *const _) }, Some(a));
-        }
-    }
-}
-
 /// Whether `ip` may name rdmx0: its own address, or another address of the network
 /// interface holding it (rxe's GID table lists every address of its netdev; rdmx0's has
 /// one GID, and a program binding another address of that interface, as rdma-core's
@@ -235,11 +217,19 @@ pub fn names_device(ip: IpAddr, dev_ip: IpAddr) -> bool {
 fn in_prefix(a: IpAddr, net: IpAddr, len: u32) -> bool {
     match (a, net) {
         (IpAddr::V4(a), IpAddr::V4(n)) => {
-            let m = if len == 0 { 0 } else { u32::MAX << (32 - len.min(32)) };
+            let m = if len == 0 {
+                0
+            } else {
+                u32::MAX << (32 - len.min(32))
+            };
             u32::from(a) & m == u32::from(n) & m
         }
         (IpAddr::V6(a), IpAddr::V6(n)) => {
-            let m = if len == 0 { 0 } else { u128::MAX << (128 - len.min(128)) };
+            let m = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len.min(128))
+            };
             u128::from(a) & m == u128::from(n) & m
         }
         _ => false,
@@ -265,7 +255,9 @@ fn interfaces() -> Vec<(String, IpAddr, u32)> {
                 IpAddr::V6(v) => u128::from(v).count_ones(),
             };
             // SAFETY: ifa_name is a NUL-terminated string of the list.
-            let name = unsafe { CStr::from_ptr(i.ifa_name) }.to_string_lossy().into_owned();
+            let name = unsafe { CStr::from_ptr(i.ifa_name) }
+                .to_string_lossy()
+                .into_owned();
             out.push((name, a.ip(), len));
         }
         p = i.ifa_next;
@@ -273,4 +265,25 @@ fn interfaces() -> Vec<(String, IpAddr, u32)> {
     // SAFETY: the list came from getifaddrs.
     unsafe { libc::freeifaddrs(head) };
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gids_and_c_addresses_round_trip() {
+        let ip: IpAddr = "127.0.0.9".parse().unwrap();
+        assert_eq!(gid_ip(&ip_gid(ip)), ip);
+        let v6: IpAddr = "fd00::5".parse().unwrap();
+        assert_eq!(gid_ip(&ip_gid(v6)), v6);
+        for a in ["127.0.0.9:7174", "[fd00::5]:18515"] {
+            let a: SocketAddr = a.parse().unwrap();
+            // SAFETY: plain data.
+            let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            to_c(a, &mut s);
+            // SAFETY: s holds a socket address of a's family.
+            assert_eq!(unsafe { from_c(&s as *const _ as *const _) }, Some(a));
+        }
+    }
 }

@@ -266,8 +266,8 @@ pub fn post(
     if id.is_destroyed() {
         return;
     }
-    // SAFETY: plain C data for which zero is valid.
     let mut e: Box<EventBox> = Box::new(EventBox {
+        // SAFETY: plain C data for which zero is valid.
         ev: unsafe { std::mem::zeroed() },
         pdata: [0; PDATA_ROOM],
         id: id.clone(),

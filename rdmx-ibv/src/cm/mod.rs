@@ -20,8 +20,8 @@
 //!   connection to the listener's address and rdma_cm port.
 //! - [`qp`]: `rdma_create_qp` and the QP attributes of each step.
 //! - [`dev`]: the rdmx0 context ids are bound to; socket addresses.
-//! - [`addrinfo`]: `rdma_getaddrinfo`.
-//! - [`rsockets`]: `rsocket` and the rest, ENOSYS.
+//! - [`addrinfo`]: the system resolver behind `rdma_getaddrinfo`.
+//! - [`rsockets`]: the rsockets family, which answers ENOSYS.
 
 pub mod addrinfo;
 pub mod api;
@@ -34,8 +34,9 @@ pub mod rsockets;
 pub mod wire;
 
 // The public structures programs read directly, as librdmacm 44's headers lay them out
-// (checked against `rdma/rdma_cma.h` with offsetof; `tests/cm_layout.rs` checks them
-// again with a C probe at test time).
+// (taken from `offsetof` on `rdma/rdma_cma.h`; `tests/ibv_cm.rs`
+// public_layouts_match_the_headers compares every field the provider uses with a C
+// probe of the installed headers at test time).
 const _: () = {
     use rdma_sys::{rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_ud_param};
     use std::mem::{offset_of, size_of};

@@ -14,8 +14,8 @@
 use super::dev::Dev;
 use super::id::{Id, QPT_UD, St};
 use rdma_sys::{
-    ibv_comp_channel, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_init_attr,
-    ibv_qp_init_attr_ex, rdma_cm_id,
+    ibv_comp_channel, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex,
+    rdma_cm_id,
 };
 use std::ffi::c_int;
 
@@ -122,7 +122,7 @@ pub fn init_attr(id: &Id, st: &St, dev: &Dev, state: u32) -> Result<(ibv_qp_attr
 }
 
 /// `ibv_modify_qp`, as an errno.
-pub fn modify(qp: *mut ibv_qp, mut a: ibv_qp_attr, mask: c_int) -> Result<(), c_int> {
+pub(crate) fn modify(qp: *mut ibv_qp, mut a: ibv_qp_attr, mask: c_int) -> Result<(), c_int> {
     // SAFETY: qp is the id's live QP; a is a complete attribute structure.
     match unsafe { rdma_sys::ibv_modify_qp(qp, &mut a, mask) } {
         0 => Ok(()),
@@ -131,7 +131,7 @@ pub fn modify(qp: *mut ibv_qp, mut a: ibv_qp_attr, mask: c_int) -> Result<(), c_
 }
 
 /// Moves `qp` through `states` with the id's attributes.
-pub fn walk(id: &Id, dev: &Dev, qp: *mut ibv_qp, states: &[u32]) -> Result<(), c_int> {
+pub(crate) fn walk(id: &Id, dev: &Dev, qp: *mut ibv_qp, states: &[u32]) -> Result<(), c_int> {
     for &s in states {
         let (a, m) = init_attr(id, &id.st.lock(), dev, s)?;
         modify(qp, a, m)?;
@@ -141,11 +141,11 @@ pub fn walk(id: &Id, dev: &Dev, qp: *mut ibv_qp, states: &[u32]) -> Result<(), c
 
 /// The connected QP to RTR and RTS (librdmacm's `ucma_modify_qp_rtr`/`_rts`: INIT again
 /// first, which sets the access flags now that the peer is known).
-pub fn connect(id: &Id, dev: &Dev, qp: *mut ibv_qp) -> Result<(), c_int> {
+pub(crate) fn connect(id: &Id, dev: &Dev, qp: *mut ibv_qp) -> Result<(), c_int> {
     walk(id, dev, qp, &[QPS_INIT, QPS_RTR, QPS_RTS])
 }
 
-pub fn to_err(qp: *mut ibv_qp) {
+pub(crate) fn to_err(qp: *mut ibv_qp) {
     if qp.is_null() {
         return;
     }
