@@ -143,6 +143,7 @@ fn udaddy(name: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str)) {
 fn perftest_rdma_cm(
     name: &str,
     tool: &str,
+    mode: &str,
     srv: (Option<&str>, &str),
     cli: (Option<&str>, &str),
     port: u16,
@@ -150,7 +151,7 @@ fn perftest_rdma_cm(
     require_tool(tool);
     let p = port.to_string();
     let base = [
-        tool, "-d", "rdmx0", "-R", "-x", "0", "-F", "-n", "200", "-p", &p,
+        tool, "-d", "rdmx0", mode, "-x", "0", "-F", "-n", "200", "-p", &p,
     ];
     let mut c: Vec<&str> = base.to_vec();
     c.push(srv.1);
@@ -158,7 +159,7 @@ fn perftest_rdma_cm(
     for o in [&so, &co] {
         assert!(
             o.contains("#bytes") && o.contains("65536"),
-            "{tool} -R:\n{o}"
+            "{tool} {mode}:\n{o}"
         );
     }
 }
@@ -197,25 +198,20 @@ fn udaddy_loopback() {
     udaddy("cm-udaddy", (None, s), (None, c));
 }
 
+/// perftest's `-R` (the test's QPs connected by rdma_cm) and `-z` (the parameter exchange
+/// over an rdma_cm connection, the test's QPs moved by perftest).
 #[test]
 fn perftest_send_and_read_bw_over_rdma_cm() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     skip_unless_platform!();
     let (s, c) = ("127.0.44.9", "127.0.44.10");
-    perftest_rdma_cm(
-        "cm-send-bw",
-        "ib_send_bw",
-        (None, s),
-        (None, c),
-        free_port(s),
-    );
-    perftest_rdma_cm(
-        "cm-read-bw",
-        "ib_read_bw",
-        (None, s),
-        (None, c),
-        free_port(s),
-    );
+    for (name, tool, mode) in [
+        ("cm-send-bw", "ib_send_bw", "-R"),
+        ("cm-read-bw", "ib_read_bw", "-R"),
+        ("cm-write-bw-z", "ib_write_bw", "-z"),
+    ] {
+        perftest_rdma_cm(name, tool, mode, (None, s), (None, c), free_port(s));
+    }
 }
 
 /// The synchronous endpoint API (`rdma_getaddrinfo`, `rdma_create_ep`,
