@@ -795,3 +795,46 @@ fn public_layouts_match_the_headers() {
         assert_eq!(c.get(*k), Some(v), "{k}");
     }
 }
+
+/// A listener that never answers the REQ (a bare TCP socket of the test on the rdma_cm
+/// port): the client's wait is bounded, UNREACHABLE with -ETIMEDOUT after the REQ's 20 s
+/// (as the kernel CM's REQ timeout), not a hang.
+#[test]
+fn silent_listener_is_unreachable() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    skip_unless_platform!();
+    let exe = cm_events_exe();
+    let dir = scratch("cm-silent");
+    let a = "127.0.44.27";
+    let silent = std::net::TcpListener::bind((a, 0)).unwrap();
+    let port = silent.local_addr().unwrap().port().to_string();
+    let start = Instant::now();
+    let mut c = spawn(
+        &dir,
+        "client",
+        "127.0.44.28",
+        &[],
+        &[
+            exe.to_str().unwrap(),
+            "client",
+            a,
+            &port,
+            "x",
+            "RDMA_CM_EVENT_UNREACHABLE",
+        ],
+    );
+    let st = c.wait(LIMIT);
+    let took = start.elapsed();
+    let out = c.output();
+    drop(silent);
+    assert!(st.success(), "{out}");
+    assert_eq!(
+        events(&out).last(),
+        Some(&"RDMA_CM_EVENT_UNREACHABLE status=-110 len=0 pdata="),
+        "{out}"
+    );
+    assert!(
+        took >= Duration::from_secs(15) && took < Duration::from_secs(45),
+        "{took:?}"
+    );
+}
