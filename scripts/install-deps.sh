@@ -13,6 +13,7 @@ PKGS=(
   tshark tcpdump                   # capture check: decode the soft provider as RRoCE
   ucx-utils                        # ucx_perftest, the send_bw comparison in bench/soft.sh
   ibverbs-utils perftest           # rdmx-ibv: unmodified verbs programs (ibv_devinfo, ibv_rc_pingpong, ib_*_bw/lat)
+  rdmacm-utils                     # rdmx-ibv: the connection manager's tools (rping, ucmatose, udaddy)
   cmake ninja-build                # rdmx-ibv: configure the vendored rdma-core headers for the ABI layout test
   util-linux                       # rdmx-ibv: unshare(1)/mount(8) used by the launcher's tests' checks
   ceph-mon ceph-osd ceph-mgr ceph-common  # ceph-harness/: a real Ceph cluster (async+rdma over rdmx-ibv, async+posix)

@@ -23,6 +23,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # apart ('skip-needs-ud') so that they are seen, not lost among the skips that stay.
 NEEDS_UD = re.compile(r'Create (UD QP|QP type 4|AH) .*not supported|Create AH is not supported')
 FILE_TIMEOUT_S = 300
+# Environment of one file's child. The connection-manager tests fork their passive and
+# active sides as two processes on the one address of the run; RoCEv2's fixed UDP port
+# (4791) admits one rdmx process per address, so these get any free port (soft_port=0)
+# and learn the peer's from the connection manager (rdmx-ibv/src/verbs/peer_port.rs).
+FILE_ENV = {
+    'test_rdmacm.py': {'RDMX_SOFT_PORT': '0'},
+    'test_mlx5_rdmacm.py': {'RDMX_SOFT_PORT': '0'},
+}
 
 
 def child(tests_dir, fname, fd):
@@ -114,9 +122,11 @@ def load_expected(path):
 def run_file(tests_dir, fname):
     r, w = os.pipe()
     start = time.monotonic()
+    env = dict(os.environ, **FILE_ENV.get(fname, {}))
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), '--child', tests_dir, fname,
                              str(w)],
-                            pass_fds=(w,), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            pass_fds=(w,), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env)
     os.close(w)
     try:
         log, _ = proc.communicate(timeout=FILE_TIMEOUT_S)

@@ -8,10 +8,13 @@
 //!   cdylib), which registers itself from a constructor and maps every provider op onto
 //!   [`verbs`]; it also replaces `ibv_create_comp_channel`/`ibv_destroy_comp_channel`
 //!   when preloaded.
+//! - [`cm`]: the RDMA connection manager (librdmacm's API, exported by the preloaded
+//!   provider).
 //! - [`launcher`]: `rdmx-ibv exec` (fake sysfs tree, private mount namespace with
 //!   `/dev/infiniband/uverbs0`, environment) (`src/bin/rdmx-ibv.rs`).
 
 pub mod abi;
+pub mod cm;
 pub mod glue;
 pub mod launcher;
 pub mod verbs;

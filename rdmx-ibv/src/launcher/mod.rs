@@ -55,13 +55,14 @@ unprivileged through a user namespace); there, replaces /dev by a tmpfs rebuilt 
 mounts of the host's /dev plus /dev/infiniband/uverbs0 (a bind of /dev/full) and
 /dev/rdmx-ibv (a fake sysfs tree describing rdmx0, and the provider as
 librdmx-rdmav34.so); sets SYSFS_PATH, RDMAV_DRIVERS, LD_PRELOAD (the provider also
-supplies ibv_create_comp_channel) and RDMX_SOFT_ADDR; and executes CMD. The host's /dev
-and /etc are not modified. Without root and without user namespaces it stops with an
-error.
+supplies ibv_create_comp_channel and librdmacm's functions: rping, ucmatose, perftest -R
+and other RDMA connection manager programs run) and RDMX_SOFT_ADDR; and executes CMD.
+The host's /dev and /etc are not modified. Without root and without user namespaces it
+stops with an error.
 
-Not covered: programs that need /dev/infiniband/rdma_cm (librdmacm: fio's rdma engine,
-perftest -R), setuid programs (they ignore SYSFS_PATH and LD_PRELOAD), hosts whose kernel
-has RDMA netlink (libibverbs then does not read SYSFS_PATH).
+Not covered: librdmacm's rsockets (rsocket, rsend, ...), setuid programs (they ignore
+SYSFS_PATH and LD_PRELOAD), hosts whose kernel has RDMA netlink (libibverbs then does
+not read SYSFS_PATH).
 ";
 
 /// What `exec` was asked to do.

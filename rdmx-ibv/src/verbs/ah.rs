@@ -68,7 +68,7 @@ impl Ah {
         Ok(Arc::new(Ah {
             pd: Arc::clone(pd),
             attr: *attr,
-            dest: SocketAddr::new(ip, dev.settings().soft_port),
+            dest: SocketAddr::new(ip, super::peer_port::default_port(dev, ip)),
             dead: AtomicBool::new(false),
         }))
     }

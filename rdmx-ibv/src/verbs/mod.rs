@@ -24,6 +24,7 @@ pub mod cq;
 pub mod device;
 pub mod events;
 pub mod pd;
+pub mod peer_port;
 pub mod qp;
 pub mod srq;
 pub mod stats;

@@ -16,7 +16,6 @@ use rdmx::provider::soft::device::SoftDevice;
 use rdmx::provider::soft::qp::{QpErrorEvent, SendReq, SoftQp};
 use rdmx::rc::verbs::{attr_mask as m, send_flags};
 use rdmx::rc::{QpCaps, QpState, SgeList, WrOpcode};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -260,7 +259,8 @@ impl Qp {
     /// MIN_RNR_TIMER; RTR->RTS: STATE|SQ_PSN|MAX_QP_RD_ATOMIC|RETRY_CNT|RNR_RETRY|TIMEOUT;
     /// any -> ERR or RESET). CUR_STATE is checked against the current state; SQD/SQE,
     /// alternate paths and unknown bits are refused. At RTR the AV's `dgid` gives the
-    /// peer's IP (IPv4-mapped -> IPv4), its UDP port is `soft_port`; `sgid_index` must be
+    /// peer's IP (IPv4-mapped -> IPv4), its UDP port is `soft_port` (or what the
+    /// connection manager learnt, `peer_port`); `sgid_index` must be
     /// 0; `path_mtu` above the route's active MTU is lowered (logged). Attributes listed in
     /// the config's `qp_override` are replaced by the config's values (logged once per QP
     /// and attribute, counted). On error nothing changes.
@@ -301,7 +301,7 @@ impl Qp {
                     ),
                 ));
             }
-            peer = Some(SocketAddr::new(ip, dev.settings().soft_port));
+            peer = Some(super::peer_port::peer(dev, ip, attr.dest_qp_num));
             if mask & m::PATH_MTU != 0 {
                 match dev.soft.route_active_mtu(ip) {
                     Ok(active) if active < path_mtu => {

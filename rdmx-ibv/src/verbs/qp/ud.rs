@@ -269,7 +269,7 @@ impl UdQp {
                 },
                 imm: u32::from_be(w.imm_data),
                 dest: UdDest {
-                    addr: w.ah.dest(),
+                    addr: crate::verbs::peer_port::ud_dest(w.ah.dest(), w.remote_qpn),
                     remote_qpn: w.remote_qpn,
                     remote_qkey: w.remote_qkey,
                 },
