@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "require.h"
 
 #define PAGE 4096
 #define MSG_TYPE 7
@@ -692,11 +693,15 @@ static int run_cmd(char *const argv[], const char *input) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
+/* Whether black holes are wanted (not MSGR_FAULTS_NO_BLACK_HOLE=1) and nft works; a
+ * wanted one without nft is skipped, or fails under RDMX_TEST_REQUIRE=all. */
 static int nft_usable(void) {
   const char *no = getenv("MSGR_FAULTS_NO_BLACK_HOLE");
   if (no && strcmp(no, "1") == 0) return 0;
   char *argv[] = {"nft", "list", "tables", NULL};
-  return run_cmd(argv, NULL) == 0;
+  if (run_cmd(argv, NULL) == 0) return 1;
+  require_missing("nft", "the UDP black holes", "`nft list tables` failed (root, nftables?)");
+  return 0;
 }
 
 /* Drops every UDP datagram arriving for ports `a` and `b` (the two messengers' soft

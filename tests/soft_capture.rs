@@ -7,6 +7,7 @@
 //!
 //! Skips (with a message) when tshark or tcpdump is missing or capturing is not permitted.
 
+mod require;
 mod support;
 
 use rdmx::msgr::{Connection, Context};
@@ -321,8 +322,11 @@ fn read_pcap(bytes: &[u8]) -> Vec<Frame> {
 fn have_capture_tools() -> bool {
     for tool in ["tshark", "tcpdump"] {
         if !have(tool) {
-            println!("skipping capture check: {tool} is not installed");
-            eprintln!("skipping capture check: {tool} is not installed");
+            require::missing(
+                require::CAPTURE,
+                "the capture check",
+                format!("{tool} is not installed"),
+            );
             return false;
         }
     }
@@ -339,8 +343,7 @@ fn start_capture(name: &str, ports: &[u16]) -> Option<(Capture, PathBuf)> {
             Some((c, file))
         }
         Err(why) => {
-            println!("skipping capture check: {why}");
-            eprintln!("skipping capture check: {why}");
+            require::missing(require::CAPTURE, "the capture check", why);
             None
         }
     }
@@ -652,8 +655,12 @@ fn ipv6_capture_has_a_correct_icrc_on_every_frame() {
     if !have_capture_tools() {
         return;
     }
-    if std::net::UdpSocket::bind("[::1]:0").is_err() {
-        println!("skipping IPv6 capture check: this host has no IPv6 loopback");
+    if let Err(e) = std::net::UdpSocket::bind("[::1]:0") {
+        require::missing(
+            require::IPV6,
+            "the IPv6 capture check",
+            format!("bind [::1]: {e}"),
+        );
         return;
     }
     let kv = [("timeout", "18"), ("soft_gso", "false")];
