@@ -21,6 +21,7 @@ use super::boundary::{self, handle, out_ptr};
 use super::config::rdmx_config;
 use super::context::addr_arg;
 use super::mem::{rdmx_chunk, rdmx_mem};
+use super::sized::{sized_out, write_sized};
 use super::status::rdmx_status;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
@@ -747,11 +748,16 @@ pub unsafe extern "C" fn rdmx_msgr_mem_invalidate(
     })
 }
 
-/// Per-session counters (also summed over a messenger's sessions in `rdmx_msgr_stats`).
+/// Per-session counters (`rdmx_session_get_counters`), also summed over every session of a
+/// messenger (`rdmx_msgr_get_totals`).
 #[repr(C)]
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_session_counters {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     pub msgs_sent: u64,
     pub msgs_received: u64,
     /// Front and data bytes of the messages sent / delivered.
@@ -801,6 +807,7 @@ pub struct rdmx_session_counters {
 impl From<&SessionCounters> for rdmx_session_counters {
     fn from(c: &SessionCounters) -> Self {
         rdmx_session_counters {
+            struct_size: 0,
             msgs_sent: c.msgs_sent,
             msgs_received: c.msgs_received,
             bytes_sent: c.bytes_sent,
@@ -832,6 +839,10 @@ impl From<&SessionCounters> for rdmx_session_counters {
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_msgr_stats {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     /// Sessions not closed; accepted connections not handshaken yet.
     pub sessions: u64,
     pub pending_connections: u64,
@@ -861,8 +872,6 @@ pub struct rdmx_msgr_stats {
     /// Parked sessions found with work by the periodic look instead of being woken (0
     /// unless a wake was missed; each cost up to 100 ms).
     pub missed_wakes: u64,
-    /// Counters summed over every session ever made (closed ones included).
-    pub totals: rdmx_session_counters,
     /// The listener's peers that failed authentication (wrong key, unknown entity, no or
     /// unwanted authentication, replay, reflection).
     pub auth_failures: u64,
@@ -877,21 +886,21 @@ pub struct rdmx_msgr_stats {
 }
 
 /// The messenger's figures: pools (to check they are back at their baseline), sessions,
-/// totals.
+/// handshakes (the sessions' summed counters: `rdmx_msgr_get_totals`).
 ///
 /// # Safety
-/// `m` NULL or live; `out` NULL or writable.
+/// `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_msgr_get_stats(
     m: *const rdmx_msgr,
     out: *mut rdmx_msgr_stats,
 ) -> rdmx_status {
     boundary::call("rdmx_msgr_get_stats", || {
-        let out = out_ptr(out)?;
         // SAFETY: forwarded contract.
         let m = unsafe { handle(m, "msgr") }?;
         let s = m.inner.stats();
         let v = rdmx_msgr_stats {
+            struct_size: 0,
             sessions: s.sessions as u64,
             pending_connections: s.pending_connections as u64,
             data_chunks_in_use: s.data_pool.chunks_in_use,
@@ -906,14 +915,33 @@ pub unsafe extern "C" fn rdmx_msgr_get_stats(
             spin_backoffs: s.spin_backoffs,
             active_sessions: s.active_sessions as u64,
             missed_wakes: s.missed_wakes,
-            totals: (&s.totals).into(),
             auth_failures: s.auth_failures,
             handshake_refusals: s.handshake_refusals,
             handshake_timeouts: s.handshake_timeouts,
             session_refusals: s.session_refusals,
         };
-        // SAFETY: `out` checked non-NULL and writable.
-        unsafe { out.write(v) };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
         Ok(())
     })
 }
+
+/// The counters of every session the messenger ever made (closed ones included), summed.
+///
+/// # Safety
+/// `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_msgr_get_totals(
+    m: *const rdmx_msgr,
+    out: *mut rdmx_session_counters,
+) -> rdmx_status {
+    boundary::call("rdmx_msgr_get_totals", || {
+        // SAFETY: forwarded contract.
+        let m = unsafe { handle(m, "msgr") }?;
+        let v = (&m.inner.stats().totals).into();
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }
+    })
+}
+
+sized_out!(rdmx_session_counters, rdmx_msgr_stats);
