@@ -657,6 +657,12 @@ typedef struct {
    * each connection's own are in `rdmx_counters.async_events`). 0 on soft.
    */
   uint64_t async_events;
+  /**
+   * Not a datagram: panics caught in the device's progress thread (soft; a completion
+   * hook, a bug). Each failed every QP of the context and was logged at error level;
+   * the thread went on. 0 normally, and on verbs.
+   */
+  uint64_t progress_panics;
 } rdmx_port_counters;
 
 /**
@@ -886,6 +892,12 @@ typedef struct {
    * `msgr_max_sessions_per_entity`, or for resuming another entity's session.
    */
   uint64_t session_refusals;
+  /**
+   * Messenger callbacks that panicked inside rdmx (a C callback cannot panic; rdmx's
+   * side of the call can, on a bug): each was caught (the worker thread lives on),
+   * logged at error level, and ended its session (RDMX_MSGR_EVENT_RESET). 0 normally.
+   */
+  uint64_t dispatcher_panics;
 } rdmx_msgr_stats;
 
 /**

@@ -154,3 +154,15 @@ mod tests {
         );
     }
 }
+
+/// The text of a caught panic's payload (`panic!` with a literal or a format), for the
+/// error line that reports it.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_string()
+    }
+}

@@ -181,6 +181,10 @@ pub struct rdmx_port_counters {
     /// Async events the device reported (provider=verbs: QP, CQ, port and device events;
     /// each connection's own are in `rdmx_counters.async_events`). 0 on soft.
     pub async_events: u64,
+    /// Not a datagram: panics caught in the device's progress thread (soft; a completion
+    /// hook, a bug). Each failed every QP of the context and was logged at error level;
+    /// the thread went on. 0 normally, and on verbs.
+    pub progress_panics: u64,
 }
 
 /// Fills `*out` with the context's port counters. The caller owns `*out` (plain data,
@@ -206,6 +210,7 @@ pub unsafe extern "C" fn rdmx_context_port_counters(
             truncated: p.truncated,
             kernel_drops: p.kernel_drops,
             async_events: p.async_events,
+            progress_panics: ctx.inner.progress_stats().progress_panics,
         };
         // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
         unsafe { write_sized(out, v) }?;

@@ -883,6 +883,10 @@ pub struct rdmx_msgr_stats {
     /// Links and sessions refused by `msgr_max_pending_links`, `msgr_max_sessions`,
     /// `msgr_max_sessions_per_entity`, or for resuming another entity's session.
     pub session_refusals: u64,
+    /// Messenger callbacks that panicked inside rdmx (a C callback cannot panic; rdmx's
+    /// side of the call can, on a bug): each was caught (the worker thread lives on),
+    /// logged at error level, and ended its session (RDMX_MSGR_EVENT_RESET). 0 normally.
+    pub dispatcher_panics: u64,
 }
 
 /// The messenger's figures: pools (to check they are back at their baseline), sessions,
@@ -919,6 +923,7 @@ pub unsafe extern "C" fn rdmx_msgr_get_stats(
             handshake_refusals: s.handshake_refusals,
             handshake_timeouts: s.handshake_timeouts,
             session_refusals: s.session_refusals,
+            dispatcher_panics: s.dispatcher_panics,
         };
         // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
         unsafe { write_sized(out, v) }?;
