@@ -29,6 +29,7 @@ use crate::mem::rcache::Handle;
 use crate::msgr::messenger::{
     Dispatcher, InMessage, Messenger, Policy, SendId, SessionCounters, SessionId, TxChunk,
 };
+use crate::provider::soft::sys::EventFd;
 use crate::rc::verbs::access;
 use parking_lot::{Condvar, Mutex};
 use std::cell::{Cell, RefCell};
@@ -144,45 +145,6 @@ struct Shared {
     chunks: Mutex<HashMap<usize, TxChunk>>,
     /// Registrations from `rdmx_msgr_mem_reg`, by id.
     mems: Mutex<(u64, HashMap<u64, Handle>)>,
-}
-
-/// An eventfd readable while event records are queued.
-struct EventFd(i32);
-
-impl EventFd {
-    fn new() -> Result<EventFd> {
-        // SAFETY: eventfd(2) with valid flags; the fd is owned by the returned value.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!(
-                    "rdmx_msgr_new: eventfd: {}",
-                    std::io::Error::last_os_error()
-                ),
-            ));
-        }
-        Ok(EventFd(fd))
-    }
-
-    fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-        let _ = unsafe { libc::write(self.0, (&one as *const u64).cast(), 8) };
-    }
-
-    fn clear(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64 from our non-blocking eventfd.
-        let _ = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
-    }
-}
-
-impl Drop for EventFd {
-    fn drop(&mut self) {
-        // SAFETY: closes the fd this value owns, once.
-        unsafe { libc::close(self.0) };
-    }
 }
 
 thread_local! {
@@ -570,7 +532,7 @@ pub unsafe extern "C" fn rdmx_msgr_poll(
 pub unsafe extern "C" fn rdmx_msgr_event_fd(m: *const rdmx_msgr) -> i32 {
     boundary::call_value("rdmx_msgr_event_fd", -1, || {
         // SAFETY: forwarded contract.
-        unsafe { m.as_ref() }.map_or(-1, |m| m.shared.efd.0)
+        unsafe { m.as_ref() }.map_or(-1, |m| m.shared.efd.raw_fd())
     })
 }
 
