@@ -3,7 +3,6 @@
 //! side gets `on_reset`, the peer sees the session closed), and the other sessions on the
 //! same worker keep going. Bounded waits only; nothing here measures time.
 
-use rdmx::config::Config;
 use rdmx::error::Error;
 use rdmx::msgr::messenger::{Dispatcher, InMessage, Messenger, OutMessage, Policy, SessionId};
 use std::sync::Arc;
@@ -42,16 +41,6 @@ impl Dispatcher for Log {
     }
 }
 
-fn config(kv: &[(&str, &str)]) -> Config {
-    let mut c = Config::new();
-    c.set("soft_port", "0").unwrap();
-    support::apply_provider(&mut c);
-    for (k, v) in kv {
-        c.set(k, v).unwrap();
-    }
-    c
-}
-
 /// Polls the client (caller-driven) until `done`, at most 20 s.
 fn drive(client: &Messenger, what: &str, mut done: impl FnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(20);
@@ -72,10 +61,14 @@ fn panicking_on_message_ends_only_its_session(policy: Policy, panic_on_reset: bo
         panic_on_reset,
         ..Log::default()
     });
-    let server = Messenger::new(&config(&[("msgr_threads", "1")]), server_log.clone()).unwrap();
+    let server = Messenger::new(
+        &support::config(&[("msgr_threads", "1")]),
+        server_log.clone(),
+    )
+    .unwrap();
     let addr = server.listen("127.0.0.1:0").unwrap().to_string();
     let client_log = Arc::new(Log::default());
-    let client = Messenger::new(&config(&[]), client_log.clone()).unwrap();
+    let client = Messenger::new(&support::config(&[]), client_log.clone()).unwrap();
     let a = client.connect(&addr, policy).unwrap();
     let b = client.connect(&addr, policy).unwrap();
     drive(&client, "two sessions", || {

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::{config, empty_wc};
+use support::config;
 
 const SEC: Duration = Duration::from_secs(1);
 const PSN_MASK: u32 = 0xFF_FFFF;
@@ -136,17 +136,7 @@ impl Drop for Capture {
 }
 
 fn wait(c: &Connection, n: usize) -> Vec<Wc> {
-    let mut got = Vec::new();
-    let mut buf = [empty_wc(); 16];
-    let end = Instant::now() + 5 * SEC;
-    while got.len() < n && Instant::now() < end {
-        let k = c.poll(&mut buf);
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
-    got
+    support::poll_for(c, n, 5 * SEC)
 }
 
 fn wr(cookie: u64, opcode: WrOpcode, sge: Sge, remote_addr: u64, rkey: u32) -> SendReq {

@@ -31,17 +31,7 @@ fn ctx() -> Context {
 
 /// Polls until `n` completions arrived (bounded: 10 s).
 fn wait(c: &Connection, n: usize) -> Vec<Wc> {
-    let mut got = Vec::new();
-    let mut buf = [support::empty_wc(); 16];
-    let end = Instant::now() + Duration::from_secs(10);
-    while got.len() < n && Instant::now() < end {
-        let k = c.poll(&mut buf);
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-    got
+    support::poll_for(c, n, Duration::from_secs(10))
 }
 
 fn read(cookie: u64, local: Sge, remote_addr: u64, rkey: u32) -> SendReq {
