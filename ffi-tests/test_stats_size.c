@@ -16,6 +16,13 @@
 #define GUARD 0xA5
 #define TAIL 64
 
+/* A struct with TAIL guard bytes after it: `.s` the struct, `.b` its bytes. */
+#define GUARDED(T)                     \
+  union {                              \
+    T s;                               \
+    unsigned char b[sizeof(T) + TAIL]; \
+  }
+
 /* `buf` holds a struct of `size` bytes and TAIL guard bytes after it. */
 static int tail_untouched(const unsigned char *buf, size_t size) {
   for (size_t i = size; i < size + TAIL; i++)
@@ -41,10 +48,7 @@ int main(void) {
   CHECK_STATUS(rdmx_msgr_listen(m, "127.0.0.1:0", &port), RDMX_OK);
 
   /* rdmx_msgr_stats: an older struct ending before `missed_wakes`. */
-  union {
-    rdmx_msgr_stats s;
-    unsigned char b[sizeof(rdmx_msgr_stats) + TAIL];
-  } ms;
+  GUARDED(rdmx_msgr_stats) ms;
   size_t cut = offsetof(rdmx_msgr_stats, missed_wakes);
   older(ms.b, sizeof ms.s, cut);
   CHECK_STATUS(rdmx_msgr_get_stats(m, &ms.s), RDMX_OK);
@@ -74,30 +78,24 @@ int main(void) {
   CHECK(tail_untouched(ms.b, sizeof(size_t)));
 
   /* rdmx_session_counters (the messenger's totals): an older struct of 4 counters. */
-  union {
-    rdmx_session_counters c;
-    unsigned char b[sizeof(rdmx_session_counters) + TAIL];
-  } tc;
+  GUARDED(rdmx_session_counters) tc;
   cut = offsetof(rdmx_session_counters, replays);
-  older(tc.b, sizeof tc.c, cut);
-  CHECK_STATUS(rdmx_msgr_get_totals(m, &tc.c), RDMX_OK);
-  CHECK(tc.c.struct_size == cut);
-  CHECK(tc.c.msgs_sent == 0 && tc.c.bytes_received == 0);
+  older(tc.b, sizeof tc.s, cut);
+  CHECK_STATUS(rdmx_msgr_get_totals(m, &tc.s), RDMX_OK);
+  CHECK(tc.s.struct_size == cut);
+  CHECK(tc.s.msgs_sent == 0 && tc.s.bytes_received == 0);
   CHECK(tail_untouched(tc.b, cut));
   CHECK_STATUS(rdmx_msgr_get_totals(m, NULL), RDMX_INVALID_ARGUMENT);
 
   /* rdmx_port_counters of a context: an older struct ending before `async_events`. */
   rdmx_context *ctx = NULL;
   CHECK_STATUS(rdmx_context_new(cfg, &ctx), RDMX_OK);
-  union {
-    rdmx_port_counters p;
-    unsigned char b[sizeof(rdmx_port_counters) + TAIL];
-  } pc;
+  GUARDED(rdmx_port_counters) pc;
   cut = offsetof(rdmx_port_counters, async_events);
-  older(pc.b, sizeof pc.p, cut);
-  CHECK_STATUS(rdmx_context_port_counters(ctx, &pc.p), RDMX_OK);
-  CHECK(pc.p.struct_size == cut);
-  CHECK(pc.p.unknown_qpn == 0);
+  older(pc.b, sizeof pc.s, cut);
+  CHECK_STATUS(rdmx_context_port_counters(ctx, &pc.s), RDMX_OK);
+  CHECK(pc.s.struct_size == cut);
+  CHECK(pc.s.unknown_qpn == 0);
   CHECK(tail_untouched(pc.b, cut));
 
   rdmx_context_free(ctx);
