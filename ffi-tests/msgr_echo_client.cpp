@@ -241,6 +241,7 @@ int main(int argc, char **argv) {
 
   for (int i = 0; i < 2; i++) {
     rdmx_session_counters c{};
+    c.struct_size = sizeof c;
     CHECK_STATUS(rdmx_session_get_counters(m.get(), client.sessions[i].id, &c), RDMX_OK);
     CHECK(c.msgs_sent == sent[i] + 1);
     CHECK(c.msgs_received == count);
@@ -250,6 +251,7 @@ int main(int argc, char **argv) {
   }
   CHECK_STATUS(rdmx_msgr_mem_dereg(m.get(), &mem), RDMX_OK);
   rdmx_msgr_stats st{};
+  st.struct_size = sizeof st;
   for (int k = 0; k < 500; k++) {
     CHECK_STATUS(rdmx_msgr_get_stats(m.get(), &st), RDMX_OK);
     if (st.data_chunks_in_use == 0 && st.header_slots_in_use == 0) break;

@@ -177,7 +177,7 @@ int main(int argc, char **argv) {
   rdmx_config_free(cfg);
   if (m == NULL) CHECK_DONE("msgr_echo_server");
 
-  rdmx_msgr_stats base;
+  rdmx_msgr_stats base = {.struct_size = sizeof base};
   CHECK_STATUS(rdmx_msgr_get_stats(m, &base), RDMX_OK);
   uint16_t port = 0;
   CHECK_STATUS(rdmx_msgr_listen(m, "127.0.0.1:0", &port), RDMX_OK);
@@ -224,7 +224,7 @@ int main(int argc, char **argv) {
          quits, (unsigned long long)echoed, failures_seen, wakeups);
 
   /* Pools back to their baseline once the ended sessions' connections drained. */
-  rdmx_msgr_stats st;
+  rdmx_msgr_stats st = {.struct_size = sizeof st};
   double until = now_s() + 10.0;
   do {
     struct timespec pause = {0, 20000000};
@@ -238,11 +238,13 @@ int main(int argc, char **argv) {
   CHECK(st.header_slots_in_use == base.header_slots_in_use);
   CHECK(st.copy_chunks_in_use == 0);
   CHECK(st.events_queued == 0);
-  CHECK(st.totals.rnr_naks == 0);
-  CHECK(st.totals.msgs_received >= echoed);
+  rdmx_session_counters totals = {.struct_size = sizeof totals};
+  CHECK_STATUS(rdmx_msgr_get_totals(m, &totals), RDMX_OK);
+  CHECK(totals.rnr_naks == 0);
+  CHECK(totals.msgs_received >= echoed);
   printf("server: data chunks in use %u (baseline %u), header slots %u, copied %llu B\n",
          st.data_chunks_in_use, base.data_chunks_in_use, st.header_slots_in_use,
-         (unsigned long long)st.totals.copied_bytes);
+         (unsigned long long)totals.copied_bytes);
   rdmx_msgr_free(m);
   CHECK_DONE("msgr_echo_server");
 }

@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "require.h"
 
 #define PAGE 4096
 #define MSG_TYPE 7
@@ -450,7 +451,7 @@ static void teardown_ring(void) {
   CHECK_STATUS(rdmx_msgr_mem_invalidate(P.m, P.ring, (size_t)SLOTS * PAGE), RDMX_OK);
   free(P.ring);
   P.ring = NULL;
-  rdmx_msgr_stats now;
+  rdmx_msgr_stats now = {.struct_size = sizeof now};
   CHECK_STATUS(rdmx_msgr_get_stats(P.m, &now), RDMX_OK);
   CHECK(now.mem_registrations == 0 && now.chunks_lent == 0);
 }
@@ -500,7 +501,7 @@ static int peer_main(const char *addr, const char *policy_name, uint64_t n, int 
   P.m = new_msgr(kv, 1, on_event, &udp);
   if (P.m == NULL) return 1;
   setup_ring();
-  rdmx_msgr_stats base; /* with the ring registered */
+  rdmx_msgr_stats base = {.struct_size = sizeof base}; /* with the ring registered */
   CHECK_STATUS(rdmx_msgr_get_stats(P.m, &base), RDMX_OK);
   uint64_t s = 0;
   CHECK_STATUS(rdmx_msgr_connect(P.m, addr, policy, &s), RDMX_OK);
@@ -530,8 +531,7 @@ static int peer_main(const char *addr, const char *policy_name, uint64_t n, int 
     view_t p = snap(s);
     if (!done && n && p.next == n && p.ok == n) {
       done = 1;
-      rdmx_session_counters c;
-      memset(&c, 0, sizeof c);
+      rdmx_session_counters c = {.struct_size = sizeof c};
       CHECK_STATUS(rdmx_session_get_counters(P.m, s, &c), RDMX_OK);
       say("DONE recv=%llu bad=%llu ok=%llu failed=%llu resets=%d reconnects=%llu replays=%llu "
           "faults=%llu injected=%llu duplicates=%llu retries_exceeded=%lu",
@@ -577,7 +577,7 @@ static int peer_main(const char *addr, const char *policy_name, uint64_t n, int 
    * first, so that the pools are compared at rest. (rdmx_msgr_free cancels and joins a
    * reconnect attempt in flight; before that fix its thread kept the messenger's core past
    * the free and valgrind reported the memory as lost.) */
-  rdmx_session_info info;
+  rdmx_session_info info = {.struct_size = sizeof info};
   double open_by = now_s() + wait_s(10.0);
   while (policy == RDMX_POLICY_LOSSLESS && rdmx_session_get_info(P.m, s, &info) == RDMX_OK &&
          info.state != RDMX_SESSION_OPEN && now_s() < open_by)
@@ -586,7 +586,7 @@ static int peer_main(const char *addr, const char *policy_name, uint64_t n, int 
    * back once the connection drained. */
   rdmx_status cst = rdmx_session_close(P.m, s);
   CHECK(cst == RDMX_OK || cst == RDMX_CLOSED);
-  rdmx_msgr_stats now;
+  rdmx_msgr_stats now = {.struct_size = sizeof now};
   double until = now_s() + wait_s(10.0);
   int back = 0;
   while (!(back = pools_back(&base, 0, &now) && snap(s).len == 0) && now_s() < until) sleep_us(5000);
@@ -692,11 +692,15 @@ static int run_cmd(char *const argv[], const char *input) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
+/* Whether black holes are wanted (not MSGR_FAULTS_NO_BLACK_HOLE=1) and nft works; a
+ * wanted one without nft is skipped, or fails under RDMX_TEST_REQUIRE=all. */
 static int nft_usable(void) {
   const char *no = getenv("MSGR_FAULTS_NO_BLACK_HOLE");
   if (no && strcmp(no, "1") == 0) return 0;
   char *argv[] = {"nft", "list", "tables", NULL};
-  return run_cmd(argv, NULL) == 0;
+  if (run_cmd(argv, NULL) == 0) return 1;
+  require_missing("nft", "the UDP black holes", "`nft list tables` failed (root, nftables?)");
+  return 0;
 }
 
 /* Drops every UDP datagram arriving for ports `a` and `b` (the two messengers' soft
@@ -887,7 +891,7 @@ static uint64_t wait_session(peer_t *p, const uint64_t *seen, int nseen) {
 
 /* Waits (bounded) until the pools are back to `base` and `sessions` are left. */
 static void wait_pools(const rdmx_msgr_stats *base, int64_t sessions, double within) {
-  rdmx_msgr_stats now;
+  rdmx_msgr_stats now = {.struct_size = sizeof now};
   double end = now_s() + within;
   while (!pools_back(base, sessions, &now)) {
     if (now_s() > end) {
@@ -927,7 +931,7 @@ static void run_lossless(uint64_t n) {
                     "side-channel closes and QP errors only\n");
   uint16_t udp = 0;
   char addr[64];
-  rdmx_msgr_stats base;
+  rdmx_msgr_stats base = {.struct_size = sizeof base};
   parent_msgr(NULL, 0, black_hole ? &udp : NULL, addr, sizeof addr, &base);
   double start = now_s();
   peer_t peer;
@@ -958,8 +962,7 @@ static void run_lossless(uint64_t n) {
     view_t p = snap(s);
     if (p.next == n && p.ok == n && peer.done[0]) break;
     if (now_s() - start > limit) {
-      rdmx_session_info info;
-      memset(&info, 0, sizeof info);
+      rdmx_session_info info = {.struct_size = sizeof info};
       rdmx_session_get_info(P.m, s, &info);
       fail("lossless stuck after %.0f s: parent sent %llu, delivered %llu, ok %llu, failed %llu; "
            "state %u queued %llu unacked %llu; peer: %s",
@@ -988,8 +991,7 @@ static void run_lossless(uint64_t n) {
   double elapsed = now_s() - start;
   hole_delete_raw();
   view_t p = snap(s);
-  rdmx_session_counters c;
-  memset(&c, 0, sizeof c);
+  rdmx_session_counters c = {.struct_size = sizeof c};
   CHECK_STATUS(rdmx_session_get_counters(P.m, s, &c), RDMX_OK);
   const char *d = peer.done;
   printf("lossless: %llu messages each way in %.2f s; parent injected side channel %u/%u, QP "
@@ -1028,10 +1030,12 @@ static void run_lossless(uint64_t n) {
   p = snap(s);
   CHECK(p.len == 0 && p.ok == n && p.failed == 0);
   drain_events();
-  rdmx_msgr_stats now;
+  rdmx_msgr_stats now = {.struct_size = sizeof now};
   CHECK_STATUS(rdmx_msgr_get_stats(P.m, &now), RDMX_OK);
   CHECK(now.events_queued == 0);
-  CHECK(now.totals.rnr_naks == 0);
+  rdmx_session_counters totals = {.struct_size = sizeof totals};
+  CHECK_STATUS(rdmx_msgr_get_totals(P.m, &totals), RDMX_OK);
+  CHECK(totals.rnr_naks == 0);
   print_pools(stdout, "lossless: parent after close", &base, &now);
   parent_done();
 }
@@ -1066,7 +1070,7 @@ static void run_lossy(uint64_t final_n) {
   const kv_t kv[] = {{"msgr_keepalive_timeout_ms", slow ? "60000" : "5000"},
                          {"msgr_reconnect_timeout_ms", "20000"}};
   char addr[64];
-  rdmx_msgr_stats base;
+  rdmx_msgr_stats base = {.struct_size = sizeof base};
   parent_msgr(kv, 2, NULL, addr, sizeof addr, &base);
   uint64_t rng = 0x51517a7a01012323ull ^ (uint64_t)getpid();
   uint64_t seen[LOSSY_ROUNDS + 1];
@@ -1092,8 +1096,7 @@ static void run_lossy(uint64_t final_n) {
     }
     /* One more burst (so sends are held: queued or unacknowledged), then SIGKILL. */
     pump(s, UINT64_MAX, NULL);
-    rdmx_session_info info;
-    memset(&info, 0, sizeof info);
+    rdmx_session_info info = {.struct_size = sizeof info};
     CHECK_STATUS(rdmx_session_get_info(P.m, s, &info), RDMX_OK);
     uint64_t held = info.queued + info.unacked;
     CHECK(info.policy == RDMX_POLICY_LOSSY && info.incoming == 1);

@@ -42,17 +42,18 @@ build() { # build NAME SOURCE EXTRA_FLAGS...
   esac
 }
 tests=(test_config.c test_config.cpp test_conn.c test_mem.c test_provider.c test_blk.c test_auth.c
-  test_blk_acl.c)
+  test_blk_acl.c test_stats_size.c)
 # The messenger echo: a C server, a C client (event records, then callbacks) and a C++ client
 # (callbacks on worker threads), as separate processes.
 echo_progs=(msgr_echo_server.c msgr_echo_client.c msgr_echo_client.cpp)
 
-echo_run() { # echo_run SUFFIX COUNT RUNNER...: the server and the three clients
+echo_run() { # echo_run SUFFIX COUNT RUNNER...: the server, the three clients, the README's
   local sfx=$1 count=$2; shift 2
   local portf="$out/msgr_port$sfx"
   rm -f "$portf"
-  # 4 sessions: the C client twice, the C++ client's two.
-  "$@" "$out/msgr_echo_server_c$sfx" "$portf" 4 &
+  # 5 sessions: the C client twice, the C++ client's two, the README's example
+  # (examples/msgr_client.c, the same file as in README.md: tests/readme.rs checks).
+  "$@" "$out/msgr_echo_server_c$sfx" "$portf" 5 &
   local srv=$!
   local i
   for i in $(seq 1 600); do [ -s "$portf" ] && break; sleep 0.1; done
@@ -61,6 +62,13 @@ echo_run() { # echo_run SUFFIX COUNT RUNNER...: the server and the three clients
   "$@" "$out/msgr_echo_client_c$sfx" "$addr" poll "$count"
   "$@" "$out/msgr_echo_client_c$sfx" "$addr" callback "$count"
   "$@" "$out/msgr_echo_client_cpp$sfx" "$addr" "$count"
+  # The example takes the defaults and the environment (rdmx_msgr_new(NULL, ...)): any
+  # free UDP port instead of 4791, which another rdmx process may hold.
+  local reply
+  reply=$(RDMX_SOFT_PORT=0 "$@" "$out/msgr_client_c$sfx" "$addr")
+  echo "$reply"
+  [ "$reply" = "reply: type 1, front 'ping', 4096 data bytes" ] ||
+    { echo "examples/msgr_client.c: unexpected output"; return 1; }
   wait "$srv"
 }
 
@@ -128,6 +136,7 @@ for t in "${tests[@]}"; do
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 "$out/${name}_san" $(args_of "$t")
 done
 for t in "${echo_progs[@]}"; do build "${t%.*}_${t##*.}_san" "$t" $san; done
+build msgr_client_c_san ../examples/msgr_client.c $san
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 echo_run _san 2000
 # Messenger fault injection (issue 12 point 4; two processes, the program re-executes itself
 # as the peer): lossless, 100,000 messages each way under faults on both sides (~40 s here),
@@ -162,6 +171,7 @@ for t in "${tests[@]}"; do
   fi
 done
 for t in "${echo_progs[@]}"; do build "${t%.*}_${t##*.}" "$t" -O1; done
+build msgr_client_c ../examples/msgr_client.c -O1
 RDMX_TIMEOUT=16 echo_run "" 200 "${vg[@]}"
 # The fault injection with fewer messages (~25 messages/s under valgrind): lossless 1,000
 # each way (~45 s), lossy 200 (~20 s). MSGR_FAULTS_SLOW=1 stretches its timers and fault

@@ -122,7 +122,7 @@ int main(void) {
   CHECK_STATUS(rdmx_connect(none, addr, 60000, &c), RDMX_AUTH);
   CHECK_ERR_HAS("requires authentication");
 
-  rdmx_handshake_counters k;
+  rdmx_handshake_counters k = {.struct_size = sizeof k};
   int tries = 0;
   do {
     CHECK_STATUS(rdmx_listener_counters(a.l, &k), RDMX_OK);

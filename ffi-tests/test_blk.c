@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
   write_pattern(b, buf, 65536);
   read_check(b, buf, 65536, 2);
   /* Reads were placed in buf by the target's RDMA WRITE: nothing copied in rdmx. */
-  rdmx_blk_counters kc;
+  rdmx_blk_counters kc = {.struct_size = sizeof kc};
   CHECK_STATUS(rdmx_blk_get_counters(b, &kc), RDMX_OK);
   CHECK(kc.copied_bytes == 0 && kc.copied_reads == 0);
   CHECK(kc.placed_bytes == 2u * SPAN && kc.placed_reads == 2u * (SPAN / 4096));

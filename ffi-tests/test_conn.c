@@ -80,7 +80,7 @@ static void publish_port(int port_fd, const char *file, uint16_t port) {
  * side's QP, which only the device's async event tells (no completion of ours failed):
  * rdmx_conn_error names it and the connection's counters count it. */
 static void check_async_error(rdmx_conn *c) {
-  rdmx_counters k;
+  rdmx_counters k = {.struct_size = sizeof k};
   double end = now_s() + 5.0;
   do {
     CHECK_STATUS(rdmx_conn_counters(c, &k), RDMX_OK);
@@ -144,7 +144,7 @@ static int server(int port_fd, const char *file) {
     CHECK(got == 1 && wc[0].status == 5);
     if (k == 1 && on_verbs()) check_async_error(c);
     uint64_t probes = (uint64_t)wait_peer_gone(c, &r);
-    rdmx_counters kc;
+    rdmx_counters kc = {.struct_size = sizeof kc};
     CHECK_STATUS(rdmx_conn_counters(c, &kc), RDMX_OK);
     CHECK(kc.wr_recv_posted == (k == 0 ? 2u : 1u) + probes && kc.wc_status[5] == 1 + probes);
     rdmx_conn_free(c);
@@ -232,7 +232,7 @@ static rdmx_conn *dial(rdmx_context *ctx, const char *addr, rdmx_remote_region *
 static int client(const char *port) {
   rdmx_context *ctx = new_context();
   CHECK_STREQ(rdmx_context_provider(ctx), expected_provider());
-  rdmx_port_counters pc;
+  rdmx_port_counters pc = {.struct_size = sizeof pc};
   memset(&pc, 0xFF, sizeof pc);
   CHECK_STATUS(rdmx_context_port_counters(ctx, &pc), RDMX_OK);
   CHECK(pc.unknown_qpn == 0 && pc.wrong_source == 0 && pc.bad_icrc == 0 && pc.malformed == 0 &&
@@ -291,7 +291,7 @@ static int client(const char *port) {
   CHECK(wc[1].cookie == 31 && wc[1].status == 0);
   for (size_t i = 0; i < 5000; i++)
     if (buf[50000 + i] != cli_pattern(i + 3)) { CHECK(!"client: WRITE read-back differs"); break; }
-  rdmx_counters k;
+  rdmx_counters k = {.struct_size = sizeof k};
   CHECK_STATUS(rdmx_conn_counters(c, &k), RDMX_OK);
   if (on_verbs()) /* a NIC counts packets per port, not per QP */
     CHECK(k.tx_packets == 0 && k.rx_packets == 0 && k.tx_bytes == 0);
@@ -376,12 +376,12 @@ static int client(const char *port) {
       CHECK(strstr(why, "peer is gone or the path is down") != NULL);
       CHECK(rdmx_conn_error(c) == why); /* stable while the connection lives */
     }
-    rdmx_counters k7;
+    rdmx_counters k7 = {.struct_size = sizeof k7};
     CHECK_STATUS(rdmx_conn_counters(c, &k7), RDMX_OK);
     CHECK(k7.ack_timeouts == 2 && k7.injected_drops >= 2);
     /* Port counters: a runt (malformed) and a BTH naming no QP of this context (unknown
      * QPN) sent to its UDP port while its connection's QP keeps the port polled. */
-    rdmx_port_counters p7;
+    rdmx_port_counters p7 = {.struct_size = sizeof p7};
     CHECK_STATUS(rdmx_context_port_counters(lossy, &p7), RDMX_OK);
     CHECK(p7.unknown_qpn == 0 && p7.wrong_source == 0 && p7.malformed == 0);
     const uint8_t runt[10] = {0};

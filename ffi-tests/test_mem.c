@@ -41,7 +41,7 @@ static rdmx_context *new_context(void) {
 static void test_pool(rdmx_context *ctx) {
   rdmx_pool *p = NULL;
   CHECK_STATUS(rdmx_pool_new(ctx, 4096, 600, RDMX_ACCESS_LOCAL_WRITE, &p), RDMX_OK);
-  rdmx_pool_stats st;
+  rdmx_pool_stats st = {.struct_size = sizeof st};
   CHECK_STATUS(rdmx_pool_get_stats(p, &st), RDMX_OK);
   CHECK(st.chunk_size == 4096 && st.chunks_cap == 600 && st.chunks_in_use == 0 && st.arenas == 1);
   CHECK(st.backing <= RDMX_BACKING_HUGETLB);
@@ -82,7 +82,7 @@ static void test_rcache(rdmx_context *ctx) {
   size_t len = 64 * 1024;
   uint8_t *buf = aligned_alloc(4096, len);
   rdmx_mem a, b, c;
-  rdmx_rcache_stats rs0, rs;
+  rdmx_rcache_stats rs0 = {.struct_size = sizeof rs0}, rs = {.struct_size = sizeof rs};
   CHECK_STATUS(rdmx_mem_cache_stats(ctx, &rs0), RDMX_OK);
   CHECK_STATUS(rdmx_mem_reg(ctx, buf, len, RDMX_ACCESS_LOCAL_WRITE, &a), RDMX_OK);
   CHECK(a.addr <= (uint64_t)(uintptr_t)buf && a.addr + a.length >= (uint64_t)(uintptr_t)buf + len);

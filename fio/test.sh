@@ -7,6 +7,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# require_missing: skip a case the host cannot run, or fail under RDMX_TEST_REQUIRE=all.
+. "$root/scripts/require.sh"
 RUNTIME=${FIO_TEST_RUNTIME:-3}
 work=$(mktemp -d /tmp/rdmx-fio-test.XXXXXX)
 PIDS=()
@@ -120,8 +122,8 @@ for mode in rpc read; do
 done
 
 echo "== fio: across two network namespaces (veth)"
-if ! ip netns add "rdmxfio-$$-a" 2>/dev/null; then
-  echo "skip: network namespaces are not available here"
+if ! why=$(ip netns add "rdmxfio-$$-a" 2>&1); then
+  require_missing netns "fio across two namespaces" "ip netns add: $why" || exit 1
 else
   NETNS+=("rdmxfio-$$-a")
   ip netns add "rdmxfio-$$-b"

@@ -7,6 +7,24 @@
  * rdmx_last_error() holds a message for this thread. NULL handles and strings give
  * RDMX_INVALID_ARGUMENT, never a crash. rdmx_<object>_free(NULL) is a no-op.
  * Link: pkg-config --cflags --libs rdmx
+ *
+ * Structs that grow: the statistics and counter structs (rdmx_msgr_stats,
+ * rdmx_session_counters, rdmx_session_info, rdmx_counters, rdmx_port_counters,
+ * rdmx_handshake_counters, rdmx_blk_counters, rdmx_pool_stats, rdmx_rcache_stats) start
+ * with `size_t struct_size`. Set it to sizeof the struct before the call:
+ *
+ *     rdmx_msgr_stats st = {.struct_size = sizeof st};
+ *     rdmx_msgr_get_stats(m, &st);
+ *
+ * rdmx fills at most struct_size bytes and writes back how many it filled: a program built
+ * against an older header gets the fields it knows (nothing past its struct is written),
+ * one built against a newer header run with an older library finds a smaller struct_size
+ * (the fields past it were not filled). struct_size 0 (not set) gives RDMX_INVALID_ARGUMENT.
+ * The order of their fields is frozen: new fields are only ever added at the end, and none
+ * of them embeds another growing struct. (Why a leading size rather than verbs' comp_mask
+ * or rustls-ffi's accessor functions: these are plain data read field by field; comp_mask
+ * marks optional input fields and says nothing about how far an output may be written;
+ * an accessor per figure would be dozens of entry points. See src/ffi/sized.rs.)
  */
 
 #ifndef RDMX_H
@@ -337,6 +355,12 @@ typedef struct rdmx_pool rdmx_pool;
  * WRITE, or copied from the reply (a target that does not place reads).
  */
 typedef struct {
+  /**
+   * Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+   * many bytes and writes back how many it filled (see "Structs that grow" at the top of
+   * this header). The order of the fields is frozen: new fields are only added at the end.
+   */
+  size_t struct_size;
   uint64_t placed_reads;
   uint64_t placed_bytes;
   /**
@@ -419,6 +443,12 @@ typedef int32_t (*rdmx_on_connect)(void *user_data, rdmx_conn *conn);
  */
 typedef struct {
   /**
+   * Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+   * many bytes and writes back how many it filled (see "Structs that grow" at the top of
+   * this header). The order of the fields is frozen: new fields are only added at the end.
+   */
+  size_t struct_size;
+  /**
    * Peers that failed authentication (wrong key, unknown entity, no or unwanted
    * authentication, a replayed or reflected exchange).
    */
@@ -486,6 +516,12 @@ typedef struct {
  * `wr_send_posted` on: work requests and completions, on both providers.
  */
 typedef struct {
+  /**
+   * Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+   * many bytes and writes back how many it filled (see "Structs that grow" at the top of
+   * this header). The order of the fields is frozen: new fields are only added at the end.
+   */
+  size_t struct_size;
   uint64_t tx_packets;
   uint64_t tx_bytes;
   uint64_t rx_packets;
@@ -586,6 +622,12 @@ typedef struct {
  */
 typedef struct {
   /**
+   * Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+   * many bytes and writes back how many it filled (see "Structs that grow" at the top of
+   * this header). The order of the fields is frozen: new fields are only added at the end.
+   */
+  size_t struct_size;
+  /**
    * Packets for a QP number no connection of the context has (closed, never existed).
    */
   uint64_t unknown_qpn;
@@ -615,6 +657,12 @@ typedef struct {
    * each connection's own are in `rdmx_counters.async_events`). 0 on soft.
    */
   uint64_t async_events;
+  /**
+   * Not a datagram: panics caught in the device's progress thread (soft; a completion
+   * hook, a bug). Each failed every QP of the context and was logged at error level;
+   * the thread went on. 0 normally, and on verbs.
+   */
+  uint64_t progress_panics;
 } rdmx_port_counters;
 
 /**
@@ -655,6 +703,12 @@ typedef struct {
  * Pool statistics.
  */
 typedef struct {
+  /**
+   * Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+   * many bytes and writes back how many it filled (see "Structs that grow" at the top of
+   * this header). The order of the fields is frozen: new fields are only added at the end.
+   */
+  size_t struct_size;
   uint64_t chunk_size;
   /**
    * Chunks carved so far (grows arena by arena up to `chunks_cap`).
@@ -695,6 +749,12 @@ typedef struct {
  * Registration cache statistics.
  */
 typedef struct {
+  /**
+   * Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+   * many bytes and writes back how many it filled (see "Structs that grow" at the top of
+   * this header). The order of the fields is frozen: new fields are only added at the end.
+   */
+  size_t struct_size;
   uint64_t hits;
   uint64_t misses;
   uint64_t evictions;
@@ -753,9 +813,104 @@ typedef struct {
 typedef void (*rdmx_msgr_on_event)(void *user_data, rdmx_msgr *m, const rdmx_msgr_event *ev);
 
 /**
- * Per-session counters (also summed over a messenger's sessions in `rdmx_msgr_stats`).
+ * Messenger-wide figures.
  */
 typedef struct {
+  /**
+   * Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+   * many bytes and writes back how many it filled (see "Structs that grow" at the top of
+   * this header). The order of the fields is frozen: new fields are only added at the end.
+   */
+  size_t struct_size;
+  /**
+   * Sessions not closed; accepted connections not handshaken yet.
+   */
+  uint64_t sessions;
+  uint64_t pending_connections;
+  /**
+   * The 4 KiB data pool: chunks in use (posted receives, queued and unacknowledged
+   * sends, lent chunks, received data the application holds), carved, and the bound.
+   */
+  uint32_t data_chunks_in_use;
+  uint32_t data_chunks_total;
+  uint32_t data_chunks_cap;
+  /**
+   * Header slots in use (one per posted receive and SEND in flight).
+   */
+  uint32_t header_slots_in_use;
+  /**
+   * 64 KiB chunks in use for copies of large unregistered segments.
+   */
+  uint32_t copy_chunks_in_use;
+  /**
+   * Event records queued for `rdmx_msgr_poll`.
+   */
+  uint32_t events_queued;
+  /**
+   * Chunks lent by `rdmx_msgr_chunk_get` and not sent or given back.
+   */
+  uint32_t chunks_lent;
+  /**
+   * Live `rdmx_msgr_mem_reg` registrations.
+   */
+  uint32_t mem_registrations;
+  /**
+   * Malformed headers on connections that were not (yet) a session's.
+   */
+  uint64_t malformed;
+  /**
+   * Times a progress loop slept at once instead of polling because its thread had been
+   * waiting for a CPU (a host with busy cores; see the `poll_mode` and `polling_us` keys).
+   */
+  uint64_t spin_backoffs;
+  /**
+   * Sessions the progress passes look at now; the others are parked (idle: open,
+   * nothing to do; a completion, their keepalive or a call wakes them).
+   */
+  uint64_t active_sessions;
+  /**
+   * Parked sessions found with work by the periodic look instead of being woken (0
+   * unless a wake was missed; each cost up to 100 ms).
+   */
+  uint64_t missed_wakes;
+  /**
+   * The listener's peers that failed authentication (wrong key, unknown entity, no or
+   * unwanted authentication, replay, reflection).
+   */
+  uint64_t auth_failures;
+  /**
+   * Connections refused at a handshake bound (`handshake_max`, `handshake_per_source`)
+   * or for a malformed auth frame.
+   */
+  uint64_t handshake_refusals;
+  /**
+   * Connections dropped for not sending an auth frame within `handshake_first_bytes_ms`.
+   */
+  uint64_t handshake_timeouts;
+  /**
+   * Links and sessions refused by `msgr_max_pending_links`, `msgr_max_sessions`,
+   * `msgr_max_sessions_per_entity`, or for resuming another entity's session.
+   */
+  uint64_t session_refusals;
+  /**
+   * Messenger callbacks that panicked inside rdmx (a C callback cannot panic; rdmx's
+   * side of the call can, on a bug): each was caught (the worker thread lives on),
+   * logged at error level, and ended its session (RDMX_MSGR_EVENT_RESET). 0 normally.
+   */
+  uint64_t dispatcher_panics;
+} rdmx_msgr_stats;
+
+/**
+ * Per-session counters (`rdmx_session_get_counters`), also summed over every session of a
+ * messenger (`rdmx_msgr_get_totals`).
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+   * many bytes and writes back how many it filled (see "Structs that grow" at the top of
+   * this header). The order of the fields is frozen: new fields are only added at the end.
+   */
+  size_t struct_size;
   uint64_t msgs_sent;
   uint64_t msgs_received;
   /**
@@ -835,86 +990,6 @@ typedef struct {
 } rdmx_session_counters;
 
 /**
- * Messenger-wide figures.
- */
-typedef struct {
-  /**
-   * Sessions not closed; accepted connections not handshaken yet.
-   */
-  uint64_t sessions;
-  uint64_t pending_connections;
-  /**
-   * The 4 KiB data pool: chunks in use (posted receives, queued and unacknowledged
-   * sends, lent chunks, received data the application holds), carved, and the bound.
-   */
-  uint32_t data_chunks_in_use;
-  uint32_t data_chunks_total;
-  uint32_t data_chunks_cap;
-  /**
-   * Header slots in use (one per posted receive and SEND in flight).
-   */
-  uint32_t header_slots_in_use;
-  /**
-   * 64 KiB chunks in use for copies of large unregistered segments.
-   */
-  uint32_t copy_chunks_in_use;
-  /**
-   * Event records queued for `rdmx_msgr_poll`.
-   */
-  uint32_t events_queued;
-  /**
-   * Chunks lent by `rdmx_msgr_chunk_get` and not sent or given back.
-   */
-  uint32_t chunks_lent;
-  /**
-   * Live `rdmx_msgr_mem_reg` registrations.
-   */
-  uint32_t mem_registrations;
-  /**
-   * Malformed headers on connections that were not (yet) a session's.
-   */
-  uint64_t malformed;
-  /**
-   * Times a progress loop slept at once instead of polling because its thread had been
-   * waiting for a CPU (a host with busy cores; see the `poll_mode` and `polling_us` keys).
-   */
-  uint64_t spin_backoffs;
-  /**
-   * Sessions the progress passes look at now; the others are parked (idle: open,
-   * nothing to do; a completion, their keepalive or a call wakes them).
-   */
-  uint64_t active_sessions;
-  /**
-   * Parked sessions found with work by the periodic look instead of being woken (0
-   * unless a wake was missed; each cost up to 100 ms).
-   */
-  uint64_t missed_wakes;
-  /**
-   * Counters summed over every session ever made (closed ones included).
-   */
-  rdmx_session_counters totals;
-  /**
-   * The listener's peers that failed authentication (wrong key, unknown entity, no or
-   * unwanted authentication, replay, reflection).
-   */
-  uint64_t auth_failures;
-  /**
-   * Connections refused at a handshake bound (`handshake_max`, `handshake_per_source`)
-   * or for a malformed auth frame.
-   */
-  uint64_t handshake_refusals;
-  /**
-   * Connections dropped for not sending an auth frame within `handshake_first_bytes_ms`.
-   */
-  uint64_t handshake_timeouts;
-  /**
-   * Links and sessions refused by `msgr_max_pending_links`, `msgr_max_sessions`,
-   * `msgr_max_sessions_per_entity`, or for resuming another entity's session.
-   */
-  uint64_t session_refusals;
-} rdmx_msgr_stats;
-
-/**
  * A piece of received data: `len` bytes at `base`.
  */
 typedef struct {
@@ -951,6 +1026,12 @@ typedef struct {
  */
 typedef struct {
   /**
+   * Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+   * many bytes and writes back how many it filled (see "Structs that grow" at the top of
+   * this header). The order of the fields is frozen: new fields are only added at the end.
+   */
+  size_t struct_size;
+  /**
    * RDMX_SESSION_*.
    */
   uint32_t state;
@@ -977,7 +1058,6 @@ typedef struct {
    */
   uint64_t local_id;
   uint64_t peer_id;
-  rdmx_session_counters counters;
 } rdmx_session_info;
 
 #ifdef __cplusplus
@@ -1009,7 +1089,7 @@ rdmx_status rdmx_blk_open(const rdmx_config *cfg,
  * The client's counters.
  *
  * # Safety
- * `blk` NULL or live; `out` NULL or writable.
+ * `blk` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
  */
 rdmx_status rdmx_blk_get_counters(const rdmx_blk *blk, rdmx_blk_counters *out);
 
@@ -1219,7 +1299,7 @@ rdmx_status rdmx_listener_accept(rdmx_listener *l, int32_t timeout_ms, rdmx_conn
  * (warn level, rate-limited) with the peer's address and claimed entity.
  *
  * # Safety
- * `l` NULL or live; `out` NULL or writable.
+ * `l` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
  */
 rdmx_status rdmx_listener_counters(const rdmx_listener *l, rdmx_handshake_counters *out);
 
@@ -1409,7 +1489,7 @@ rdmx_status rdmx_event_clear(rdmx_conn *c);
  * The connection's counters.
  *
  * # Safety
- * `c` NULL or live; `out` NULL or writable.
+ * `c` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
  */
 rdmx_status rdmx_conn_counters(const rdmx_conn *c, rdmx_counters *out);
 
@@ -1475,7 +1555,7 @@ const char *rdmx_context_provider_reason(const rdmx_context *ctx);
  * copied); nothing is retained. RDMX_INVALID_ARGUMENT if `ctx` or `out` is NULL.
  *
  * # Safety
- * `ctx` NULL or live; `out` NULL or writable.
+ * `ctx` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
  */
 rdmx_status rdmx_context_port_counters(const rdmx_context *ctx, rdmx_port_counters *out);
 
@@ -1573,7 +1653,7 @@ rdmx_status rdmx_chunk_put(rdmx_pool *pool, const void *addr);
  * The pool's statistics.
  *
  * # Safety
- * `pool` NULL or live; `out` NULL or writable.
+ * `pool` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
  */
 rdmx_status rdmx_pool_get_stats(const rdmx_pool *pool, rdmx_pool_stats *out);
 
@@ -1621,7 +1701,7 @@ rdmx_status rdmx_mem_invalidate(rdmx_context *ctx, const void *addr, size_t len)
  * The registration cache's statistics.
  *
  * # Safety
- * `ctx` NULL or live; `out` NULL or writable.
+ * `ctx` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
  */
 rdmx_status rdmx_mem_cache_stats(const rdmx_context *ctx, rdmx_rcache_stats *out);
 
@@ -1778,12 +1858,20 @@ rdmx_status rdmx_msgr_mem_invalidate(rdmx_msgr *m, const void *addr, size_t len)
 
 /**
  * The messenger's figures: pools (to check they are back at their baseline), sessions,
- * totals.
+ * handshakes (the sessions' summed counters: `rdmx_msgr_get_totals`).
  *
  * # Safety
- * `m` NULL or live; `out` NULL or writable.
+ * `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
  */
 rdmx_status rdmx_msgr_get_stats(const rdmx_msgr *m, rdmx_msgr_stats *out);
+
+/**
+ * The counters of every session the messenger ever made (closed ones included), summed.
+ *
+ * # Safety
+ * `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
+ */
+rdmx_status rdmx_msgr_get_totals(const rdmx_msgr *m, rdmx_session_counters *out);
 
 /**
  * The message's type (as sent); 0 for NULL.
@@ -1905,7 +1993,7 @@ rdmx_status rdmx_session_close(rdmx_msgr *m, uint64_t session);
  * unknown session (ended sessions are forgotten after their last event).
  *
  * # Safety
- * `m` NULL or live; `out` NULL or writable.
+ * `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
  */
 rdmx_status rdmx_session_get_info(const rdmx_msgr *m, uint64_t session, rdmx_session_info *out);
 
@@ -1914,7 +2002,7 @@ rdmx_status rdmx_session_get_info(const rdmx_msgr *m, uint64_t session, rdmx_ses
  * RNR NAKs, ...); as `rdmx_session_get_info`'s `counters`.
  *
  * # Safety
- * `m` NULL or live; `out` NULL or writable.
+ * `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
  */
 rdmx_status rdmx_session_get_counters(const rdmx_msgr *m,
                                       uint64_t session,

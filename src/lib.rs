@@ -41,6 +41,11 @@ pub mod wire;
 
 #[cfg(test)]
 mod test_rng;
+// What a unit test needs from the host (netns, IPv6, CAP_NET_RAW): skip, or fail under
+// RDMX_TEST_REQUIRE=all. The same file the integration tests use.
+#[cfg(test)]
+#[path = "../tests/require/mod.rs"]
+mod test_require;
 
 pub use config::Config;
 pub use error::{Error, ErrorKind};

@@ -89,6 +89,18 @@ pub fn set_sink(sink: Option<Sink>, level: LevelFilter) {
     log::set_max_level(level);
 }
 
+/// The text of a caught panic's payload (`panic!` with a literal or a format), for the
+/// error line that reports it.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

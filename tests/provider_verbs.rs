@@ -34,17 +34,7 @@ const EMPTY: Wc = Wc {
 };
 
 fn wait(c: &rdmx::msgr::Connection, n: usize) -> Vec<Wc> {
-    let mut got = Vec::new();
-    let mut buf = [EMPTY; 8];
-    let end = Instant::now() + Duration::from_secs(10);
-    while got.len() < n && Instant::now() < end {
-        let k = c.poll(&mut buf);
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-    got
+    support::poll_for(c, n, Duration::from_secs(10))
 }
 
 /// Skips (returns true) outside the rdmx-ibv run.

@@ -15,8 +15,10 @@
 //! deferred (`tx_deferred` > 0), none as refused (`tx_errors` = 0), and more than four
 //! re-requests happen only if something on the way dropped a packet (the requester's
 //! socket queue, the host's input backlogs, the tbf qdisc, the veth devices).
-//! Skipped, with the reason printed, where namespaces or tc cannot be used.
+//! Skipped, with the reason printed, where namespaces or tc cannot be used (a failure under
+//! `RDMX_TEST_REQUIRE=all`: tests/require/mod.rs).
 
+mod require;
 mod support;
 
 use rdmx::msgr::{Connection, Context, MrInfo};
@@ -200,7 +202,7 @@ fn a_full_send_buffer_defers_datagrams_instead_of_dropping_them() {
     let pair = match NetnsPair::create() {
         Ok(p) => p,
         Err(why) => {
-            println!("skipping (needs network namespaces and a veth pair): {why}");
+            require::missing(require::NETNS, "the deferred-datagram case", why);
             return;
         }
     };
@@ -227,7 +229,11 @@ fn a_full_send_buffer_defers_datagrams_instead_of_dropping_them() {
         "limit",
         "256mb",
     ]) {
-        println!("skipping (needs tc's tbf qdisc): {why}");
+        require::missing(
+            require::TC,
+            "the deferred-datagram case (tc's tbf qdisc)",
+            why,
+        );
         return;
     }
     pin_to_one_cpu();

@@ -7,6 +7,7 @@
 //!
 //! Skips (with a message) when tshark or tcpdump is missing or capturing is not permitted.
 
+mod require;
 mod support;
 
 use rdmx::msgr::{Connection, Context};
@@ -20,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::{config, empty_wc};
+use support::config;
 
 const SEC: Duration = Duration::from_secs(1);
 const PSN_MASK: u32 = 0xFF_FFFF;
@@ -135,17 +136,7 @@ impl Drop for Capture {
 }
 
 fn wait(c: &Connection, n: usize) -> Vec<Wc> {
-    let mut got = Vec::new();
-    let mut buf = [empty_wc(); 16];
-    let end = Instant::now() + 5 * SEC;
-    while got.len() < n && Instant::now() < end {
-        let k = c.poll(&mut buf);
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
-    got
+    support::poll_for(c, n, 5 * SEC)
 }
 
 fn wr(cookie: u64, opcode: WrOpcode, sge: Sge, remote_addr: u64, rkey: u32) -> SendReq {
@@ -321,8 +312,11 @@ fn read_pcap(bytes: &[u8]) -> Vec<Frame> {
 fn have_capture_tools() -> bool {
     for tool in ["tshark", "tcpdump"] {
         if !have(tool) {
-            println!("skipping capture check: {tool} is not installed");
-            eprintln!("skipping capture check: {tool} is not installed");
+            require::missing(
+                require::CAPTURE,
+                "the capture check",
+                format!("{tool} is not installed"),
+            );
             return false;
         }
     }
@@ -339,8 +333,7 @@ fn start_capture(name: &str, ports: &[u16]) -> Option<(Capture, PathBuf)> {
             Some((c, file))
         }
         Err(why) => {
-            println!("skipping capture check: {why}");
-            eprintln!("skipping capture check: {why}");
+            require::missing(require::CAPTURE, "the capture check", why);
             None
         }
     }
@@ -652,8 +645,12 @@ fn ipv6_capture_has_a_correct_icrc_on_every_frame() {
     if !have_capture_tools() {
         return;
     }
-    if std::net::UdpSocket::bind("[::1]:0").is_err() {
-        println!("skipping IPv6 capture check: this host has no IPv6 loopback");
+    if let Err(e) = std::net::UdpSocket::bind("[::1]:0") {
+        require::missing(
+            require::IPV6,
+            "the IPv6 capture check",
+            format!("bind [::1]: {e}"),
+        );
         return;
     }
     let kv = [("timeout", "18"), ("soft_gso", "false")];

@@ -128,7 +128,11 @@ fn a_caller_that_polls_before_posting_again_never_overruns_a_1x_cq() {
     // 200 WRITEs, at most WRS outstanding: a slot is reused only after its completion was
     // polled (what rdmx-perf's clients do).
     while done < 200 && Instant::now() < end {
-        while outstanding < WRS && write(&ca, next, mr.lkey, mr.addr, region.addr, region.rkey) {
+        // Exactly 200 posted: more (a last batch past 200) would make `done` overshoot.
+        while outstanding < WRS
+            && next < 200
+            && write(&ca, next, mr.lkey, mr.addr, region.addr, region.rkey)
+        {
             outstanding += 1;
             next += 1;
         }

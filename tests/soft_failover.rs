@@ -14,6 +14,7 @@
 //! The peer is this binary re-executed (`support_peer_main`); see `support/mod.rs`. The
 //! tests take a lock so their timers do not compete for the 2 cores.
 
+mod require;
 mod support;
 
 use rdmx::config::encoding::{ack_timeout_ns, rnr_timer_ns};
@@ -175,8 +176,7 @@ enum Hole {
 fn black_hole(net: &Net, profile: &str, hole: Hole, extra: &[(&str, &str)]) {
     if hole == Hole::Rule {
         if let Err(why) = support::nft_usable() {
-            println!("skipping black-hole case (needs nftables): {why}");
-            eprintln!("skipping black-hole case (needs nftables): {why}");
+            require::missing(require::NFT, "the black-hole case", why);
             return;
         }
     }
@@ -580,8 +580,7 @@ fn verbs_provider_passes_the_netns_cases_under_rdmx_ibv() {
     let pair = match NetnsPair::create() {
         Ok(p) => p,
         Err(why) => {
-            println!("skipping netns cases on verbs: {why}");
-            eprintln!("skipping netns cases on verbs: {why}");
+            require::missing(require::NETNS, "the netns cases on verbs", why);
             return;
         }
     };
@@ -612,8 +611,7 @@ fn across_namespaces(case: impl FnOnce(&Net)) {
     let pair = match NetnsPair::create() {
         Ok(p) => p,
         Err(why) => {
-            println!("skipping netns cases: {why}");
-            eprintln!("skipping netns cases: {why}");
+            require::missing(require::NETNS, "the netns cases", why);
             return;
         }
     };

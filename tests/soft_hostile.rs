@@ -10,6 +10,7 @@
 //! Sniffing needs CAP_NET_RAW (an AF_PACKET socket); without it the test says so and
 //! skips.
 
+mod require;
 mod support;
 
 use rdmx::msgr::{Connection, Context};
@@ -244,7 +245,7 @@ fn injected_naks_and_writes_from_another_port_are_dropped_and_counted() {
     let fd = match sniffer() {
         Ok(fd) => fd,
         Err(e) => {
-            eprintln!("SKIPPED: cannot sniff lo ({e}); needs CAP_NET_RAW");
+            require::missing(require::NET_RAW, "sniffing lo", e);
             return;
         }
     };

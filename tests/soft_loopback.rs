@@ -9,6 +9,7 @@ use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::time::{Duration, Instant};
 
+mod require;
 mod support;
 
 fn ctx(extra: &[(&str, &str)]) -> Context {
@@ -30,17 +31,7 @@ fn pair(extra: &[(&str, &str)]) -> (Context, Context, Connection, Connection) {
 
 /// Polls until `n` completions arrived (bounded: 10 s).
 fn wait(c: &Connection, n: usize) -> Vec<Wc> {
-    let mut got = Vec::new();
-    let mut buf = [support::empty_wc(); 16];
-    let end = Instant::now() + Duration::from_secs(10);
-    while got.len() < n && Instant::now() < end {
-        let k = c.poll(&mut buf);
-        got.extend_from_slice(&buf[..k]);
-        if k == 0 {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-    got
+    support::poll_for(c, n, Duration::from_secs(10))
 }
 
 fn send(cookie: u64, opcode: WrOpcode, sge: Sge, remote_addr: u64, rkey: u32) -> SendReq {
@@ -63,8 +54,12 @@ fn send_recv_read_write_move_the_right_bytes() {
 /// The same over IPv6 loopback: IPv6 sockets, the IPv6 ICRC pseudo-header on both sides.
 #[test]
 fn send_recv_read_write_move_the_right_bytes_over_ipv6() {
-    if std::net::UdpSocket::bind("[::1]:0").is_err() {
-        eprintln!("skipping: this host has no IPv6 loopback");
+    if let Err(e) = std::net::UdpSocket::bind("[::1]:0") {
+        require::missing(
+            require::IPV6,
+            "the IPv6 loopback case",
+            format!("bind [::1]: {e}"),
+        );
         return;
     }
     move_the_right_bytes("[::1]", "[::1]");
@@ -74,8 +69,12 @@ fn send_recv_read_write_move_the_right_bytes_over_ipv6() {
 /// IPv4-mapped addresses are recognized and the QPs use IPv4 UDP and the IPv4 ICRC.
 #[test]
 fn dual_stack_listener_takes_an_ipv4_client() {
-    if std::net::TcpListener::bind("[::]:0").is_err() {
-        eprintln!("skipping: this host has no IPv6");
+    if let Err(e) = std::net::TcpListener::bind("[::]:0") {
+        require::missing(
+            require::IPV6,
+            "the dual-stack case",
+            format!("bind [::]: {e}"),
+        );
         return;
     }
     move_the_right_bytes("[::]", "127.0.0.1");

@@ -13,8 +13,10 @@
 //!
 //! Every case moves 4 KiB and 64 KiB READs, WRITEs and SENDs both ways and checks every
 //! byte, and checks that the READ responses went out in packets of the negotiated MTU.
-//! Skipped, with the reason printed, where namespaces cannot be created.
+//! Skipped, with the reason printed, where namespaces cannot be created (a failure under
+//! `RDMX_TEST_REQUIRE=all`: tests/require/mod.rs).
 
+mod require;
 mod support;
 
 use rdmx::msgr::MrInfo;
@@ -131,8 +133,7 @@ fn namespaces(mtu_a: u32, mtu_b: u32) -> Option<NetnsPair> {
     let pair = match NetnsPair::create() {
         Ok(p) => p,
         Err(why) => {
-            println!("skipping (needs network namespaces and a veth pair): {why}");
-            eprintln!("skipping (needs network namespaces and a veth pair): {why}");
+            require::missing(require::NETNS, "the veth MTU case", why);
             return None;
         }
     };

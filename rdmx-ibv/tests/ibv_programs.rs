@@ -184,7 +184,11 @@ fn unprivileged_user_namespace() {
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     if !out.status.success() && text.contains("cannot make a private mount namespace") {
-        eprintln!("SKIPPED (no unprivileged user namespaces here): {text}");
+        require::missing(
+            require::USERNS,
+            "rdmx-ibv exec as an unprivileged user",
+            text,
+        );
         return;
     }
     assert!(out.status.success(), "{text}");
@@ -247,7 +251,7 @@ fn perftest(tool: &str, port: &str, extra: &[&str], srv: &str, cli: &str) -> Str
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     require_tool(tool);
     if let Some(why) = platform_cannot() {
-        eprintln!("SKIPPED (the platform cannot run rdmx-ibv exec): {why}");
+        require::missing(require::USERNS, "running programs under rdmx-ibv exec", why);
         return String::new();
     }
     let mut cmd = vec![tool, "-d", "rdmx0", "-x", "0", "-F", "-p", port];

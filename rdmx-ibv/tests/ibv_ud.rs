@@ -44,7 +44,7 @@ fn perftest_ud(tool: &str, port: &str, extra: &[&str], srv: &str, cli: &str) -> 
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     require_tool(tool);
     if let Some(why) = platform_cannot() {
-        eprintln!("SKIPPED (the platform cannot run rdmx-ibv exec): {why}");
+        require::missing(require::USERNS, "running programs under rdmx-ibv exec", why);
         return (String::new(), String::new());
     }
     let mut cmd = vec![tool, "-d", "rdmx0", "-x", "0", "-F", "-c", "UD", "-p", port];

@@ -244,7 +244,11 @@ fn tshark_decode(file: &Path) -> Vec<(u32, u32)> {
 fn root_or_skip() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: network namespaces, a veth pair and a capture need root");
+        require::missing(
+            require::NETNS,
+            "the veth cases",
+            "network namespaces, a veth pair and a capture need root",
+        );
         return false;
     }
     for t in ["ip", "tcpdump", "tshark"] {

@@ -3,6 +3,9 @@
 //! errors (exit 2) and run failures (exit 1) with their messages.
 //! Every spawned process is killed by a guard when the test ends, pass or fail.
 
+#[path = "../../tests/require/mod.rs"]
+mod require;
+
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -332,8 +335,12 @@ fn the_server_receives_rocev2_on_its_listen_address_only() {
 
 #[test]
 fn reads_over_ipv6_are_correct() {
-    if std::net::UdpSocket::bind("[::1]:0").is_err() {
-        eprintln!("skipping: this host has no IPv6 loopback");
+    if let Err(e) = std::net::UdpSocket::bind("[::1]:0") {
+        require::missing(
+            require::IPV6,
+            "the IPv6 read case",
+            format!("bind [::1]: {e}"),
+        );
         return;
     }
     let server = start_on("server", "[::1]:0", &[]);

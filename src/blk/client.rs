@@ -27,6 +27,7 @@ use crate::msgr::messenger::{
 use crate::msgr::{Connection, Context};
 use crate::provider::soft::cq::Wc;
 use crate::provider::soft::qp::SendReq;
+use crate::provider::soft::sys::EventFd;
 use crate::rc::memory::Sge;
 use crate::rc::verbs::{WcStatus, WrOpcode, access, send_flags};
 use parking_lot::Mutex;
@@ -150,18 +151,11 @@ pub struct BlkCounters {
 struct Shared {
     st: Mutex<State>,
     /// Signalled when a completion is queued by a worker thread.
-    efd: RawFd,
+    efd: EventFd,
     /// The messenger runs worker threads: completions are signalled on `efd`. A
     /// caller-driven client queues them on the caller's own thread, inside `poll`, and
     /// saves the write (and the read that resets it) per completion.
     signal: AtomicBool,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // SAFETY: closes the eventfd this value owns, once.
-        unsafe { libc::close(self.efd) };
-    }
 }
 
 impl Shared {
@@ -180,9 +174,7 @@ impl Shared {
                 st.to_put.push(h);
             }
             if self.signal.load(Ordering::Relaxed) {
-                let one: u64 = 1;
-                // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-                let _ = unsafe { libc::write(self.efd, (&one as *const u64).cast(), 8) };
+                self.efd.signal();
             }
         }
     }
@@ -442,14 +434,7 @@ impl BlkClient {
                 format!("volume name '{volume}': must be 1..255 bytes"),
             ));
         }
-        // SAFETY: creates an eventfd; the result is checked.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!("eventfd: {}", std::io::Error::last_os_error()),
-            ));
-        }
+        let efd = EventFd::new()?;
         let sh = Arc::new(Shared {
             st: Mutex::new(State::default()),
             efd,
@@ -680,7 +665,7 @@ impl BlkClient {
     /// (`msgr_threads` above 0, rpc mode). In caller-driven mode nothing happens between
     /// calls of [`BlkClient::poll`]: wait in `poll` instead.
     pub fn event_fd(&self) -> RawFd {
-        self.sh.efd
+        self.sh.efd.raw_fd()
     }
 
     /// Submits `reqs` in order and returns how many were accepted: fewer when a queue is
@@ -1055,7 +1040,7 @@ impl BlkClient {
             }
         } else if !self.caller_driven {
             let mut p = libc::pollfd {
-                fd: self.sh.efd,
+                fd: self.sh.efd.raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -1132,9 +1117,7 @@ impl BlkClient {
                     n += 1;
                 }
                 if st.done.is_empty() && self.sh.signal.load(Ordering::Relaxed) {
-                    let mut v: u64 = 0;
-                    // SAFETY: reads 8 bytes into a valid u64 from our non-blocking eventfd.
-                    let _ = unsafe { libc::read(self.sh.efd, (&mut v as *mut u64).cast(), 8) };
+                    self.sh.efd.clear();
                 }
             }
             if n >= min.min(max) && (n > 0 || min == 0) {

@@ -7,8 +7,9 @@ use crate::error::{Error, ErrorKind, Result};
 pub const ENV_PREFIX: &str = "RDMX_";
 
 /// `RDMX_` variables that are not configuration keys (read by other layers), so they are
-/// neither applied nor rejected as unknown keys.
-pub const NON_CONFIG_ENV_VARS: &[&str] = &["RDMX_LOG"];
+/// neither applied nor rejected as unknown keys. `RDMX_TEST_REQUIRE`: the test suites'
+/// (tests/require/mod.rs), set for every program a test run starts.
+pub const NON_CONFIG_ENV_VARS: &[&str] = &["RDMX_LOG", "RDMX_TEST_REQUIRE"];
 
 /// The variable for `key`: "rnr_retry" -> "RDMX_RNR_RETRY".
 pub fn var_name(key: &str) -> String {

@@ -4,6 +4,7 @@
 
 use super::boundary::{self, handle, out_ptr, str_arg};
 use super::config::rdmx_config;
+use super::sized::{sized_out, write_sized};
 use super::status::rdmx_status;
 use crate::blk::{BlkClient, Completion, Mode, Op, Req};
 use crate::config::Config;
@@ -153,6 +154,10 @@ pub unsafe extern "C" fn rdmx_blk_open(
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_blk_counters {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     pub placed_reads: u64,
     pub placed_bytes: u64,
     /// The copies rdmx made on reads (0 against an `rdmx-target` of this version).
@@ -168,28 +173,27 @@ pub struct rdmx_blk_counters {
 /// The client's counters.
 ///
 /// # Safety
-/// `blk` NULL or live; `out` NULL or writable.
+/// `blk` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_blk_get_counters(
     blk: *const rdmx_blk,
     out: *mut rdmx_blk_counters,
 ) -> rdmx_status {
     boundary::call("rdmx_blk_get_counters", || {
-        let out = out_ptr(out)?;
         // SAFETY: forwarded contract.
         let b = unsafe { handle(blk, "blk") }?;
         let k = b.inner.lock().counters();
-        // SAFETY: `out` checked non-NULL and writable.
-        unsafe {
-            out.write(rdmx_blk_counters {
-                placed_reads: k.placed_reads,
-                placed_bytes: k.placed_bytes,
-                copied_reads: k.copied_reads,
-                copied_bytes: k.copied_bytes,
-                stray_replies: k.stray_replies,
-                imm_replies: k.imm_replies,
-            })
+        let v = rdmx_blk_counters {
+            struct_size: 0,
+            placed_reads: k.placed_reads,
+            placed_bytes: k.placed_bytes,
+            copied_reads: k.copied_reads,
+            copied_bytes: k.copied_bytes,
+            stray_replies: k.stray_replies,
+            imm_replies: k.imm_replies,
         };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
         Ok(())
     })
 }
@@ -394,3 +398,5 @@ pub unsafe extern "C" fn rdmx_blk_free(blk: *mut rdmx_blk) {
         }
     })
 }
+
+sized_out!(rdmx_blk_counters);

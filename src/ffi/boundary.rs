@@ -65,16 +65,6 @@ pub(super) fn set_last_error(msg: &str) {
     set_last_error_fmt(format_args!("{msg}"));
 }
 
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic payload".to_string()
-    }
-}
-
 /// Runs `f` for the C entry point `name`: clears the last error, catches panics, and turns
 /// an `Err` into its status with "name: message" as the last error.
 pub(super) fn call(name: &str, f: impl FnOnce() -> Result<()>) -> rdmx_status {
@@ -91,7 +81,7 @@ pub(super) fn call(name: &str, f: impl FnOnce() -> Result<()>) -> rdmx_status {
         Err(payload) => {
             set_last_error_fmt(format_args!(
                 "{name}: internal panic: {}",
-                panic_message(&*payload)
+                crate::logging::panic_message(&*payload)
             ));
             rdmx_status::RDMX_PANIC
         }
@@ -106,7 +96,7 @@ pub(super) fn call_value<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T
         Err(payload) => {
             set_last_error_fmt(format_args!(
                 "{name}: internal panic: {}",
-                panic_message(&*payload)
+                crate::logging::panic_message(&*payload)
             ));
             on_panic
         }

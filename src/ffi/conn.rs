@@ -4,6 +4,7 @@
 
 use super::boundary::{self, handle, handle_mut, out_ptr};
 use super::context::{addr_arg, rdmx_context};
+use super::sized::{sized_out, write_sized};
 use super::status::rdmx_status;
 use crate::error::{Error, ErrorKind, Result};
 use crate::msgr::{Connection, Listener, OnConnect};
@@ -194,6 +195,10 @@ pub struct rdmx_completion {
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_counters {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     pub tx_packets: u64,
     pub tx_bytes: u64,
     pub rx_packets: u64,
@@ -330,6 +335,10 @@ pub unsafe extern "C" fn rdmx_listener_accept(
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_handshake_counters {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     /// Peers that failed authentication (wrong key, unknown entity, no or unwanted
     /// authentication, a replayed or reflected exchange).
     pub auth_failures: u64,
@@ -347,25 +356,25 @@ pub struct rdmx_handshake_counters {
 /// (warn level, rate-limited) with the peer's address and claimed entity.
 ///
 /// # Safety
-/// `l` NULL or live; `out` NULL or writable.
+/// `l` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_listener_counters(
     l: *const rdmx_listener,
     out: *mut rdmx_handshake_counters,
 ) -> rdmx_status {
     boundary::call("rdmx_listener_counters", || {
-        let out = out_ptr(out)?;
         // SAFETY: forwarded contract.
         let l = unsafe { handle(l, "listener") }?;
         let c = l.inner.counters();
         let v = rdmx_handshake_counters {
+            struct_size: 0,
             auth_failures: c.auth_failures,
             refused: c.refused,
             timed_out: c.timed_out,
             passed: c.passed,
         };
-        // SAFETY: `out` checked non-NULL and writable.
-        unsafe { out.write(v) };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
         Ok(())
     })
 }
@@ -865,7 +874,7 @@ pub unsafe extern "C" fn rdmx_event_clear(c: *mut rdmx_conn) -> rdmx_status {
 /// The connection's counters.
 ///
 /// # Safety
-/// `c` NULL or live; `out` NULL or writable.
+/// `c` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_conn_counters(
     c: *const rdmx_conn,
@@ -874,9 +883,9 @@ pub unsafe extern "C" fn rdmx_conn_counters(
     boundary::call("rdmx_conn_counters", || {
         // SAFETY: forwarded contract.
         let c = unsafe { handle(c, "conn") }?;
-        let out = out_ptr(out.cast_const().cast_mut())?;
         let k = c.inner.counters();
         let v = rdmx_counters {
+            struct_size: 0,
             tx_packets: k.tx_packets,
             tx_bytes: k.tx_bytes,
             rx_packets: k.rx_packets,
@@ -909,8 +918,8 @@ pub unsafe extern "C" fn rdmx_conn_counters(
             async_events: k.async_events,
             wc_status: k.wc_status,
         };
-        // SAFETY: `out` checked non-NULL and writable.
-        unsafe { out.write(v) };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
         Ok(())
     })
 }
@@ -961,3 +970,5 @@ pub extern "C" fn rdmx_wc_status_str(status: u32) -> *const c_char {
     };
     s.as_ptr()
 }
+
+sized_out!(rdmx_counters, rdmx_handshake_counters);

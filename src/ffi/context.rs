@@ -2,6 +2,7 @@
 
 use super::boundary::{self, handle, str_arg};
 use super::config::rdmx_config;
+use super::sized::{sized_out, write_sized};
 use super::status::rdmx_status;
 use crate::config::Config;
 use crate::msgr::Context;
@@ -160,6 +161,10 @@ pub unsafe extern "C" fn rdmx_context_provider_reason(ctx: *const rdmx_context) 
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_port_counters {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     /// Packets for a QP number no connection of the context has (closed, never existed).
     pub unknown_qpn: u64,
     /// Packets for a connection's QP that did not come from the IP address and UDP port its
@@ -176,13 +181,17 @@ pub struct rdmx_port_counters {
     /// Async events the device reported (provider=verbs: QP, CQ, port and device events;
     /// each connection's own are in `rdmx_counters.async_events`). 0 on soft.
     pub async_events: u64,
+    /// Not a datagram: panics caught in the device's progress thread (soft; a completion
+    /// hook, a bug). Each failed every QP of the context and was logged at error level;
+    /// the thread went on. 0 normally, and on verbs.
+    pub progress_panics: u64,
 }
 
 /// Fills `*out` with the context's port counters. The caller owns `*out` (plain data,
 /// copied); nothing is retained. RDMX_INVALID_ARGUMENT if `ctx` or `out` is NULL.
 ///
 /// # Safety
-/// `ctx` NULL or live; `out` NULL or writable.
+/// `ctx` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_context_port_counters(
     ctx: *const rdmx_context,
@@ -191,9 +200,9 @@ pub unsafe extern "C" fn rdmx_context_port_counters(
     boundary::call("rdmx_context_port_counters", || {
         // SAFETY: forwarded contract.
         let ctx = unsafe { handle(ctx, "ctx") }?;
-        let out = boundary::out_ptr(out)?;
         let p = ctx.inner.port_counters();
         let v = rdmx_port_counters {
+            struct_size: 0,
             unknown_qpn: p.unknown_qpn,
             wrong_source: p.wrong_source,
             bad_icrc: p.bad_icrc,
@@ -201,9 +210,10 @@ pub unsafe extern "C" fn rdmx_context_port_counters(
             truncated: p.truncated,
             kernel_drops: p.kernel_drops,
             async_events: p.async_events,
+            progress_panics: ctx.inner.progress_stats().progress_panics,
         };
-        // SAFETY: `out` checked non-NULL and writable per the contract.
-        unsafe { out.write(v) };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
         Ok(())
     })
 }
@@ -267,3 +277,5 @@ pub(super) unsafe fn addr_arg<'a>(p: *const c_char) -> crate::error::Result<&'a 
     // SAFETY: forwarded contract.
     unsafe { str_arg(p, "addr") }
 }
+
+sized_out!(rdmx_port_counters);

@@ -3,6 +3,7 @@
 
 use super::boundary::{self, handle, out_ptr};
 use super::context::rdmx_context;
+use super::sized::{sized_out, write_sized};
 use super::status::rdmx_status;
 use crate::error::{Error, ErrorKind};
 use crate::mem::arena::Backing;
@@ -41,6 +42,10 @@ pub const RDMX_BACKING_HUGETLB: u32 = 2;
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_pool_stats {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     pub chunk_size: u64,
     /// Chunks carved so far (grows arena by arena up to `chunks_cap`).
     pub chunks_total: u32,
@@ -73,6 +78,10 @@ pub struct rdmx_mem {
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_rcache_stats {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
@@ -171,17 +180,17 @@ pub unsafe extern "C" fn rdmx_chunk_put(pool: *mut rdmx_pool, addr: *const c_voi
 /// The pool's statistics.
 ///
 /// # Safety
-/// `pool` NULL or live; `out` NULL or writable.
+/// `pool` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_pool_get_stats(
     pool: *const rdmx_pool,
     out: *mut rdmx_pool_stats,
 ) -> rdmx_status {
     boundary::call("rdmx_pool_get_stats", || {
-        let out = out_ptr(out)?;
         // SAFETY: forwarded contract.
         let s = unsafe { handle(pool, "pool") }?.inner.stats();
         let v = rdmx_pool_stats {
+            struct_size: 0,
             chunk_size: s.chunk_size as u64,
             chunks_total: s.chunks_total,
             chunks_in_use: s.chunks_in_use,
@@ -195,8 +204,8 @@ pub unsafe extern "C" fn rdmx_pool_get_stats(
             },
             metadata_bytes: s.metadata_bytes as u64,
         };
-        // SAFETY: `out` checked non-NULL and writable.
-        unsafe { out.write(v) };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
         Ok(())
     })
 }
@@ -293,17 +302,17 @@ pub unsafe extern "C" fn rdmx_mem_invalidate(
 /// The registration cache's statistics.
 ///
 /// # Safety
-/// `ctx` NULL or live; `out` NULL or writable.
+/// `ctx` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_mem_cache_stats(
     ctx: *const rdmx_context,
     out: *mut rdmx_rcache_stats,
 ) -> rdmx_status {
     boundary::call("rdmx_mem_cache_stats", || {
-        let out = out_ptr(out)?;
         // SAFETY: forwarded contract.
         let s = unsafe { handle(ctx, "ctx") }?.inner.rcache().stats();
         let v = rdmx_rcache_stats {
+            struct_size: 0,
             hits: s.hits,
             misses: s.misses,
             evictions: s.evictions,
@@ -311,8 +320,10 @@ pub unsafe extern "C" fn rdmx_mem_cache_stats(
             entries: s.entries,
             registered_bytes: s.registered_bytes,
         };
-        // SAFETY: `out` checked non-NULL and writable.
-        unsafe { out.write(v) };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
         Ok(())
     })
 }
+
+sized_out!(rdmx_pool_stats, rdmx_rcache_stats);

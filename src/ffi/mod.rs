@@ -13,6 +13,7 @@ pub mod encoding;
 pub mod log;
 pub mod mem;
 pub mod msgr;
+mod sized;
 pub mod status;
 
 pub use status::rdmx_status;

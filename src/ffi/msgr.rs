@@ -21,6 +21,7 @@ use super::boundary::{self, handle, out_ptr};
 use super::config::rdmx_config;
 use super::context::addr_arg;
 use super::mem::{rdmx_chunk, rdmx_mem};
+use super::sized::{sized_out, write_sized};
 use super::status::rdmx_status;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
@@ -28,6 +29,7 @@ use crate::mem::rcache::Handle;
 use crate::msgr::messenger::{
     Dispatcher, InMessage, Messenger, Policy, SendId, SessionCounters, SessionId, TxChunk,
 };
+use crate::provider::soft::sys::EventFd;
 use crate::rc::verbs::access;
 use parking_lot::{Condvar, Mutex};
 use std::cell::{Cell, RefCell};
@@ -143,45 +145,6 @@ struct Shared {
     chunks: Mutex<HashMap<usize, TxChunk>>,
     /// Registrations from `rdmx_msgr_mem_reg`, by id.
     mems: Mutex<(u64, HashMap<u64, Handle>)>,
-}
-
-/// An eventfd readable while event records are queued.
-struct EventFd(i32);
-
-impl EventFd {
-    fn new() -> Result<EventFd> {
-        // SAFETY: eventfd(2) with valid flags; the fd is owned by the returned value.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!(
-                    "rdmx_msgr_new: eventfd: {}",
-                    std::io::Error::last_os_error()
-                ),
-            ));
-        }
-        Ok(EventFd(fd))
-    }
-
-    fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-        let _ = unsafe { libc::write(self.0, (&one as *const u64).cast(), 8) };
-    }
-
-    fn clear(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64 from our non-blocking eventfd.
-        let _ = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
-    }
-}
-
-impl Drop for EventFd {
-    fn drop(&mut self) {
-        // SAFETY: closes the fd this value owns, once.
-        unsafe { libc::close(self.0) };
-    }
 }
 
 thread_local! {
@@ -569,7 +532,7 @@ pub unsafe extern "C" fn rdmx_msgr_poll(
 pub unsafe extern "C" fn rdmx_msgr_event_fd(m: *const rdmx_msgr) -> i32 {
     boundary::call_value("rdmx_msgr_event_fd", -1, || {
         // SAFETY: forwarded contract.
-        unsafe { m.as_ref() }.map_or(-1, |m| m.shared.efd.0)
+        unsafe { m.as_ref() }.map_or(-1, |m| m.shared.efd.raw_fd())
     })
 }
 
@@ -747,11 +710,16 @@ pub unsafe extern "C" fn rdmx_msgr_mem_invalidate(
     })
 }
 
-/// Per-session counters (also summed over a messenger's sessions in `rdmx_msgr_stats`).
+/// Per-session counters (`rdmx_session_get_counters`), also summed over every session of a
+/// messenger (`rdmx_msgr_get_totals`).
 #[repr(C)]
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_session_counters {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     pub msgs_sent: u64,
     pub msgs_received: u64,
     /// Front and data bytes of the messages sent / delivered.
@@ -801,6 +769,7 @@ pub struct rdmx_session_counters {
 impl From<&SessionCounters> for rdmx_session_counters {
     fn from(c: &SessionCounters) -> Self {
         rdmx_session_counters {
+            struct_size: 0,
             msgs_sent: c.msgs_sent,
             msgs_received: c.msgs_received,
             bytes_sent: c.bytes_sent,
@@ -832,6 +801,10 @@ impl From<&SessionCounters> for rdmx_session_counters {
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_msgr_stats {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     /// Sessions not closed; accepted connections not handshaken yet.
     pub sessions: u64,
     pub pending_connections: u64,
@@ -861,8 +834,6 @@ pub struct rdmx_msgr_stats {
     /// Parked sessions found with work by the periodic look instead of being woken (0
     /// unless a wake was missed; each cost up to 100 ms).
     pub missed_wakes: u64,
-    /// Counters summed over every session ever made (closed ones included).
-    pub totals: rdmx_session_counters,
     /// The listener's peers that failed authentication (wrong key, unknown entity, no or
     /// unwanted authentication, replay, reflection).
     pub auth_failures: u64,
@@ -874,24 +845,28 @@ pub struct rdmx_msgr_stats {
     /// Links and sessions refused by `msgr_max_pending_links`, `msgr_max_sessions`,
     /// `msgr_max_sessions_per_entity`, or for resuming another entity's session.
     pub session_refusals: u64,
+    /// Messenger callbacks that panicked inside rdmx (a C callback cannot panic; rdmx's
+    /// side of the call can, on a bug): each was caught (the worker thread lives on),
+    /// logged at error level, and ended its session (RDMX_MSGR_EVENT_RESET). 0 normally.
+    pub dispatcher_panics: u64,
 }
 
 /// The messenger's figures: pools (to check they are back at their baseline), sessions,
-/// totals.
+/// handshakes (the sessions' summed counters: `rdmx_msgr_get_totals`).
 ///
 /// # Safety
-/// `m` NULL or live; `out` NULL or writable.
+/// `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_msgr_get_stats(
     m: *const rdmx_msgr,
     out: *mut rdmx_msgr_stats,
 ) -> rdmx_status {
     boundary::call("rdmx_msgr_get_stats", || {
-        let out = out_ptr(out)?;
         // SAFETY: forwarded contract.
         let m = unsafe { handle(m, "msgr") }?;
         let s = m.inner.stats();
         let v = rdmx_msgr_stats {
+            struct_size: 0,
             sessions: s.sessions as u64,
             pending_connections: s.pending_connections as u64,
             data_chunks_in_use: s.data_pool.chunks_in_use,
@@ -906,14 +881,34 @@ pub unsafe extern "C" fn rdmx_msgr_get_stats(
             spin_backoffs: s.spin_backoffs,
             active_sessions: s.active_sessions as u64,
             missed_wakes: s.missed_wakes,
-            totals: (&s.totals).into(),
             auth_failures: s.auth_failures,
             handshake_refusals: s.handshake_refusals,
             handshake_timeouts: s.handshake_timeouts,
             session_refusals: s.session_refusals,
+            dispatcher_panics: s.dispatcher_panics,
         };
-        // SAFETY: `out` checked non-NULL and writable.
-        unsafe { out.write(v) };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
         Ok(())
     })
 }
+
+/// The counters of every session the messenger ever made (closed ones included), summed.
+///
+/// # Safety
+/// `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_msgr_get_totals(
+    m: *const rdmx_msgr,
+    out: *mut rdmx_session_counters,
+) -> rdmx_status {
+    boundary::call("rdmx_msgr_get_totals", || {
+        // SAFETY: forwarded contract.
+        let m = unsafe { handle(m, "msgr") }?;
+        let v = (&m.inner.stats().totals).into();
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }
+    })
+}
+
+sized_out!(rdmx_session_counters, rdmx_msgr_stats);

@@ -5,7 +5,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::mem::Registrar;
 use crate::mem::pool::Pool;
 use crate::mem::rcache::{RegCache, RegCacheOptions};
-use crate::provider::soft::device::PortCounters;
+use crate::provider::soft::device::{PortCounters, ProgressStats};
 use crate::provider::{self, Device};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -254,6 +254,12 @@ impl Context {
     /// connection of the context together).
     pub fn port_counters(&self) -> PortCounters {
         self.shared.dev.port_counters()
+    }
+
+    /// How the device's progress thread fared: stalls on a busy host, and panics it caught
+    /// ([`ProgressStats::progress_panics`]). Zeros on verbs (no progress thread).
+    pub fn progress_stats(&self) -> ProgressStats {
+        self.shared.dev.progress_stats()
     }
 }
 

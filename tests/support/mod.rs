@@ -89,6 +89,21 @@ pub fn connect_pair(
     (ca, t.join().unwrap())
 }
 
+/// Polls `c` until `n` completions arrived or `within` passed; returns what arrived.
+pub fn poll_for(c: &Connection, n: usize, within: Duration) -> Vec<Wc> {
+    let mut got = Vec::new();
+    let mut buf = [empty_wc(); 16];
+    let end = Instant::now() + within;
+    while got.len() < n && Instant::now() < end {
+        let k = c.poll(&mut buf);
+        got.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    got
+}
+
 /// The byte at offset `i` of the peer's region.
 pub fn pattern(i: usize) -> u8 {
     (i * 7 + 3) as u8

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+#[path = "../../../tests/require/mod.rs"]
+pub mod require;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -57,7 +60,11 @@ pub fn platform_cannot() -> Option<String> {
 macro_rules! skip_unless_platform {
     () => {
         if let Some(why) = $crate::ibv_support::platform_cannot() {
-            eprintln!("SKIPPED (the platform cannot run rdmx-ibv exec): {why}");
+            $crate::ibv_support::require::missing(
+                $crate::ibv_support::require::USERNS,
+                "running programs under rdmx-ibv exec",
+                why,
+            );
             return;
         }
     };

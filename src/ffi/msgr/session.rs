@@ -1,7 +1,8 @@
 //! `rdmx_session_*`: sending on a session, closing it, its state and counters.
 
-use super::super::boundary::{self, handle, out_ptr, write_str};
+use super::super::boundary::{self, handle, write_str};
 use super::super::mem::rdmx_mem;
+use super::super::sized::{sized_out, write_sized};
 use super::super::status::rdmx_status;
 use super::msg::rdmx_msg;
 use super::{rdmx_msgr, rdmx_session_counters};
@@ -61,6 +62,10 @@ pub struct rdmx_msg_iov {
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct rdmx_session_info {
+    /// Set by the caller to `sizeof` this struct before the call; rdmx fills at most that
+    /// many bytes and writes back how many it filled (see "Structs that grow" at the top of
+    /// this header). The order of the fields is frozen: new fields are only added at the end.
+    pub struct_size: usize,
     /// RDMX_SESSION_*.
     pub state: u32,
     /// RDMX_POLICY_LOSSLESS or RDMX_POLICY_LOSSY.
@@ -76,7 +81,6 @@ pub struct rdmx_session_info {
     /// This side's session identity and the peer's (0 until the handshake).
     pub local_id: u64,
     pub peer_id: u64,
-    pub counters: rdmx_session_counters,
 }
 
 fn bad(msg: String) -> Error {
@@ -326,7 +330,7 @@ pub unsafe extern "C" fn rdmx_session_close(m: *mut rdmx_msgr, session: u64) -> 
 /// unknown session (ended sessions are forgotten after their last event).
 ///
 /// # Safety
-/// `m` NULL or live; `out` NULL or writable.
+/// `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_session_get_info(
     m: *const rdmx_msgr,
@@ -334,11 +338,11 @@ pub unsafe extern "C" fn rdmx_session_get_info(
     out: *mut rdmx_session_info,
 ) -> rdmx_status {
     boundary::call("rdmx_session_get_info", || {
-        let out = out_ptr(out)?;
         // SAFETY: forwarded contract.
         let m = unsafe { handle(m, "msgr") }?;
         let i = m.inner.session_info(SessionId(session))?;
         let v = rdmx_session_info {
+            struct_size: 0,
             state: match i.state {
                 SessionState::Connecting => RDMX_SESSION_CONNECTING,
                 SessionState::Open => RDMX_SESSION_OPEN,
@@ -356,10 +360,9 @@ pub unsafe extern "C" fn rdmx_session_get_info(
             unacked: i.unacked as u64,
             local_id: i.local_id,
             peer_id: i.peer_id,
-            counters: (&i.counters).into(),
         };
-        // SAFETY: `out` checked non-NULL and writable.
-        unsafe { out.write(v) };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
         Ok(())
     })
 }
@@ -368,7 +371,7 @@ pub unsafe extern "C" fn rdmx_session_get_info(
 /// RNR NAKs, ...); as `rdmx_session_get_info`'s `counters`.
 ///
 /// # Safety
-/// `m` NULL or live; `out` NULL or writable.
+/// `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdmx_session_get_counters(
     m: *const rdmx_msgr,
@@ -376,12 +379,11 @@ pub unsafe extern "C" fn rdmx_session_get_counters(
     out: *mut rdmx_session_counters,
 ) -> rdmx_status {
     boundary::call("rdmx_session_get_counters", || {
-        let out = out_ptr(out)?;
         // SAFETY: forwarded contract.
         let m = unsafe { handle(m, "msgr") }?;
         let i = m.inner.session_info(SessionId(session))?;
-        // SAFETY: `out` checked non-NULL and writable.
-        unsafe { out.write((&i.counters).into()) };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, (&i.counters).into()) }?;
         Ok(())
     })
 }
@@ -436,3 +438,5 @@ pub unsafe extern "C" fn rdmx_session_inject_fault(
         m.inner.inject_fault(SessionId(session), f)
     })
 }
+
+sized_out!(rdmx_session_info);

@@ -16,6 +16,7 @@
 mod admit;
 mod buffers;
 mod credits;
+mod guard;
 mod keepalive;
 mod link;
 mod park;

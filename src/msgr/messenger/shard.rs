@@ -159,7 +159,7 @@ pub(crate) struct Core {
     settings: MsgrSettings,
     ctx: Context,
     bufs: Arc<Buffers>,
-    dispatcher: Arc<dyn Dispatcher>,
+    dispatcher: super::guard::GuardedDispatcher,
     shards: Vec<Shard>,
     listener: Mutex<Option<Listener>>,
     /// Accepting side: the peer's session id -> ours.
@@ -256,7 +256,7 @@ impl Core {
             settings,
             ctx,
             bufs,
-            dispatcher,
+            dispatcher: super::guard::GuardedDispatcher::new(dispatcher),
             shards,
             listener: Mutex::new(None),
             by_peer: Mutex::new(HashMap::new()),
@@ -890,16 +890,27 @@ impl Core {
         let d = &self.dispatcher;
         let n = ev.len();
         let was = IN_CALLBACK.with(|c| c.replace(true));
+        // A callback that panicked ends its session (guard.rs), after the others ran.
+        let mut panicked = Vec::new();
         for e in ev.drain(..) {
-            match e {
-                Event::Connect(s, peer, incoming) => d.on_connect(&m, s, peer, incoming),
-                Event::Message(s, msg) => d.on_message(&m, s, msg),
-                Event::SendDone(s, id, r) => d.on_send_complete(&m, s, id, r),
-                Event::Ready(s) => d.on_send_ready(&m, s),
-                Event::Reset(s, why) => d.on_reset(&m, s, &why),
-            }
+            let p = match e {
+                Event::Connect(s, peer, incoming) => d.call(s, "on_connect", |d| {
+                    d.on_connect(&m, s, peer, incoming);
+                }),
+                Event::Message(s, msg) => d.call(s, "on_message", |d| d.on_message(&m, s, msg)),
+                Event::SendDone(s, id, r) => d.call(s, "on_send_complete", |d| {
+                    d.on_send_complete(&m, s, id, r);
+                }),
+                Event::Ready(s) => d.call(s, "on_send_ready", |d| d.on_send_ready(&m, s)),
+                Event::Reset(s, why) => d.call(s, "on_reset", |d| d.on_reset(&m, s, &why)),
+            };
+            panicked.extend(p);
         }
         IN_CALLBACK.with(|c| c.set(was));
+        for (s, e) in panicked {
+            // Gone already (the panic was in its on_reset, or it was closed): nothing to end.
+            let _ = self.close_with(s, Some(e));
+        }
         n
     }
 
@@ -1501,6 +1512,12 @@ impl Core {
     }
 
     pub fn close_session(&self, s: SessionId) -> Result<()> {
+        self.close_with(s, None)
+    }
+
+    /// Closes session `s`: the peer is told (Bye), held sends fail; with `reset`, ended
+    /// for that error (`on_reset`) instead of closed by the application.
+    fn close_with(&self, s: SessionId, reset: Option<Error>) -> Result<()> {
         let shard = self.shard_of(s.0).ok_or_else(|| closed("close_session"))?;
         let mut st = shard.st.lock();
         let mut sess = st
@@ -1516,12 +1533,9 @@ impl Core {
             st.closing.push((l, Instant::now() + CLOSE_DRAIN));
         }
         let mut ev = Vec::new();
-        self.end(
-            &mut sess,
-            Error::fixed(ErrorKind::Closed, "the session was closed"),
-            false,
-            &mut ev,
-        );
+        let is_reset = reset.is_some();
+        let e = reset.unwrap_or_else(|| Error::fixed(ErrorKind::Closed, "the session was closed"));
+        self.end(&mut sess, e, is_reset, &mut ev);
         st.queued.extend(ev);
         self.forget(&sess);
         drop(st);
@@ -1593,6 +1607,7 @@ impl Core {
             active_sessions: active,
             missed_wakes: missed,
             totals,
+            dispatcher_panics: self.dispatcher.panics(),
         }
     }
 

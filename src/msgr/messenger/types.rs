@@ -533,6 +533,9 @@ pub struct MsgrStats {
     /// Links and sessions refused by `msgr_max_pending_links`, `msgr_max_sessions`,
     /// `msgr_max_sessions_per_entity`, or for resuming another entity's session.
     pub session_refusals: u64,
+    /// Dispatcher callbacks that panicked: each was caught (the worker lives on), logged
+    /// at error level, and ended its session (`on_reset`; the peer sees it closed).
+    pub dispatcher_panics: u64,
 }
 
 /// A transport fault to inject on a session's current connection (tests, Ceph's

@@ -358,6 +358,8 @@ struct Shared {
 #[derive(Default)]
 struct StatCounters {
     stalls: AtomicU64,
+    /// Panics caught in the progress thread (see `progress_thread`).
+    progress_panics: AtomicU64,
     max_stall_ns: AtomicU64,
     timers_deferred: AtomicU64,
     /// The latest stalls, for failure reports (shared with the QPs).
@@ -416,6 +418,10 @@ pub struct ProgressStats {
     /// Passes that left due timers for the next pass because received packets were still
     /// queued (packets are processed before timers fire).
     pub timers_deferred: u64,
+    /// Panics caught in the device's progress thread (a hook run there, a bug): each
+    /// failed every QP of the device and was logged at error level; the thread went on,
+    /// so timers keep running for the QPs made afterwards. 0 normally.
+    pub progress_panics: u64,
 }
 
 /// A soft RDMA device.
@@ -563,6 +569,7 @@ impl SoftDevice {
             stalled_ns: s.stalled_ns.load(Ordering::Relaxed),
             max_stall_ns: s.stats.max_stall_ns.load(Ordering::Relaxed),
             timers_deferred: s.stats.timers_deferred.load(Ordering::Relaxed),
+            progress_panics: s.stats.progress_panics.load(Ordering::Relaxed),
         }
     }
 
@@ -1405,7 +1412,34 @@ impl Learner {
     }
 }
 
+/// The progress thread: [`progress_loop`] until the device stops. A panic in a pass (a
+/// completion hook it ran, a bug) would otherwise end the thread silently and with it every
+/// timer of the device (ACK timeouts, retransmissions, held ACKs): it is caught, counted
+/// (`ProgressStats::progress_panics`), logged at error level, every QP of the device is
+/// failed (its work flushes; what it was doing cannot be trusted), and the loop starts
+/// again.
 fn progress_thread(s: &Shared) {
+    while !s.stop.load(Ordering::Acquire) {
+        let Err(payload) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| progress_loop(s)))
+        else {
+            return;
+        };
+        s.stats.progress_panics.fetch_add(1, Ordering::Relaxed);
+        let qps: Vec<Arc<SoftQp>> = s.qps.read().values().cloned().collect();
+        log::error!(
+            target: "rdmx::soft",
+            "progress thread panicked: {}; failing the device's {} QPs and going on",
+            crate::logging::panic_message(payload.as_ref()),
+            qps.len()
+        );
+        for qp in qps {
+            qp.fail(&s.mrs, s.now());
+        }
+    }
+}
+
+fn progress_loop(s: &Shared) {
     // The poll set, owned by the loop (no allocation per loop): the wake fd, the receiving
     // ports while this thread receives, and the epoll set of watched side channels (one
     // fd however many connections the device has).

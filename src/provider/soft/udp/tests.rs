@@ -134,7 +134,11 @@ fn v6_available() -> bool {
     match UdpPort::bind("[::1]:0".parse().unwrap()) {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("skipping IPv6 test: cannot bind [::1]: {e}");
+            crate::test_require::missing(
+                crate::test_require::IPV6,
+                "the IPv6 test",
+                format!("bind [::1]: {e}"),
+            );
             false
         }
     }
@@ -845,9 +849,10 @@ fn lo_capture() -> Option<OwnedFd> {
         )
     };
     if raw < 0 {
-        eprintln!(
-            "skipping capture: AF_PACKET: {}",
-            io::Error::last_os_error()
+        crate::test_require::missing(
+            crate::test_require::NET_RAW,
+            "the capture",
+            format!("AF_PACKET: {}", io::Error::last_os_error()),
         );
         return None;
     }
@@ -869,7 +874,11 @@ fn lo_capture() -> Option<OwnedFd> {
         )
     };
     if r != 0 {
-        eprintln!("skipping capture: bind lo: {}", io::Error::last_os_error());
+        crate::test_require::missing(
+            crate::test_require::NET_RAW,
+            "the capture",
+            format!("bind lo: {}", io::Error::last_os_error()),
+        );
         return None;
     }
     Some(cap)
@@ -1031,9 +1040,10 @@ fn gso_software_segments_match_the_plain_datagrams() {
         // SAFETY: plain syscall; moves only this thread into a new network namespace
         // (the thread ends with the test).
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!(
-                "skipping: unshare(CLONE_NEWNET): {}",
-                io::Error::last_os_error()
+            crate::test_require::missing(
+                crate::test_require::NETNS,
+                "the GSO case",
+                format!("unshare(CLONE_NEWNET): {}", io::Error::last_os_error()),
             );
             return;
         }
@@ -1049,12 +1059,21 @@ fn gso_software_segments_match_the_plain_datagrams() {
         if !run("ip", &["link", "set", "lo", "up"])
             || !run("ethtool", &["-K", "lo", "tx-udp-segmentation", "off"])
         {
-            eprintln!("skipping: cannot set up lo in a namespace (ip, ethtool?)");
+            crate::test_require::missing(
+                crate::test_require::NETNS,
+                "the GSO case",
+                "cannot set up lo in a namespace (ip, ethtool?)",
+            );
             return;
         }
         let mut cases = vec![("127.0.0.1:0", "127.0.0.1:0")];
-        if UdpPort::bind("[::1]:0".parse().unwrap()).is_ok() {
-            cases.push(("[::1]:0", "[::1]:0"));
+        match UdpPort::bind("[::1]:0".parse().unwrap()) {
+            Ok(_) => cases.push(("[::1]:0", "[::1]:0")),
+            Err(e) => crate::test_require::missing(
+                crate::test_require::IPV6,
+                "the GSO case's IPv6 half",
+                format!("bind [::1] in the namespace: {e}"),
+            ),
         }
         for (src, dst) in cases {
             let Some((frames, plain)) = gso_capture(src, dst) else {
