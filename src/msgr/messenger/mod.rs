@@ -18,6 +18,7 @@ mod buffers;
 mod credits;
 mod keepalive;
 mod link;
+pub(crate) mod machine;
 mod park;
 mod session;
 mod settings;
