@@ -5,8 +5,15 @@
 //! announced) and, for its own receive queue, `posted` (receives posted now) and `owed`
 //! (posted but not yet announced). Every header announces `owed` (then 0). A side keeps
 //! its last credit for control messages (acknowledgements, credits, keepalive, hello):
-//! data needs two. So a side can always announce the credits it owes, and two sides that
-//! both ran dry of data credits cannot deadlock: the announcement is a control message.
+//! data needs two. And the last credit goes only on a frame that announces credits: a side
+//! that spends it leaves the peer at least one, so the peer can always announce what it
+//! owes in turn, and two sides that both ran dry of data credits cannot deadlock.
+//!
+//! (Until the session machine's simulator found it, an acknowledgement or keepalive that
+//! announced nothing could take the last credit: two sides doing so at once, each with
+//! the other's messages in flight, were left at zero credits, each owing the other the
+//! receives those messages consumed and unable to say so: seed 48 of
+//! `machine::sim`, reproduced by the test `the_last_credit_goes_only_with_credits` below.)
 //!
 //! The window (receives kept posted) starts at `msgr_recv_window_min` and doubles up to
 //! `msgr_recv_window` while the peer says it is starved (a header flag); a session idle
@@ -48,8 +55,10 @@ impl Credits {
         self.tx >= 2
     }
 
+    /// Whether a control message may go now: with a credit to spare, or on the last one
+    /// when it announces credits (see the module doc).
     pub fn can_send_control(&self) -> bool {
-        self.tx >= 1
+        self.tx >= 2 || (self.tx == 1 && self.owed > 0)
     }
 
     /// Takes a credit for a send whose header announced `announced` of the credits owed
@@ -121,7 +130,30 @@ mod tests {
         c.on_send(0);
         c.on_send(0);
         assert!(!c.can_send_data());
+        assert!(!c.can_send_control(), "the last credit announces something");
+        c.on_posted(1);
         assert!(c.can_send_control());
+    }
+
+    /// Two sides each down to the last credit, each with nothing to announce: neither may
+    /// spend it on an empty acknowledgement. Had both done so, the other's messages in
+    /// flight (consumed receives, reposted, owed) could never be announced.
+    #[test]
+    fn the_last_credit_goes_only_with_credits() {
+        let mut a = Credits::new(4, 4, 64);
+        a.on_send(3);
+        a.on_grant(2);
+        assert_eq!((a.tx, a.owed), (2, 0));
+        assert!(a.can_send_control());
+        a.on_send(0);
+        assert!(!a.can_send_control());
+        // A message of the peer arrives: its receive reposted is owed, and the last
+        // credit may carry the announcement.
+        a.on_receive();
+        a.on_posted(1);
+        assert!(a.can_send_control());
+        a.on_send(1);
+        assert_eq!(a.tx, 0);
     }
 
     #[test]

@@ -75,8 +75,8 @@ impl<M> Machine<M> {
     pub fn attempt_failed(&mut self, now: Instant, e: Error) {
         self.connecting = false;
         self.link = None;
-        let more = self.policy == Policy::Lossless
-            && self.backoff.as_mut().is_some_and(|b| b.failed(now));
+        let more =
+            self.policy == Policy::Lossless && self.backoff.as_mut().is_some_and(|b| b.failed(now));
         if !more {
             let e = Error::new(e.kind(), format!("connecting gave up: {e}"));
             self.end(e, true);
@@ -195,6 +195,11 @@ impl<M> Machine<M> {
     /// again).
     fn drop_link(&mut self, lid: u64) {
         self.link = None;
+        // Posts for it that the driver has not carried out yet are void (a post it refused
+        // faulted the link in the middle of a batch): their messages are queued again.
+        self.actions.retain(|a| {
+            !matches!(a, Action::Post { link, .. } | Action::PostImm { link, .. } if *link == lid)
+        });
         self.received = self.delivered;
         self.ack_deferred = false;
         self.delivered_in_pass = false;

@@ -25,6 +25,8 @@ mod pump;
 mod recv;
 mod send;
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;
 
 pub use action::{Action, HelloId, Notice, SqRoom, Verdict};
@@ -273,10 +275,18 @@ impl<M> Machine<M> {
             return None;
         }
         match &self.link {
+            // A keepalive waits for a credit to go with (a frame brings it): until then
+            // only the silent-peer timeout is timed.
+            Some(l) if !l.credits.can_send_control() => {
+                self.rules.keepalive?;
+                l.live.last_heard.checked_add(self.rules.keepalive_timeout)
+            }
             Some(l) => l
                 .live
                 .next_due(self.rules.keepalive, self.rules.keepalive_timeout),
-            None if self.incoming => self.down_since.map(|t| t + self.rules.reconnect_timeout * 2),
+            None if self.incoming => self
+                .down_since
+                .map(|t| t + self.rules.reconnect_timeout * 2),
             None if self.connecting => None,
             None => self.backoff.map(|b| b.next_at),
         }
@@ -291,9 +301,10 @@ impl<M> Machine<M> {
             return false;
         };
         self.state == SessionState::Open
-            && (self.ack_deferred
-                || (l.credits.can_send_control()
-                    && (self.delivered > self.acked_to_peer || l.credits.announce_due()))
+            && ((l.credits.can_send_control()
+                && (self.ack_deferred
+                    || self.delivered > self.acked_to_peer
+                    || l.credits.announce_due()))
                 || (!self.waiting.is_empty() && l.credits.can_send_data()))
     }
 

@@ -32,7 +32,9 @@ impl<M> Machine<M> {
         }
         l.sent_in_pass = false;
         self.delivered_in_pass = false;
-        if l.live.dead(now, self.rules.keepalive, self.rules.keepalive_timeout) {
+        if l.live
+            .dead(now, self.rules.keepalive, self.rules.keepalive_timeout)
+        {
             let e = Error::new(
                 ErrorKind::Timeout,
                 format!(
@@ -59,7 +61,9 @@ impl<M> Machine<M> {
             }
             self.stalled = false;
             *free -= need;
-            let Some(mut m) = self.waiting.pop_front() else { return };
+            let Some(mut m) = self.waiting.pop_front() else {
+                return;
+            };
             if let Some(value) = imm {
                 // No header: nothing rides on it (`acked_to_peer` stays).
                 l.credits.on_send(0);

@@ -138,6 +138,9 @@ impl<M> Machine<M> {
                 drain: true,
             });
         }
-        self.end(Error::fixed(ErrorKind::Closed, "the session was closed"), false);
+        self.end(
+            Error::fixed(ErrorKind::Closed, "the session was closed"),
+            false,
+        );
     }
 }

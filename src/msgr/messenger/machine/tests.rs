@@ -158,7 +158,11 @@ fn data_keeps_a_control_credit_and_waits_for_grants() {
     a.pump(t0, room());
     let acts = actions(&mut a);
     // 3 credits: two messages, the last credit kept for control.
-    let sent: Vec<u64> = posted(&acts).iter().filter(|h| h.seq > 0).map(|h| h.seq).collect();
+    let sent: Vec<u64> = posted(&acts)
+        .iter()
+        .filter(|h| h.seq > 0)
+        .map(|h| h.seq)
+        .collect();
     assert_eq!(sent, vec![1, 2]);
     assert_eq!(a.link().unwrap().credits.tx, 1);
     assert_eq!(a.counters.credit_stalls, 1);
@@ -180,7 +184,13 @@ fn send_queue_room_bounds_a_pass_and_keeps_the_control_reserve() {
     for i in 0..4 {
         a.enqueue(i, shape()).unwrap();
     }
-    a.pump(t0, SqRoom { free: 3, reserve: 1 });
+    a.pump(
+        t0,
+        SqRoom {
+            free: 3,
+            reserve: 1,
+        },
+    );
     assert_eq!(posted(&actions(&mut a)).len(), 2);
 }
 
@@ -265,7 +275,11 @@ fn replay_after_reconnect_sends_what_the_peer_did_not_deliver() {
     assert!(matches!(actions(&mut a)[..], [Action::Connect]));
     let lid2 = a.link_up(t0 + ms(2), rules().credits(4), HelloId::default());
     let hello = posted(&actions(&mut a))[0];
-    assert_eq!((hello.aux, hello.aux2), (0x100, 0x200), "resumes the session");
+    assert_eq!(
+        (hello.aux, hello.aux2),
+        (0x100, 0x200),
+        "resumes the session"
+    );
     assert_eq!(a.counters.reconnects, 1);
     // The peer delivered message 1 before the fault.
     let mut answer = Header::new(Kind::Hello);
@@ -290,12 +304,19 @@ fn lossy_fault_reports_every_send_in_doubt_and_resets() {
     }
     a.pump(t0, room()); // 1 and 2 sent, 3 waits for credits
     actions(&mut a);
-    a.on_link_error(t0, lid, Error::fixed(ErrorKind::Closed, "side channel closed"));
+    a.on_link_error(
+        t0,
+        lid,
+        Error::fixed(ErrorKind::Closed, "side channel closed"),
+    );
     let acts = actions(&mut a);
     assert_eq!(done(&acts), vec![(1, false), (2, false), (3, false)]);
     assert!(has_reset(&acts));
     assert_eq!(a.state, SessionState::Closed);
-    assert_eq!(a.enqueue(4, shape()).unwrap_err().1.kind(), ErrorKind::Closed);
+    assert_eq!(
+        a.enqueue(4, shape()).unwrap_err().1.kind(),
+        ErrorKind::Closed
+    );
     assert_eq!(a.poll_timeout(), None);
 }
 
