@@ -17,12 +17,14 @@
 //!
 //! One job per file: `action` (what comes out), `send` (application sends, acks,
 //! completion of sends, close), `recv` (frames in, delivery order), `pump` (what goes
-//! out in a pass), `life` (links up and down, faults, reconnect, timers).
+//! out in a pass), `life` (links up and down, faults, reconnect, timers), `rules` (the
+//! decisions as pure functions, shared with the driver while its port is under way).
 
 mod action;
 mod life;
 mod pump;
 mod recv;
+pub mod rules;
 mod send;
 #[cfg(test)]
 mod sim;
@@ -305,7 +307,9 @@ impl<M> Machine<M> {
                 && (self.ack_deferred
                     || self.delivered > self.acked_to_peer
                     || l.credits.announce_due()))
-                || (!self.waiting.is_empty() && l.credits.can_send_data()))
+                || (!self.waiting.is_empty() && l.credits.can_send_data())
+                // A frame waits for a receive to announce (`Credits::room_to_speak`).
+                || l.credits.deficit() > 0)
     }
 
     /// Whether the session has nothing to do at `now` as far as the rules go: open, nothing

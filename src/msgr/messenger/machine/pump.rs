@@ -2,10 +2,11 @@
 //! control frame (acknowledgement, credit announcement or keepalive), then the
 //! silent-peer check.
 
+use super::rules::{self, ControlIn};
 use super::{Action, Machine, SqRoom};
 use crate::error::{Error, ErrorKind};
 use crate::msgr::messenger::types::SessionState;
-use crate::msgr::messenger::wire::{GRANT_LEN, Header, Kind, SLOT, flags};
+use crate::msgr::messenger::wire::{Header, Kind, flags};
 use std::time::Instant;
 
 impl<M> Machine<M> {
@@ -84,7 +85,7 @@ impl<M> Machine<M> {
                 if shape.rndv {
                     h.flags |= flags::RNDV;
                 }
-                if !self.waiting.is_empty() && l.credits.tx <= 2 {
+                if rules::starved(self.waiting.len(), l.credits.tx) {
                     h.flags |= flags::STARVED;
                 }
                 let owed = self.announce(&mut h);
@@ -126,29 +127,32 @@ impl<M> Machine<M> {
             }
         }
         let Some(l) = self.link.as_ref() else { return };
-        let ping = l.live.ping_due(now, self.rules.keepalive);
-        let mut ack = self.delivered > self.acked_to_peer && !l.sent_in_pass;
-        let mut announce = l.credits.announce_due();
-        if (ack || announce)
-            && self.delivered_in_pass
-            && !self.ack_deferred
-            && l.credits.peer_can_send_data()
+        let c = rules::control(ControlIn {
+            ack_owed: self.delivered > self.acked_to_peer,
+            sent_in_pass: l.sent_in_pass,
+            delivered_in_pass: self.delivered_in_pass,
+            ack_deferred: self.ack_deferred,
+            announce_due: l.credits.announce_due(),
+            ping_due: l.live.ping_due(now, self.rules.keepalive),
+            peer_can_send_data: l.credits.peer_can_send_data(),
+            can_send_control: l.credits.can_send_control(),
+            sq_free: free,
+        });
+        let tx = l.credits.tx;
+        self.ack_deferred = c.deferred;
+        if c.needs_receive
+            && let Some(l) = self.link.as_mut()
         {
-            self.ack_deferred = true;
-            ack = false;
-            announce = false;
+            l.credits.room_to_speak();
         }
-        // A send queue full of READs and messages waits for their completions (the data
-        // path leaves the control reserve, so only when the QP itself is behind).
-        if !(ack || ping || announce) || !l.credits.can_send_control() || free == 0 {
-            return;
-        }
-        let mut h = Header::new(if ping { Kind::Ping } else { Kind::Ack });
+        let Some(kind) = c.frame else { return };
+        let ping = kind == Kind::Ping;
+        let mut h = Header::new(kind);
         h.ack = self.delivered;
         // Out of credits with messages waiting: say so here too (immediate messages carry
         // no header, so a side that sends only those grows the peer's window through its
         // acknowledgements).
-        if self.stalled || (self.waiting.len() > 1 && l.credits.tx <= 2) {
+        if self.stalled || (self.waiting.len() > 1 && tx <= 2) {
             h.flags |= flags::STARVED;
         }
         let owed = self.announce(&mut h);
@@ -176,13 +180,7 @@ impl<M> Machine<M> {
             return 0;
         };
         let owed = l.credits.owed;
-        if eager_write {
-            h.flags |= flags::GRANTS;
-            let room = SLOT.saturating_sub(h.grants_at()) / GRANT_LEN;
-            h.credits = owed.min(room as u32);
-        } else {
-            h.credits = owed;
-        }
+        h.credits = rules::announce(h, owed, eager_write);
         l.credits.on_send(h.credits);
         l.sent_in_pass = true;
         owed

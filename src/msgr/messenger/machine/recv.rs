@@ -2,6 +2,7 @@
 //! answers ours, and the order of messages (the next one is accepted, an old one is a
 //! duplicate, a gap is a fault).
 
+use super::rules::{self, Order};
 use super::{Machine, Verdict};
 use crate::error::{Error, ErrorKind};
 use crate::msgr::messenger::types::SessionState;
@@ -74,16 +75,17 @@ impl<M> Machine<M> {
         if !self.link.as_ref().is_some_and(|l| l.hello_done) {
             return self.malformed(now, "message before the session hello");
         }
-        let expected = self.received + 1;
-        if seq < expected {
-            self.counters.duplicates_dropped += 1;
-            return Verdict::Duplicate;
+        match rules::order(self.received, seq) {
+            Order::Old => {
+                self.counters.duplicates_dropped += 1;
+                Verdict::Duplicate
+            }
+            Order::Gap => self.malformed(now, "message sequence gap"),
+            Order::Next => {
+                self.received = seq;
+                Verdict::Accept(seq)
+            }
         }
-        if seq > expected {
-            return self.malformed(now, "message sequence gap");
-        }
-        self.received = seq;
-        Verdict::Accept(seq)
     }
 
     /// The hello that answers ours (connecting side): the peer's session id, and how far

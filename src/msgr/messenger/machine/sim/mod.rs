@@ -35,6 +35,8 @@ pub const BOUND: Ns = 5_000 * MS;
 /// What a run did (the long run reports the totals).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Summary {
+    /// Sessions reset at the connector and at the acceptor.
+    pub resets_by_side: [u32; 2],
     pub sent: usize,
     pub failed: usize,
     pub died: usize,
@@ -99,6 +101,12 @@ fn params(rng: &mut Rng) -> Params {
 pub fn run(seed: u64, trace: bool) -> Result<Summary, (String, Vec<String>)> {
     let mut rng = Rng::new(seed);
     let p = params(&mut rng);
+    run_params(p, rng, trace)
+}
+
+/// Runs a schedule whose parameters are given (the scenario tests), with `rng` for the
+/// rest (delays, which frames a failure keeps).
+pub fn run_params(p: Params, rng: Rng, trace: bool) -> Result<Summary, (String, Vec<String>)> {
     // No reset is expected of a lossless session when no process restarts and no outage
     // comes near the reconnect budget.
     let calm = !p.lossy
@@ -163,6 +171,7 @@ pub fn run(seed: u64, trace: bool) -> Result<Summary, (String, Vec<String>)> {
         return Err((e, w.trace.take().unwrap_or_default()));
     }
     let mut s = Summary {
+        resets_by_side: w.resets,
         sent: w.ledger.sent.len(),
         failed: w.ledger.count(Fate::Err),
         died: w.ledger.count(Fate::Died),
@@ -223,6 +232,58 @@ fn seeded_schedules_hold_every_invariant() {
     // The schedules do exercise what they claim to. (Duplicates stay rare: a hello says
     // how far its side delivered, so a replay starts after it; counted all the same.)
     assert!(t.faults > n as usize && t.replays > 0 && t.resets > 0 && t.died > 0);
+}
+
+/// A schedule of one lossless session, 200 messages each way, with `faults`.
+fn scenario(faults: Vec<(Ns, Fault)>, conn_listens: bool) -> Summary {
+    let mut rng = Rng::new(7);
+    let mut p = params(&mut rng);
+    p.lossy = false;
+    p.quota = [200, 200];
+    p.slow = [false, false];
+    p.conn_listens = conn_listens;
+    p.send_gap = 600 * US; // ~60 ms of traffic: the faults hit it
+    p.faults = faults;
+    match run_params(p, rng, true) {
+        Ok(s) => s,
+        Err((e, trace)) => {
+            for line in &trace[trace.len().saturating_sub(100)..] {
+                eprintln!("{line}");
+            }
+            panic!("{e}");
+        }
+    }
+}
+
+#[test]
+fn lossless_replays_across_qp_errors_side_channel_closes_and_a_black_hole() {
+    let s = scenario(
+        vec![
+            (5 * MS, Fault::QpError(0)),
+            (12 * MS, Fault::SideChannel(1)),
+            (20 * MS, Fault::BlackHole(30 * MS)),
+            (60 * MS, Fault::QpError(1)),
+        ],
+        true,
+    );
+    assert_eq!(s.resets, 0);
+    assert_eq!((s.failed, s.died), (0, 0));
+    assert!(s.replays > 0, "{s:?}");
+}
+
+#[test]
+fn a_restarted_listening_connector_is_seen_at_its_next_hello() {
+    let s = scenario(vec![(10 * MS, Fault::Restart(0))], true);
+    // The acceptor resets the old session when the new incarnation says hello, long
+    // before its 600 ms give-up (the run settles within the bound either way; the
+    // trace of a failure shows which).
+    assert_eq!(s.resets_by_side, [0, 1], "{s:?}");
+}
+
+#[test]
+fn a_restarted_acceptor_resets_the_connector_at_its_next_hello() {
+    let s = scenario(vec![(10 * MS, Fault::Restart(1))], true);
+    assert_eq!(s.resets_by_side[0], 1, "{s:?}");
 }
 
 #[test]

@@ -247,7 +247,9 @@ impl World {
         self.procs[side].pending = pend;
         let mut next: Option<Ns> = None;
         for s in self.procs[side].sessions.iter().flatten() {
-            let t = if s.m.wants_pass() {
+            // A pass that needs receives waits for the pool (a release brings a pass).
+            let starved = s.m.receives_wanted() > 0 && self.procs[side].pool == 0;
+            let t = if s.m.wants_pass() && !starved {
                 Some(self.now + US)
             } else {
                 s.m.poll_timeout()
@@ -434,11 +436,18 @@ impl World {
 }
 
 impl World {
-    /// Both applications sent everything and every send completed (or died).
+    /// Both applications sent everything, every send completed (or died), and every session
+    /// is open or ended (none waits for a reconnect).
     pub fn settled(&self) -> bool {
         self.procs[CONN].sent >= self.p.quota[CONN]
             && self.procs[ACC].sent >= self.p.quota[ACC]
             && self.ledger.pending() == 0
+            && self.procs.iter().all(|p| {
+                p.sessions
+                    .iter()
+                    .flatten()
+                    .all(|s| matches!(s.m.state, SessionState::Open | SessionState::Closed))
+            })
     }
 }
 
