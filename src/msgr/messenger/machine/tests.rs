@@ -520,3 +520,35 @@ fn writes_need_a_lossy_session() {
     };
     assert_eq!(a.admit(&s).unwrap_err().kind(), ErrorKind::InvalidArgument);
 }
+
+#[test]
+fn rules_come_from_the_msgr_keys() {
+    let mut c = crate::config::Config::new();
+    c.set("msgr_keepalive_ms", "250").unwrap();
+    c.set("msgr_recv_window", "32").unwrap();
+    let s = MsgrSettings::from_config(&c).unwrap();
+    let r = Rules::from_settings(&s);
+    assert_eq!(r.keepalive, Some(ms(250)));
+    assert_eq!((r.recv_window_min, r.recv_window), (s.recv_window_min, 32));
+    assert_eq!(r.send_queue_msgs, s.send_queue_msgs);
+    let m: Machine<u32> = Machine::new(r, 1, Policy::Lossless, false, Instant::now());
+    assert_eq!(m.rules(), &r);
+}
+
+#[test]
+fn an_open_idle_session_is_quiet_until_something_is_owed() {
+    let t0 = Instant::now();
+    let (mut a, lid, _) = open_connector(Policy::Lossless, t0, 8);
+    assert!(!a.quiet(t0), "the answer's receive is not reposted yet");
+    a.on_posted(lid, a.receives_wanted());
+    a.pump(t0, room()); // announces the reposted receive? not due: half the window
+    actions(&mut a);
+    assert!(a.quiet(t0));
+    assert!(!a.quiet(t0 + ms(100)), "keepalive due");
+    a.enqueue(1, shape()).unwrap();
+    assert!(!a.quiet(t0));
+    assert_eq!(a.held_bytes(), 100);
+    a.pump(t0, room());
+    assert!(a.has_actions());
+    assert_eq!(a.link_id(), Some(lid));
+}

@@ -330,8 +330,12 @@ impl World {
                     link,
                     header,
                     msg,
-                    owed: _,
+                    owed,
                 } => {
+                    if header.credits > owed {
+                        let c = header.credits;
+                        self.violation(format!("announced {c} credits of {owed} owed"));
+                    }
                     let Some((lid, li)) = cur.filter(|c| c.0 == link) else {
                         self.violation(format!("post on link {link}, not the session's"));
                         return;
@@ -362,21 +366,22 @@ impl World {
                         );
                     }
                 }
-                Action::PostImm {
-                    link,
-                    seq,
-                    value: _,
-                } => {
+                Action::PostImm { link, seq, value } => {
                     let Some((lid, li)) = cur.filter(|c| c.0 == link) else {
                         self.violation(format!("immediate on link {link}, not the session's"));
                         return;
                     };
                     let s = self.sess(side, si).expect("session");
-                    let Some((body, need)) = s.m.unacked(seq).map(|o| (o.body, o.shape.sq_need))
+                    let Some((body, need, imm)) =
+                        s.m.unacked(seq)
+                            .map(|o| (o.body, o.shape.sq_need, o.shape.imm))
                     else {
                         self.violation(format!("immediate {seq}, not held"));
                         return;
                     };
+                    if imm != Some(value) {
+                        self.violation(format!("immediate {seq} carries {value}, not {imm:?}"));
+                    }
                     let f = Frame {
                         header: Header::default(),
                         imm: true,
