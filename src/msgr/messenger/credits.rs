@@ -5,8 +5,15 @@
 //! announced) and, for its own receive queue, `posted` (receives posted now) and `owed`
 //! (posted but not yet announced). Every header announces `owed` (then 0). A side keeps
 //! its last credit for control messages (acknowledgements, credits, keepalive, hello):
-//! data needs two. So a side can always announce the credits it owes, and two sides that
-//! both ran dry of data credits cannot deadlock: the announcement is a control message.
+//! data needs two. And the last credit goes only on a frame that announces credits: a side
+//! that spends it leaves the peer at least one, so the peer can always announce what it
+//! owes in turn, and two sides that both ran dry of data credits cannot deadlock.
+//!
+//! (Until the session machine's simulator found it, an acknowledgement or keepalive that
+//! announced nothing could take the last credit: two sides doing so at once, each with
+//! the other's messages in flight, were left at zero credits, each owing the other the
+//! receives those messages consumed and unable to say so: seed 48 of
+//! `machine::sim`, reproduced by the test `the_last_credit_goes_only_with_credits` below.)
 //!
 //! The window (receives kept posted) starts at `msgr_recv_window_min` and doubles up to
 //! `msgr_recv_window` while the peer says it is starved (a header flag); a session idle
@@ -48,8 +55,10 @@ impl Credits {
         self.tx >= 2
     }
 
+    /// Whether a control message may go now: with a credit to spare, or on the last one
+    /// when it announces credits (see the module doc).
     pub fn can_send_control(&self) -> bool {
-        self.tx >= 1
+        self.tx >= 2 || (self.tx == 1 && self.owed > 0)
     }
 
     /// Takes a credit for a send whose header announced `announced` of the credits owed
@@ -90,6 +99,16 @@ impl Credits {
         self.window = self.min;
     }
 
+    /// A control frame is due but the last credit has nothing to announce: one more
+    /// receive (within the maximum window) gives it something, so the next pass posts it
+    /// and the frame goes with it. (Without it a receiver that only acknowledges, its
+    /// window shrunk by a keepalive, waited for the peer's next keepalive to ack.)
+    pub fn room_to_speak(&mut self) {
+        if self.tx == 1 && self.owed == 0 {
+            self.window = self.window.max((self.posted + 1).min(self.max));
+        }
+    }
+
     /// Whether the peer may still send a data message on the credits it was told of
     /// (receives announced and not consumed yet), keeping one for control.
     pub fn peer_can_send_data(&self) -> bool {
@@ -97,9 +116,12 @@ impl Credits {
     }
 
     /// Whether enough credits are owed to announce them in a message of their own: half
-    /// the window (or everything the peer could use, when its credits are nearly gone).
+    /// the window, or any when the peer's credits are nearly gone. (Until the session
+    /// machine's simulator found it, only the first: a side whose pool let it post fewer
+    /// than half its window never announced them, and a peer out of credits waited for
+    /// ever, or for the next keepalive: seed 25125 of `machine::sim`.)
     pub fn announce_due(&self) -> bool {
-        self.owed > 0 && self.owed >= (self.window / 2).max(1)
+        self.owed > 0 && (self.owed >= (self.window / 2).max(1) || !self.peer_can_send_data())
     }
 }
 
@@ -121,7 +143,64 @@ mod tests {
         c.on_send(0);
         c.on_send(0);
         assert!(!c.can_send_data());
+        assert!(!c.can_send_control(), "the last credit announces something");
+        c.on_posted(1);
         assert!(c.can_send_control());
+    }
+
+    /// Two sides each down to the last credit, each with nothing to announce: neither may
+    /// spend it on an empty acknowledgement. Had both done so, the other's messages in
+    /// flight (consumed receives, reposted, owed) could never be announced.
+    #[test]
+    fn the_last_credit_goes_only_with_credits() {
+        let mut a = Credits::new(4, 4, 64);
+        a.on_send(3);
+        a.on_grant(2);
+        assert_eq!((a.tx, a.owed), (2, 0));
+        assert!(a.can_send_control());
+        a.on_send(0);
+        assert!(!a.can_send_control());
+        // A message of the peer arrives: its receive reposted is owed, and the last
+        // credit may carry the announcement.
+        a.on_receive();
+        a.on_posted(1);
+        assert!(a.can_send_control());
+        a.on_send(1);
+        assert_eq!(a.tx, 0);
+    }
+
+    #[test]
+    fn credits_are_announced_when_the_peer_runs_dry_even_below_half_the_window() {
+        let mut c = Credits::new(4, 4, 40);
+        c.on_send(3);
+        c.grow();
+        c.grow();
+        c.grow(); // window 32: half is 16
+        for _ in 0..4 {
+            c.on_receive(); // the peer used every receive it was told of
+        }
+        c.on_posted(10); // the pool allowed 10 of the 32
+        assert!(!c.peer_can_send_data());
+        assert!(c.announce_due());
+        c.on_send(10);
+        assert!(c.peer_can_send_data() && !c.announce_due());
+    }
+
+    #[test]
+    fn a_due_control_frame_gets_a_receive_to_announce() {
+        let mut a = Credits::new(4, 4, 8);
+        a.on_send(3);
+        a.on_grant(1);
+        assert_eq!((a.tx, a.owed, a.deficit()), (1, 0, 0));
+        a.room_to_speak();
+        assert_eq!(a.deficit(), 1);
+        a.on_posted(1);
+        assert!(a.can_send_control());
+        // Never beyond the maximum window.
+        let mut b = Credits::new(8, 4, 8);
+        b.on_send(7);
+        b.room_to_speak();
+        assert_eq!(b.deficit(), 0);
     }
 
     #[test]

@@ -19,7 +19,8 @@ use std::time::Instant;
 use super::buffers::TxSeg;
 use super::credits::Credits;
 use super::keepalive::Liveness;
-use super::wire::{self, GRANT_LEN, Grant, HDR_LEN, Header, Malformed, Part, SLOT, SegDesc};
+use super::machine::rules;
+use super::wire::{self, Grant, HDR_LEN, Header, Malformed, Part, SLOT, SegDesc};
 
 /// One posted receive.
 pub struct RecvSlot {
@@ -517,14 +518,10 @@ impl Link {
         let at = h.grants_at();
         let owed = self.credits.owed as usize;
         let first = self.recvs.len().saturating_sub(owed);
-        if self.eager_write {
-            // Our receive chunks take remote writes: grant them.
-            h.flags |= wire::flags::GRANTS;
-            let room = SLOT.saturating_sub(at) / GRANT_LEN;
-            h.credits = owed.min(room).min(self.recvs.len() - first) as u32;
-        } else {
-            h.credits = owed as u32;
-        }
+        // Our receive chunks take remote writes with `eager_write`: grant them, as many as
+        // the slot holds (the session machine's rule, `machine::rules::announce`).
+        h.credits = rules::announce(h, owed as u32, self.eager_write)
+            .min((self.recvs.len() - first) as u32);
         // SAFETY: the slot is ours (from the pool or our spares, not posted); SLOT bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(slot.addr, SLOT) };
         h.emit(out);

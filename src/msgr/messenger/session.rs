@@ -20,6 +20,7 @@ use std::time::Instant;
 use super::buffers::TxSeg;
 use super::keepalive::Backoff;
 use super::link::{Body, Link, LinkEvent, Received, RecvSlot, RxBuild, RxEntry, TxWrite};
+use super::machine::rules::{self, ControlIn, Order};
 use super::settings::MsgrSettings;
 use super::types::{
     InMessage, MSG_TYPE_IMM, Policy, RxSeg, SendId, SessionCounters, SessionId, SessionInfo,
@@ -343,19 +344,21 @@ impl Session {
         if !link.hello_done {
             return Err(Malformed("message before the session hello").into());
         }
-        let expected = self.delivered + link.rx.len() as u64 + 1;
-        if r.h.seq < expected {
-            self.counters.duplicates_dropped += 1;
-            if let Some(c) = r.data {
-                link.give_back(c);
+        match rules::order(self.delivered + link.rx.len() as u64, r.h.seq) {
+            Order::Next => {}
+            Order::Old => {
+                self.counters.duplicates_dropped += 1;
+                if let Some(c) = r.data {
+                    link.give_back(c);
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
-        if r.h.seq > expected {
-            if let Some(c) = r.data {
-                link.give_back(c);
+            Order::Gap => {
+                if let Some(c) = r.data {
+                    link.give_back(c);
+                }
+                return Err(Malformed("message sequence gap").into());
             }
-            return Err(Malformed("message sequence gap").into());
         }
         let mut entry = RxEntry {
             seq: r.h.seq,
@@ -518,7 +521,7 @@ impl Session {
                 h.msg_type = m.msg_type;
                 h.nsegs = m.segs.len() as u16;
                 h.front_len = m.front.len() as u32;
-                if self.waiting.len() > 1 && link.credits.tx <= 2 {
+                if rules::starved(self.waiting.len() - 1, link.credits.tx) {
                     h.flags |= flags::STARVED;
                 }
                 if m.eager(s.eager_max, max_sge) {
@@ -562,23 +565,26 @@ impl Session {
         if link.sent_in_pass {
             link.live.last_sent = now;
         }
-        let ping = link.live.ping_due(now, s.keepalive);
-        let mut ack = self.delivered > self.acked_to_peer && !link.sent_in_pass;
-        let mut announce = link.credits.announce_due();
-        if (ack || announce)
-            && delivered_now
-            && !self.ack_deferred
-            && link.credits.peer_can_send_data()
-        {
-            self.ack_deferred = true;
-            ack = false;
-            announce = false;
+        // The decision is the session machine's rule (`machine::rules::control`).
+        let c = rules::control(ControlIn {
+            ack_owed: self.delivered > self.acked_to_peer,
+            sent_in_pass: link.sent_in_pass,
+            delivered_in_pass: delivered_now,
+            ack_deferred: self.ack_deferred,
+            announce_due: link.credits.announce_due(),
+            ping_due: link.live.ping_due(now, s.keepalive),
+            peer_can_send_data: link.credits.peer_can_send_data(),
+            can_send_control: link.credits.can_send_control(),
+            sq_free: link.sq_room(),
+        });
+        self.ack_deferred = c.deferred;
+        if c.needs_receive {
+            // Posted by the next pass (the session is not quiet with a deficit).
+            link.credits.room_to_speak();
         }
-        // A send queue full of READs and messages waits for their completions; the data
-        // path leaves the control reserve (`link::CONTROL_RESERVE`), so this is only when
-        // the QP itself is behind: the acknowledgement goes on a later pass.
-        if (ack || ping || announce) && link.credits.can_send_control() && link.sq_room() > 0 {
-            let mut h = Header::new(if ping { Kind::Ping } else { Kind::Ack });
+        if let Some(kind) = c.frame {
+            let ping = kind == Kind::Ping;
+            let mut h = Header::new(kind);
             h.ack = self.delivered;
             // Out of credits with messages waiting: say so here too (immediate messages
             // carry no header, so a side that sends only those grows the peer's window

@@ -1,0 +1,228 @@
+//! Links up and down: the connecting side's attempts and hello, the accepting side's
+//! answer, faults (replay or end), the peer's restart, reconnect backoff and the timers.
+
+use super::{Action, HelloId, LinkState, Machine, Notice};
+use crate::error::{Error, ErrorKind};
+use crate::msgr::messenger::credits::Credits;
+use crate::msgr::messenger::keepalive::Liveness;
+use crate::msgr::messenger::types::{Policy, SessionState};
+use crate::msgr::messenger::wire::{Header, Kind, flags};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+impl<M> Machine<M> {
+    /// Time passed: the connecting side starts a due attempt ([`Action::Connect`]), the
+    /// accepting side of a lossless session gives up on a peer that did not come back
+    /// within twice the reconnect timeout.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.state == SessionState::Closed || self.link.is_some() {
+            return;
+        }
+        if self.incoming {
+            if let Some(since) = self.down_since
+                && now.saturating_duration_since(since) >= self.rules.reconnect_timeout * 2
+            {
+                let e = Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the peer did not reconnect within {:?}",
+                        self.rules.reconnect_timeout * 2
+                    ),
+                );
+                self.end(e, true);
+            }
+            return;
+        }
+        if !self.connecting && self.backoff.is_some_and(|b| b.next_at <= now) {
+            self.connecting = true;
+            self.actions.push_back(Action::Connect);
+        }
+    }
+
+    /// Connecting side: the attempt made a connection whose on-connect hook posted
+    /// receives (`credits`: [`super::Rules::credits`]). The hello goes on it: our id, the
+    /// peer's as we know it, how far we delivered, and who we are across restarts.
+    /// Returns the link's generation.
+    pub fn link_up(&mut self, now: Instant, credits: Credits, id: HelloId) -> u64 {
+        self.connecting = false;
+        let lid = self.new_link(now, credits);
+        let mut h = Header::new(Kind::Hello);
+        h.aux = id.claimed.unwrap_or(self.id);
+        h.aux2 = self.peer_id;
+        h.aux3 = self.delivered;
+        h.seq = id.incarnation;
+        h.msg_type = id.port;
+        if self.policy == Policy::Lossy {
+            h.flags |= flags::LOSSY;
+        }
+        let owed = self.announce(&mut h);
+        if self.peer_id != 0 {
+            self.counters.reconnects += 1;
+        }
+        self.acked_to_peer = self.delivered;
+        self.actions.push_back(Action::Post {
+            link: lid,
+            header: h,
+            msg: None,
+            owed,
+        });
+        lid
+    }
+
+    /// Connecting side: the attempt failed (or its hello could not be posted): another
+    /// after the backoff, or the end when the budget is spent (a lossy session does not
+    /// retry).
+    pub fn attempt_failed(&mut self, now: Instant, e: Error) {
+        self.connecting = false;
+        self.link = None;
+        let more =
+            self.policy == Policy::Lossless && self.backoff.as_mut().is_some_and(|b| b.failed(now));
+        if !more {
+            let e = Error::new(e.kind(), format!("connecting gave up: {e}"));
+            self.end(e, true);
+        }
+    }
+
+    /// Accepting side: a link whose hello `h` names this session (or makes it). The
+    /// peer's id, how far it delivered (those sends complete), then our hello: the session
+    /// is open. `credits`: the pending link's, the hello's receive consumed. Returns the
+    /// link's generation; a link the session had is closed first (the peer reconnected
+    /// before this side noticed the old one died).
+    pub fn accept_link(&mut self, now: Instant, credits: Credits, h: &Header) -> u64 {
+        if let Some(old) = self.link.as_ref().map(|l| l.lid) {
+            self.counters.faults += 1;
+            self.drop_link(old);
+        }
+        if self.announced {
+            self.counters.reconnects += 1;
+        }
+        self.peer_id = h.aux;
+        let lid = self.new_link(now, credits);
+        if let Some(l) = self.link.as_mut() {
+            l.hello_done = true;
+        }
+        self.on_ack(h.aux3);
+        let mut r = Header::new(Kind::Hello);
+        r.aux = self.id;
+        r.aux2 = self.peer_id;
+        r.aux3 = self.delivered;
+        if self.policy == Policy::Lossy {
+            r.flags |= flags::LOSSY;
+        }
+        let owed = self.announce(&mut r);
+        self.acked_to_peer = self.delivered;
+        self.actions.push_back(Action::Post {
+            link: lid,
+            header: r,
+            msg: None,
+            owed,
+        });
+        self.opened();
+        lid
+    }
+
+    /// Accepting side: the connecting messenger at `addr` said hello with incarnation
+    /// `inc`. Another incarnation than this session's peer means its process restarted
+    /// (two live processes cannot listen on one address): what it had not acknowledged is
+    /// lost, the session resets. Returns whether it did.
+    pub fn on_peer_incarnation(&mut self, addr: SocketAddr, inc: u64) -> bool {
+        match self.peer_entity {
+            Some((a, mine)) if a == addr && mine != inc && self.state != SessionState::Closed => {
+                let e = Error::new(
+                    ErrorKind::Closed,
+                    format!(
+                        "the peer messenger at {addr} restarted (a new incarnation \
+                         connected): session reset"
+                    ),
+                );
+                self.end(e, true);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The link `lid` failed: an error completion (QP error, retry exceeded, flush), the
+    /// side channel's end, a post refused, a malformed frame (`InvalidValue`, counted) or a
+    /// message over this side's limits (`ResourceLimit`: it would only come again, so the
+    /// session ends). A failure of a link the session no longer has is ignored.
+    pub fn on_link_error(&mut self, now: Instant, lid: u64, e: Error) {
+        if self.link.as_ref().is_none_or(|l| l.lid != lid) {
+            return;
+        }
+        if e.kind() == ErrorKind::InvalidValue {
+            self.counters.malformed += 1;
+        }
+        let end = e.kind() == ErrorKind::ResourceLimit;
+        self.fault(now, e, end);
+    }
+
+    /// A fault on the current link: it closes; a lossless session replays on the next
+    /// (the connecting side reconnects, the accepting side waits), a lossy one ends, as
+    /// does any session when `end` (the peer closed or restarted, an oversized message).
+    pub(super) fn fault(&mut self, now: Instant, e: Error, end: bool) {
+        self.counters.faults += 1;
+        if let Some(lid) = self.link.as_ref().map(|l| l.lid) {
+            self.drop_link(lid);
+        }
+        if end || self.policy == Policy::Lossy {
+            self.end(e, true);
+            return;
+        }
+        self.state = SessionState::Reconnecting;
+        if self.incoming {
+            self.down_since.get_or_insert(now);
+        } else if self.backoff.is_none() {
+            self.backoff = Some(self.rules.backoff(now));
+        }
+    }
+
+    /// Ends the session: every held send fails, then (if `reset`) `Reset`.
+    pub(super) fn end(&mut self, e: Error, reset: bool) {
+        if let Some(lid) = self.link.as_ref().map(|l| l.lid) {
+            self.drop_link(lid);
+        }
+        self.connecting = false;
+        self.fail_all(&e);
+        self.state = SessionState::Closed;
+        if reset {
+            self.notify(Notice::Reset(e));
+        }
+    }
+
+    /// The link is gone: what it sent and was not acknowledged goes to the front of the
+    /// queue (sent again on the next), what it was receiving is dropped (the peer sends it
+    /// again).
+    fn drop_link(&mut self, lid: u64) {
+        self.link = None;
+        // Posts for it that the driver has not carried out yet are void (a post it refused
+        // faulted the link in the middle of a batch): their messages are queued again.
+        self.actions.retain(|a| {
+            !matches!(a, Action::Post { link, .. } | Action::PostImm { link, .. } if *link == lid)
+        });
+        self.received = self.delivered;
+        self.ack_deferred = false;
+        self.delivered_in_pass = false;
+        while let Some(mut m) = self.unacked.pop_back() {
+            m.replay = true;
+            self.waiting.push_front(m);
+        }
+        self.actions.push_back(Action::CloseLink {
+            link: lid,
+            drain: false,
+        });
+    }
+
+    fn new_link(&mut self, now: Instant, credits: Credits) -> u64 {
+        let lid = self.next_lid;
+        self.next_lid += 1;
+        self.link = Some(LinkState {
+            lid,
+            credits,
+            live: Liveness::new(now),
+            hello_done: false,
+            sent_in_pass: false,
+        });
+        lid
+    }
+}

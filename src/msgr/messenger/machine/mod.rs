@@ -1,0 +1,352 @@
+//! The session machine: every rule about what a messenger session does next, in one
+//! struct fed `(now, event)` and emitting [`Action`]s. No sockets, threads, locks or OS
+//! clock: time is passed in, frames and callbacks come out. Modelled on quinn-proto's
+//! `Connection` and on this crate's RC engine; `docs/messenger-machine.md` describes the
+//! events, actions, states and the simulator that drives two of them through faulty links
+//! (`sim/`, tests only).
+//!
+//! What it decides: sequence numbers, cumulative acknowledgements and which sends they
+//! complete; replay of unacknowledged messages on the next link (lossless) or their
+//! failure (lossy); duplicate and out-of-order frames; the send-queue bound (`Full`, then
+//! `Ready`); credits (what may be sent, what to announce, the window) and when an ack or
+//! a credit announcement goes or waits a pass; keepalive and the silent-peer timeout;
+//! the hello exchange, a peer's restart (new session id or new incarnation), reconnect
+//! backoff and the accepting side's wait; close. What it does not: buffers, memory
+//! registration, posting, READs of rendezvous data, the wire bytes beyond the header
+//! (the driver: `link.rs`, `shard.rs`).
+//!
+//! One job per file: `action` (what comes out), `send` (application sends, acks,
+//! completion of sends, close), `recv` (frames in, delivery order), `pump` (what goes
+//! out in a pass), `life` (links up and down, faults, reconnect, timers), `rules` (the
+//! decisions as pure functions, shared with the driver while its port is under way).
+
+mod action;
+mod life;
+mod pump;
+mod recv;
+pub mod rules;
+mod send;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
+
+pub use action::{Action, HelloId, Notice, SqRoom, Verdict};
+
+use super::credits::Credits;
+use super::keepalive::{Backoff, Liveness};
+use super::settings::MsgrSettings;
+use super::types::{Policy, SessionCounters, SessionState};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// The settings the rules read (from `msgr_*`: see [`MsgrSettings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    pub keepalive: Option<Duration>,
+    pub keepalive_timeout: Duration,
+    pub reconnect_min: Duration,
+    pub reconnect_max: Duration,
+    pub reconnect_timeout: Duration,
+    pub reconnect_attempts: u32,
+    pub send_queue_msgs: usize,
+    pub send_queue_bytes: u64,
+    pub recv_window_min: u32,
+    pub recv_window: u32,
+    /// Our receives are granted to the peer (`msgr_eager_write`): announcements carry
+    /// grants, as many as the header slot holds.
+    pub eager_write: bool,
+}
+
+impl Rules {
+    pub fn from_settings(s: &MsgrSettings) -> Rules {
+        Rules {
+            keepalive: s.keepalive,
+            keepalive_timeout: s.keepalive_timeout,
+            reconnect_min: s.reconnect_min,
+            reconnect_max: s.reconnect_max,
+            reconnect_timeout: s.reconnect_timeout,
+            reconnect_attempts: s.reconnect_attempts,
+            send_queue_msgs: s.send_queue_msgs,
+            send_queue_bytes: s.send_queue_bytes,
+            recv_window_min: s.recv_window_min,
+            recv_window: s.recv_window,
+            eager_write: s.eager_write,
+        }
+    }
+
+    /// The credits of a new link whose receives (`posted`) the on-connect hook posted.
+    pub fn credits(&self, posted: u32) -> Credits {
+        Credits::new(posted, self.recv_window_min, self.recv_window)
+    }
+
+    fn backoff(&self, now: Instant) -> Backoff {
+        Backoff::new(
+            now,
+            self.reconnect_min,
+            self.reconnect_max,
+            self.reconnect_timeout,
+            self.reconnect_attempts,
+        )
+    }
+}
+
+/// What the rules need to know of a message (its body is the driver's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Shape {
+    pub msg_type: u16,
+    pub front_len: u32,
+    pub nsegs: u16,
+    /// Sent as a descriptor block (the peer READs the data).
+    pub rndv: bool,
+    /// An immediate message: the value its last WRITE carries (no header).
+    pub imm: Option<u32>,
+    /// Front + data + write bytes (the send-queue bound counts them).
+    pub bytes: u64,
+    /// Send-queue entries the message takes.
+    pub sq_need: usize,
+    /// RDMA WRITEs before the message and their bytes (lossy sessions only).
+    pub writes: u32,
+    pub write_bytes: u64,
+}
+
+/// A message held by the session: waiting for credits, or sent and not acknowledged.
+#[derive(Debug)]
+pub struct Out<M> {
+    pub seq: u64,
+    pub shape: Shape,
+    /// Sent before on an earlier link.
+    pub replay: bool,
+    pub body: M,
+}
+
+/// The protocol state of the session's current link.
+#[derive(Debug, Clone)]
+pub struct LinkState {
+    pub lid: u64,
+    pub credits: Credits,
+    pub live: Liveness,
+    /// The peer's hello arrived (messages may flow).
+    pub hello_done: bool,
+    /// Something was posted since the last pump (an explicit ack would be redundant).
+    sent_in_pass: bool,
+}
+
+/// One session's protocol state.
+#[derive(Debug)]
+pub struct Machine<M> {
+    rules: Rules,
+    pub id: u64,
+    pub peer_id: u64,
+    pub policy: Policy,
+    /// The accepting side (its peer reconnects to it).
+    pub incoming: bool,
+    pub state: SessionState,
+    next_seq: u64,
+    waiting: VecDeque<Out<M>>,
+    unacked: VecDeque<Out<M>>,
+    /// Bytes of `waiting` and `unacked`.
+    held_bytes: u64,
+    /// A send was refused with `Full`: `Ready` follows when there is room.
+    refused: bool,
+    /// The last sequence number delivered to the application, and the last accepted
+    /// for delivery (its data may still be read).
+    delivered: u64,
+    received: u64,
+    /// The last sequence number the peer was told of.
+    acked_to_peer: u64,
+    /// Messages were delivered since the last pump (their acknowledgement may wait a pass).
+    delivered_in_pass: bool,
+    /// The acknowledgement of messages delivered in the last pass was held back a pass.
+    ack_deferred: bool,
+    /// Messages wait for credits (counted once per stall).
+    stalled: bool,
+    /// `Connected` was told.
+    announced: bool,
+    /// Connecting side: the reconnect budget and schedule; an attempt is under way.
+    backoff: Option<Backoff>,
+    connecting: bool,
+    /// Accepting side of a lossless session without a link: since when.
+    down_since: Option<Instant>,
+    /// Accepting side: the connecting messenger's address and incarnation.
+    pub peer_entity: Option<(SocketAddr, u64)>,
+    link: Option<LinkState>,
+    next_lid: u64,
+    actions: VecDeque<Action>,
+    pub counters: SessionCounters,
+}
+
+impl<M> Machine<M> {
+    /// A connecting session (it asks for its first connection at once) or an accepting
+    /// one (made when a peer's first hello arrives: [`Machine::accept_link`] follows).
+    pub fn new(rules: Rules, id: u64, policy: Policy, incoming: bool, now: Instant) -> Self {
+        Machine {
+            rules,
+            id,
+            peer_id: 0,
+            policy,
+            incoming,
+            state: SessionState::Connecting,
+            next_seq: 1,
+            waiting: VecDeque::new(),
+            unacked: VecDeque::new(),
+            held_bytes: 0,
+            refused: false,
+            delivered: 0,
+            received: 0,
+            acked_to_peer: 0,
+            delivered_in_pass: false,
+            ack_deferred: false,
+            stalled: false,
+            announced: false,
+            backoff: (!incoming).then(|| rules.backoff(now)),
+            connecting: false,
+            down_since: None,
+            peer_entity: None,
+            link: None,
+            next_lid: 1,
+            actions: VecDeque::new(),
+            counters: SessionCounters::default(),
+        }
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    /// The next action for the driver.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
+    /// The current link's protocol state.
+    pub fn link(&self) -> Option<&LinkState> {
+        self.link.as_ref()
+    }
+
+    /// The generation of the current link.
+    pub fn link_id(&self) -> Option<u64> {
+        self.link.as_ref().map(|l| l.lid)
+    }
+
+    pub fn delivered(&self) -> u64 {
+        self.delivered
+    }
+
+    /// Messages accepted and not yet delivered (their data is being received).
+    pub fn receiving(&self) -> u64 {
+        self.received - self.delivered
+    }
+
+    pub fn queued(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn unacked_len(&self) -> usize {
+        self.unacked.len()
+    }
+
+    pub fn held_msgs(&self) -> usize {
+        self.waiting.len() + self.unacked.len()
+    }
+
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes
+    }
+
+    /// The body of a sent, unacknowledged message (what [`Action::Post`] names).
+    pub fn unacked(&self, seq: u64) -> Option<&Out<M>> {
+        self.unacked.iter().rev().find(|m| m.seq == seq)
+    }
+
+    /// A connection attempt is under way (connecting side).
+    pub fn connecting(&self) -> bool {
+        self.connecting
+    }
+
+    /// The earliest time [`Machine::handle_timeout`] or a pump has something to do that
+    /// no other event brings: a keepalive, the silent-peer timeout, a reconnect attempt,
+    /// the accepting side's give-up. None: nothing timed.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.state == SessionState::Closed {
+            return None;
+        }
+        match &self.link {
+            // A keepalive waits for a credit to go with (a frame brings it): until then
+            // only the silent-peer timeout is timed.
+            Some(l) if !l.credits.can_send_control() => {
+                self.rules.keepalive?;
+                l.live.last_heard.checked_add(self.rules.keepalive_timeout)
+            }
+            Some(l) => l
+                .live
+                .next_due(self.rules.keepalive, self.rules.keepalive_timeout),
+            None if self.incoming => self
+                .down_since
+                .map(|t| t + self.rules.reconnect_timeout * 2),
+            None if self.connecting => None,
+            None => self.backoff.map(|b| b.next_at),
+        }
+    }
+
+    /// Whether the next pump has something to do without any new event: an acknowledgement
+    /// or credits held back a pass, or owed with a credit to send them, or messages
+    /// waiting with credits for them (send-queue room permitting). A driver runs another
+    /// pass at once when this holds (the shard's worker does after any callback).
+    pub fn wants_pass(&self) -> bool {
+        let Some(l) = self.link.as_ref().filter(|l| l.hello_done) else {
+            return false;
+        };
+        self.state == SessionState::Open
+            && ((l.credits.can_send_control()
+                && (self.ack_deferred
+                    || self.delivered > self.acked_to_peer
+                    || l.credits.announce_due()))
+                || (!self.waiting.is_empty() && l.credits.can_send_data())
+                // A frame waits for a receive to announce (`Credits::room_to_speak`).
+                || l.credits.deficit() > 0)
+    }
+
+    /// Whether the session has nothing to do at `now` as far as the rules go: open, nothing
+    /// waiting, nothing to acknowledge or announce, every receive of the window posted,
+    /// no keepalive due. (The driver adds what only it knows: completions queued, data
+    /// being read, posts not taken.)
+    pub fn quiet(&self, now: Instant) -> bool {
+        let Some(l) = self.link.as_ref() else {
+            return false;
+        };
+        self.state == SessionState::Open
+            && l.hello_done
+            && self.waiting.is_empty()
+            && self.delivered <= self.acked_to_peer
+            && !self.ack_deferred
+            && self.received == self.delivered
+            && l.credits.deficit() == 0
+            && !l.credits.announce_due()
+            && l.live
+                .next_due(self.rules.keepalive, self.rules.keepalive_timeout)
+                .is_none_or(|t| now < t)
+    }
+
+    /// Receives to post on the current link to reach the window (the driver posts what
+    /// its pool allows and reports [`Machine::on_posted`]).
+    pub fn receives_wanted(&self) -> u32 {
+        self.link.as_ref().map_or(0, |l| l.credits.deficit())
+    }
+
+    /// `n` receives were posted on link `lid`.
+    pub fn on_posted(&mut self, lid: u64, n: u32) {
+        if let Some(l) = self.link.as_mut().filter(|l| l.lid == lid) {
+            l.credits.on_posted(n);
+        }
+    }
+
+    fn notify(&mut self, n: Notice) {
+        self.actions.push_back(Action::Notify(n));
+    }
+}

@@ -1,0 +1,146 @@
+//! The application's side: sends (sequence numbers, the queue bound), acknowledgements
+//! completing them, failing them, and closing the session.
+
+use super::{Action, Machine, Notice, Out, Shape};
+use crate::error::{Error, ErrorKind, Result};
+use crate::msgr::messenger::types::{Policy, SessionState};
+use crate::msgr::messenger::wire::{Header, Kind};
+
+fn closed(what: &str) -> Error {
+    Error::new(ErrorKind::Closed, format!("{what}: the session is closed"))
+}
+
+impl<M> Machine<M> {
+    /// Whether a new message of `bytes` fits the bounds (`msgr_send_queue_msgs`/`_bytes`;
+    /// a single message larger than the byte bound still goes when nothing is held).
+    pub fn has_room(&self, bytes: u64) -> bool {
+        self.held_msgs() < self.rules.send_queue_msgs
+            && (self.held_bytes == 0 || self.held_bytes + bytes <= self.rules.send_queue_bytes)
+    }
+
+    /// Checks a send of `shape` before the driver prepares its payload: `Closed`,
+    /// `InvalidArgument` (WRITEs on a lossless session), `Full` (counted; `Ready` follows
+    /// when there is room).
+    pub fn admit(&mut self, shape: &Shape) -> Result<()> {
+        if self.state == SessionState::Closed {
+            return Err(closed("send"));
+        }
+        if shape.writes > 0 && self.policy == Policy::Lossless {
+            return Err(Error::fixed(
+                ErrorKind::InvalidArgument,
+                "send: RDMA WRITEs before a message (OutMessage::writes) need a lossy \
+                 session: a lossless one would replay the message on a new connection \
+                 without them",
+            ));
+        }
+        if !self.has_room(shape.bytes) {
+            self.refused = true;
+            self.counters.full_refusals += 1;
+            return Err(Error::new(
+                ErrorKind::Full,
+                format!(
+                    "send: the session holds {} messages / {} bytes (bounds \
+                     msgr_send_queue_msgs {}, msgr_send_queue_bytes {}); retry after \
+                     on_send_ready",
+                    self.held_msgs(),
+                    self.held_bytes,
+                    self.rules.send_queue_msgs,
+                    self.rules.send_queue_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Queues an admitted message (the driver prepared its body meanwhile, so the bound is
+    /// checked again: the answer is the same as [`Machine::admit`]'s). Returns its
+    /// sequence number, the send's id.
+    pub fn enqueue(&mut self, body: M, shape: Shape) -> std::result::Result<u64, (M, Error)> {
+        if let Err(e) = self.admit(&shape) {
+            return Err((body, e));
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.held_bytes += shape.bytes;
+        self.waiting.push_back(Out {
+            seq,
+            shape,
+            replay: false,
+            body,
+        });
+        Ok(seq)
+    }
+
+    /// Everything up to `ack` was delivered by the peer: those sends complete (held
+    /// replays too: the peer's hello said it has them).
+    pub fn on_ack(&mut self, ack: u64) {
+        while self.unacked.front().is_some_and(|m| m.seq <= ack) {
+            if let Some(m) = self.unacked.pop_front() {
+                self.held_bytes -= m.shape.bytes;
+                self.notify(Notice::SendDone(m.seq, Ok(())));
+            }
+        }
+        while self
+            .waiting
+            .front()
+            .is_some_and(|m| m.replay && m.seq <= ack)
+        {
+            if let Some(m) = self.waiting.pop_front() {
+                self.held_bytes -= m.shape.bytes;
+                self.notify(Notice::SendDone(m.seq, Ok(())));
+            }
+        }
+        if self.refused && self.has_room(0) {
+            self.refused = false;
+            self.notify(Notice::Ready);
+        }
+    }
+
+    /// Every send still held fails with `err`, oldest first.
+    pub(super) fn fail_all(&mut self, err: &Error) {
+        let held: Vec<u64> = self
+            .unacked
+            .drain(..)
+            .chain(self.waiting.drain(..))
+            .map(|m| m.seq)
+            .collect();
+        for seq in held {
+            self.notify(Notice::SendDone(seq, Err(err.clone())));
+        }
+        self.held_bytes = 0;
+    }
+
+    /// The application closes the session: a best-effort bye on an open link (the peer
+    /// resets at once instead of waiting), the link drains and closes, held sends fail
+    /// with `Closed`; no `Reset`.
+    pub fn close(&mut self) {
+        if self.state == SessionState::Closed {
+            return;
+        }
+        if let Some(l) = self.link.as_mut()
+            && l.hello_done
+            && l.credits.can_send_control()
+        {
+            let mut h = Header::new(Kind::Bye);
+            h.ack = self.delivered;
+            let lid = l.lid;
+            let owed = self.announce(&mut h);
+            self.actions.push_back(Action::Post {
+                link: lid,
+                header: h,
+                msg: None,
+                owed,
+            });
+        }
+        if let Some(l) = self.link.take() {
+            self.actions.push_back(Action::CloseLink {
+                link: l.lid,
+                drain: true,
+            });
+        }
+        self.end(
+            Error::fixed(ErrorKind::Closed, "the session was closed"),
+            false,
+        );
+    }
+}
