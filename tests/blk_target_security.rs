@@ -4,6 +4,8 @@
 //! entity opens nothing, and a slow consumer stalls itself, not the target. Every wait is
 //! bounded.
 
+mod blk_io;
+
 use rdmx::blk::proto::{INFO_ONE_SIDED, MSG_REQ, Op, Reply, ReqHdr};
 use rdmx::blk::target::{AllowSpec, Limits, Target, TargetOptions, VolumeSpec};
 use rdmx::blk::{BlkClient, Mode, Req};
@@ -122,23 +124,8 @@ fn a_handle_is_valid_only_on_the_session_that_opened_it() {
     let t = target(&["m0=mem:1M", "m1=mem:1M"]);
     // Session A opens m0 and writes it.
     let mut a = BlkClient::open(&cfg(), &t.addr().to_string(), "m0", Mode::Rpc, T).unwrap();
-    let buf = vec![0x5au8; 4096];
-    let req = Req {
-        op: Op::Write,
-        offset: 0,
-        len: 4096,
-        buf: buf.as_ptr() as *mut u8,
-        cookie: 1,
-    };
-    // SAFETY: `buf` outlives the request, which is waited for.
-    assert_eq!(unsafe { a.submit(&[req]) }.unwrap(), 1);
-    let mut out = Vec::new();
-    let end = Instant::now() + T;
-    while out.is_empty() {
-        assert!(Instant::now() < end);
-        a.poll(&mut out, 1, 1, Duration::from_millis(100)).unwrap();
-    }
-    assert_eq!(out[0].status, 0);
+    let mut buf = vec![0x5au8; 4096];
+    assert_eq!(one_io(&mut a, Op::Write, &mut buf), 0);
     let before = t.stats().access_denied.load(Ordering::Relaxed);
     // Session B names m0's handle (0) without opening it: refused, whatever the op.
     let b = Raw::new(&t);
@@ -384,22 +371,7 @@ impl Drop for Keyring {
 
 /// One 4 KiB request through `c`, waited for; its status.
 fn one_io(c: &mut BlkClient, op: Op, buf: &mut [u8]) -> i32 {
-    let req = Req {
-        op,
-        offset: 0,
-        len: 4096,
-        buf: buf.as_mut_ptr(),
-        cookie: 7,
-    };
-    // SAFETY: `buf` outlives the request, which is waited for.
-    assert_eq!(unsafe { c.submit(&[req]) }.unwrap(), 1);
-    let mut out = Vec::new();
-    let end = Instant::now() + T;
-    while out.is_empty() {
-        assert!(Instant::now() < end, "request not answered");
-        c.poll(&mut out, 1, 1, Duration::from_millis(100)).unwrap();
-    }
-    out[0].status
+    blk_io::io_4k(c, op, buf, T)
 }
 
 #[test]

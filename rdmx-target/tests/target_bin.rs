@@ -3,8 +3,11 @@
 //! the target: the target's RSS stays bounded and a normal client beside it keeps getting
 //! replies. Every wait is bounded.
 
+#[path = "../../tests/blk_io/mod.rs"]
+mod blk_io;
+
 use rdmx::blk::proto::{MSG_REQ, Op, Reply, ReqHdr};
-use rdmx::blk::{BlkClient, Mode, Req};
+use rdmx::blk::{BlkClient, Mode};
 use rdmx::config::Config;
 use rdmx::msgr::messenger::{Dispatcher, InMessage, Messenger, OutMessage, Policy, SessionId};
 use std::io::{BufRead, BufReader, Read};
@@ -88,22 +91,7 @@ fn cfg() -> Config {
 
 /// Reads 4 KiB at offset 0 and waits for it.
 fn read4k(c: &mut BlkClient, buf: &mut [u8]) -> i32 {
-    let req = Req {
-        op: Op::Read,
-        offset: 0,
-        len: 4096,
-        buf: buf.as_mut_ptr(),
-        cookie: 1,
-    };
-    // SAFETY: `buf` outlives the request, which is waited for below.
-    assert_eq!(unsafe { c.submit(&[req]) }.unwrap(), 1);
-    let mut out = Vec::new();
-    let end = Instant::now() + T;
-    while out.is_empty() {
-        assert!(Instant::now() < end, "a read did not complete within {T:?}");
-        c.poll(&mut out, 1, 1, Duration::from_millis(100)).unwrap();
-    }
-    out[0].status
+    blk_io::io_4k(c, Op::Read, buf, T)
 }
 
 #[test]
