@@ -274,7 +274,15 @@ fn a_slow_consumer_stalls_itself_not_the_target() {
         "the normal client completed {normal} reads\n{err}"
     );
     assert!(err.contains("over its quota"), "{err}");
-    assert!(err.contains("1 stalls"), "{err}");
+    // The consumer's messenger still acknowledges what it receives (and holds), so its
+    // session may drain and stall again before its pool is full: one stall or more.
+    let stalls: u64 = err
+        .split(" stalls,")
+        .next()
+        .and_then(|head| head.rsplit('(').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(stalls >= 1, "{err}");
     // The same run with the bounds lifted (as before them): the target holds an IO buffer
     // per reply the consumer never drains.
     let lifted = [
