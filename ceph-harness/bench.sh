@@ -47,13 +47,18 @@ job_args() {
 }
 
 # bench_one RESULTS ROUND TRANSPORT PROFILE: one cluster, the three jobs, a TSV row each.
+# PROFILE may end in /pN: Ceph's ms_async_rdma_polling_us = N for that cluster (e.g.
+# BENCH_CONFIGS="rdma:ceph-after rdma:ceph-after/p100 posix:none").
 bench_one() {
   local res=$1 round=$2 tr=$3 prof=$4 label dir job t0 t1 hz pids
-  label="$tr-${prof}"
+  label="$tr-${prof//\//-}"
   dir=$res/raw/r$round-$label
   mkdir -p "$dir"
   RUN_OUT=$dir
-  up_for "bench-$label" "$tr" "$prof"
+  local polling=${RDMA_POLLING_US:-}
+  if [[ $prof == */p* ]]; then RDMA_POLLING_US=${prof##*/p}; fi
+  up_for "bench-$label" "$tr" "${prof%/p*}"
+  RDMA_POLLING_US=$polling
   fio_common
   fill_fast "$dir/fill.json"
   hz=$(getconf CLK_TCK)
@@ -204,4 +209,61 @@ cmd_rnr() {
   done
   "$PY" "$HERE/analyze.py" rnr "$res" | tee "$res/table.md"
   say "rnr results: $res"
+}
+
+# ---- profile ----------------------------------------------------------------------------
+# cmd_profile: where the CPU of a 4K randread goes. For each of PROFILE_CONFIGS (default
+# rdma:ceph-after posix:none): a fresh cluster, the fill, then fio randread QD 32 while
+# `perf record -g` samples the primary-heavy OSD (osd.0) and fio for PERF_SECONDS (10).
+# Writes perf-<config>-<osd|fio>.txt (top DSOs and symbols, self time) in the results dir.
+# descendant PID NAME: the first process called NAME under PID (not another job's fio).
+descendant() {
+  local kid
+  for kid in $(pgrep -P "$1"); do
+    if [ "$(cat "/proc/$kid/comm" 2>/dev/null)" = "$2" ]; then echo "$kid"; return 0; fi
+    descendant "$kid" "$2" && return 0
+  done
+  return 1
+}
+
+cmd_profile() {
+  RUNTIME=${RUNTIME:-20}
+  local res c tr prof dir osd fio_pid secs=${PERF_SECONDS:-10} who pid
+  command -v perf >/dev/null || die "perf is missing (apt-get install linux-perf)"
+  res=$(results_dir profile)
+  trap on_exit EXIT INT TERM
+  for c in ${PROFILE_CONFIGS:-rdma:ceph-after posix:none}; do
+    tr=${c%%:*} prof=${c#*:} dir=$res/$tr-$prof
+    mkdir -p "$dir"
+    RUN_OUT=$dir
+    up_for "profile-$tr-$prof" "$tr" "$prof"
+    fio_common
+    fill_fast "$dir/fill.json"
+    run_fio "$dir/randread.json" $((RUNTIME + 60)) --name=randread --rw=randread --bs=4k \
+      --iodepth=32 --runtime="$RUNTIME" --time_based &
+    local fio_job=$!
+    sleep 3
+    osd=$(daemon_pid osd.0)
+    fio_pid=$(descendant "$fio_job" fio)
+    for who in osd fio; do
+      if [ "$who" = osd ]; then pid=$osd; else pid=$fio_pid; fi
+      [ -n "$pid" ] || { say "profile: no $who pid"; continue; }
+      perf record -q -F 499 -g -p "$pid" -o "$dir/$who.perf" -- sleep "$secs" 2>/dev/null &
+    done
+    wait "$fio_job" || say "fio randread ($c): rc $?"
+    sleep 1
+    for who in osd fio; do
+      [ -s "$dir/$who.perf" ] || continue
+      ( # head closes the pipe early: not an error here
+        set +o pipefail
+        echo "# $c $who: self time by shared object"
+        perf report -i "$dir/$who.perf" --stdio --no-children --sort dso -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -15
+        echo "# $c $who: self time by symbol"
+        perf report -i "$dir/$who.perf" --stdio --no-children --sort dso,sym -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40
+      ) >"$res/perf-$tr-$prof-$who.txt"
+    done
+    "$PY" -c 'import json,sys; j=json.load(open(sys.argv[1])); r=j["jobs"][0]["read"]; print("%s IOPS %.0f p50 %.0f us" % (sys.argv[2], r["iops"], r["clat_ns"]["percentile"]["50.000000"]/1000))' "$dir/randread.json" "$c" | tee -a "$res/iops.txt" || true
+    stop_cluster "$dir"
+  done
+  say "profile results: $res"
 }

@@ -25,12 +25,15 @@ PG_NUM=${PG_NUM:-32}
 # Ceph's RDMA memory. The soft provider pins what is registered (mlock), and this machine's
 # RLIMIT_MEMLOCK is 8 MiB with no way to raise it (no CAP_SYS_RESOURCE): every chunk Ceph
 # registers must fit, per process. Ceph's defaults (128 KiB x 1024 send chunks in one MR)
-# abort ("Out of max memory region size"). Chosen (docs/ceph-harness.md): 16 KiB chunks,
-# 128 send chunks (2 MiB, one MR), at most 256 receive chunks (4 MiB), 128 receives posted
-# on the SRQ. Where the limit is higher, RDMA_* raise them.
-RDMA_BUFFER_SIZE=${RDMA_BUFFER_SIZE:-16384}
+# abort ("Out of max memory region size"). Chosen (docs/ceph-harness.md): 8 KiB chunks (a
+# 4 KiB IO's message still fits one), 128 send chunks (1 MiB, one MR), at most 384 receive
+# chunks (3 MiB), 128 receives posted on the SRQ. The 256 receive chunks beyond the SRQ's
+# are the slack Ceph needs: when every receive chunk is taken, its update_post_backlog
+# posts more receives than the SRQ holds and asserts on the refusal (see "SRQ over-post").
+# Where the limit is higher, RDMA_* raise them.
+RDMA_BUFFER_SIZE=${RDMA_BUFFER_SIZE:-8192}
 RDMA_SEND_BUFFERS=${RDMA_SEND_BUFFERS:-128}
-RDMA_RECV_BUFFERS=${RDMA_RECV_BUFFERS:-256}
+RDMA_RECV_BUFFERS=${RDMA_RECV_BUFFERS:-384}
 RDMA_RECV_QUEUE_LEN=${RDMA_RECV_QUEUE_LEN:-128}
 
 now_ms() { date +%s%3N; }
@@ -70,6 +73,9 @@ ms_async_rdma_buffer_size = $RDMA_BUFFER_SIZE
 ms_async_rdma_send_buffers = $RDMA_SEND_BUFFERS
 ms_async_rdma_receive_buffers = $RDMA_RECV_BUFFERS
 ms_async_rdma_receive_queue_len = $RDMA_RECV_QUEUE_LEN
+# how long Ceph's RDMA dispatcher busy-polls its CQs after a completion before it waits on
+# the completion channel (Ceph's default 1000 us; RDMA_POLLING_US sets it)
+ms_async_rdma_polling_us = ${RDMA_POLLING_US:-1000}
 auth_cluster_required = none
 auth_service_required = none
 auth_client_required = none

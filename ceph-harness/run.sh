@@ -10,6 +10,7 @@
 #   run.sh failover                          kill -9 / black hole an OSD during 30 s runs, per profile
 #   run.sh rnr                               RNR storm: tiny receive queues, rnr 7/0 vs 2/12
 #   run.sh all                               bench, failover, rnr
+#   run.sh profile                           perf record of osd.0 and fio during randread (rdma, posix)
 #
 # Results: $OUT (default target/ceph-harness/<subcommand>-<time>): fio JSON, tables,
 # PNGs, each run's cluster logs and rdmx counters. Knobs: ROUNDS (bench, default 2),
@@ -206,7 +207,7 @@ main() {
     up) cmd_up "$@" ;;
     down) cmd_down ;;
     smoke) cmd_smoke ;;
-    bench|failover|rnr|all)
+    bench|failover|rnr|all|profile)
       [ -e "$STATE" ] && die "a cluster from run.sh up uses the harness's addresses: run.sh down first"
       ensure_deps; load_bench
       case $cmd in
@@ -214,6 +215,7 @@ main() {
         failover) cmd_failover ;;
         rnr) cmd_rnr ;;
         all) cmd_bench; cmd_failover; cmd_rnr ;;
+        profile) cmd_profile ;;
       esac ;;
     -h|--help|help|"") usage ;;
     *) echo "unknown subcommand $cmd" >&2; usage ;;

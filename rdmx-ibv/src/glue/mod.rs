@@ -95,6 +95,23 @@ pub(crate) fn fail(op: &str, e: &Error) -> c_int {
     errno_of(e)
 }
 
+/// As [`fail`] for a refused post, logged as a warning at most once a second: a refused
+/// post is an error the application rarely expects (Ceph asserts on it), and the text says
+/// which limit refused it.
+pub(crate) fn fail_post(op: &str, e: &Error) -> c_int {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST_S: AtomicU64 = AtomicU64::new(0);
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST_S.swap(now_s, Ordering::Relaxed) != now_s {
+        log::warn!("rdmx-ibv: {op} refused: {e}");
+    } else {
+        log::debug!("rdmx-ibv: {op} refused: {e}");
+    }
+    errno_of(e)
+}
+
 /// The constructor: registers the provider when this code runs as a shared object
 /// (libibverbs' `dlopen` of `librdmx-rdmav34.so`, or `LD_PRELOAD`), not when the crate is
 /// linked into the launcher or a test program.

@@ -14,7 +14,7 @@
 use super::channel;
 use super::context::{device_of, state};
 use super::retire::{Retired, read_locked};
-use super::{fail, guard, set_errno};
+use super::{fail, fail_post, guard, set_errno};
 use crate::abi::{IBV_MR_TYPE_MR, verbs_cq, verbs_mr, verbs_qp, verbs_srq};
 use crate::verbs::{
     self, AhAttr, Cq, InitAttr, Mr, Pd, QPT_UD, Qp, QpAttr, QpCap, RecvWr, SendWr, Sge, SgeList,
@@ -1054,7 +1054,7 @@ pub(crate) unsafe extern "C" fn post_send(
             match res {
                 Err((i, e)) => {
                     set_bad(bad_wr, ptrs.get(i).copied().unwrap_or(wr));
-                    fail("post_send", &e)
+                    fail_post("post_send", &e)
                 }
                 Ok(()) => match refused {
                     Some(p) => {
@@ -1111,7 +1111,7 @@ unsafe fn post_recv_chain(
         match res {
             Err((i, e)) => {
                 set_bad(bad_wr, ptrs.get(i).copied().unwrap_or(wr));
-                fail("post_recv", &e)
+                fail_post("post_recv", &e)
             }
             Ok(()) => match refused {
                 Some(p) => {
@@ -1198,7 +1198,7 @@ unsafe fn post_send_ud(u: &UdQp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_sen
     match res {
         Err((i, e)) => {
             set_bad(bad_wr, ptrs.get(i).copied().unwrap_or(wr));
-            fail("post_send", &e)
+            fail_post("post_send", &e)
         }
         Ok(()) => match refused {
             Some(p) => {
