@@ -180,23 +180,11 @@ fn private_abi_layout_matches_driver_h() {
 /// and links with `-z defs`.
 #[test]
 fn provider_imports_are_versioned() {
-    let lib = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target")
-        .join(if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        })
-        .join("librdmx_ibv.so");
-    let lib = std::env::var_os("CARGO_TARGET_DIR")
-        .map(|d| PathBuf::from(d).join("debug/librdmx_ibv.so"))
-        .filter(|p| p.exists())
-        .unwrap_or(lib);
-    assert!(
-        lib.exists(),
-        "{} not built (`cargo test` does not build cdylibs: run `cargo build -p rdmx-ibv` first, as scripts/test.sh does)",
-        lib.display()
-    );
+    // The provider of this build, where the launcher finds it.
+    let lib = rdmx_ibv::launcher::provider_for(
+        Path::new(env!("CARGO_BIN_EXE_rdmx-ibv")).parent().unwrap(),
+    )
+    .expect("librdmx_ibv.so next to the rdmx-ibv binary (cargo build -p rdmx-ibv)");
     let t = run(Command::new("objdump").arg("-T").arg(&lib), "objdump -T");
     for sym in [
         "verbs_register_driver_34",

@@ -11,7 +11,7 @@
 mod ibv_support;
 
 use ibv_support::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -234,41 +234,6 @@ fn rdma_server_and_client_endpoints() {
     assert!(co.contains("rdma_client: end 0"), "{co}");
 }
 
-fn cm_events_exe() -> PathBuf {
-    require_tool("cc");
-    let dir = scratch("cm_events-build");
-    let exe = dir.join("cm_events");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cm_events.c");
-    let cc = Command::new("cc")
-        .args([
-            "-std=gnu11",
-            "-g",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(src)
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    exe
-}
-
-/// The event lines (`EVENT name status=S len=L pdata=P`) of an output.
-fn events(out: &str) -> Vec<&str> {
-    out.lines()
-        .filter_map(|l| l.strip_prefix("EVENT "))
-        .collect()
-}
-
 fn cm_events_pair(
     name: &str,
     exe: &Path,
@@ -308,7 +273,7 @@ fn free_port_for(srv: (Option<&str>, &str)) -> u16 {
 fn reject_carries_private_data() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     skip_unless_platform!();
-    let exe = cm_events_exe();
+    let exe = cm::cm_events_exe("cm_events-build");
     let (so, co) = cm_events_pair(
         "cm-reject",
         &exe,
@@ -320,14 +285,14 @@ fn reject_carries_private_data() {
     // The REQ's private data reaches the listener (56 bytes: the IB REQ's 92 less the
     // CMA header, zero-padded, as the kernel reports it).
     assert_eq!(
-        events(&so),
+        cm::events(&so),
         ["RDMA_CM_EVENT_CONNECT_REQUEST status=0 len=56 pdata=client-private-data"],
         "{so}"
     );
     // The reject's private data reaches the client with IB CM reason 28 (consumer
     // defined) and the REJ's 148 bytes.
     assert_eq!(
-        events(&co),
+        cm::events(&co),
         [
             "RDMA_CM_EVENT_ADDR_RESOLVED status=0 len=0 pdata=",
             "RDMA_CM_EVENT_ROUTE_RESOLVED status=0 len=0 pdata=",
@@ -341,7 +306,7 @@ fn reject_carries_private_data() {
 fn no_listener_is_rejected() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     skip_unless_platform!();
-    let exe = cm_events_exe();
+    let exe = cm::cm_events_exe("cm_events-build");
     let dir = scratch("cm-no-listener");
     let port = free_port("127.0.44.15").to_string();
     let mut c = spawn(
@@ -364,7 +329,7 @@ fn no_listener_is_rejected() {
     // IB CM reason 8, invalid service ID: what rxe's peer answers for a port nobody
     // listens on.
     assert!(
-        events(&out).contains(&"RDMA_CM_EVENT_REJECTED status=8 len=148 pdata="),
+        cm::events(&out).contains(&"RDMA_CM_EVENT_REJECTED status=8 len=148 pdata="),
         "{out}"
     );
 }
@@ -375,7 +340,7 @@ fn no_listener_is_rejected() {
 fn accept_and_disconnect() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     skip_unless_platform!();
-    let exe = cm_events_exe();
+    let exe = cm::cm_events_exe("cm_events-build");
     let (so, co) = cm_events_pair(
         "cm-disconnect",
         &exe,
@@ -385,7 +350,7 @@ fn accept_and_disconnect() {
         "RDMA_CM_EVENT_ESTABLISHED",
     );
     assert_eq!(
-        events(&so),
+        cm::events(&so),
         [
             "RDMA_CM_EVENT_CONNECT_REQUEST status=0 len=56 pdata=client-private-data",
             "RDMA_CM_EVENT_ESTABLISHED status=0 len=0 pdata=",
@@ -394,7 +359,7 @@ fn accept_and_disconnect() {
         "{so}"
     );
     assert_eq!(
-        events(&co),
+        cm::events(&co),
         [
             "RDMA_CM_EVENT_ADDR_RESOLVED status=0 len=0 pdata=",
             "RDMA_CM_EVENT_ROUTE_RESOLVED status=0 len=0 pdata=",
@@ -408,7 +373,7 @@ fn accept_and_disconnect() {
 /// A connected peer is killed (SIGKILL): the other side gets DISCONNECTED, within a
 /// bound (the kernel of the dead process closes its connection at once; 10 s allowed).
 fn killed_peer(tag: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), kill_server: bool) {
-    let exe = cm_events_exe();
+    let exe = cm::cm_events_exe("cm_events-build");
     let e = exe.to_str().unwrap();
     let dir = scratch(&format!("cm-killed-{tag}"));
     let port = free_port_for(srv);
@@ -446,7 +411,7 @@ fn killed_peer(tag: &str, srv: (Option<&str>, &str), cli: (Option<&str>, &str), 
     let out = survivor.output();
     assert!(st.success(), "{tag}: the survivor failed: {st}\n{out}");
     assert_eq!(
-        events(&out).last(),
+        cm::events(&out).last(),
         Some(&"RDMA_CM_EVENT_DISCONNECTED status=0 len=0 pdata="),
         "{out}"
     );
@@ -539,7 +504,8 @@ fn provider_defines_every_librdmacm_function() {
     .map(|d| format!("{d}/librdmacm.so.1"))
     .find(|p| Path::new(p).exists())
     .expect("librdmacm.so.1 (librdmacm1)");
-    let provider = Path::new(launcher()).with_file_name("librdmx_ibv.so");
+    let provider = rdmx_ibv::launcher::provider_for(Path::new(launcher()).parent().unwrap())
+        .expect("the provider next to the launcher");
     let theirs = defined(&lib);
     let ours = defined(provider.to_str().unwrap());
     assert!(theirs.len() > 60, "{theirs:?}");
@@ -803,7 +769,7 @@ fn public_layouts_match_the_headers() {
 fn silent_listener_is_unreachable() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     skip_unless_platform!();
-    let exe = cm_events_exe();
+    let exe = cm::cm_events_exe("cm_events-build");
     let dir = scratch("cm-silent");
     let a = "127.0.44.27";
     let silent = std::net::TcpListener::bind((a, 0)).unwrap();
@@ -829,7 +795,7 @@ fn silent_listener_is_unreachable() {
     drop(silent);
     assert!(st.success(), "{out}");
     assert_eq!(
-        events(&out).last(),
+        cm::events(&out).last(),
         Some(&"RDMA_CM_EVENT_UNREACHABLE status=-110 len=0 pdata="),
         "{out}"
     );

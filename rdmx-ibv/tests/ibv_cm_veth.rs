@@ -9,28 +9,11 @@
 mod ibv_support;
 
 use ibv_support::*;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(())
-}
-
-/// Namespaces a (10.232.1.1) and b (10.232.1.2) joined by a veth; deleted on drop.
-struct Pair {
-    a: String,
-    b: String,
+/// Namespaces a (10.232.1.1) and b (10.232.1.2) joined by a veth.
+fn veth_pair() -> netns::VethPair {
+    netns::VethPair::new("cm", "cm", "10.232.1", None).expect("namespaces and veth (root)")
 }
 
 const IP_A: &str = "10.232.1.1";
@@ -38,41 +21,15 @@ const IP_B: &str = "10.232.1.2";
 /// In the subnet, held by nobody.
 const IP_NOBODY: &str = "10.232.1.3";
 
-impl Pair {
-    fn new() -> Result<Pair, String> {
-        let pid = std::process::id();
-        let pair = Pair {
-            a: format!("rdmxibv-cm-a-{pid}"),
-            b: format!("rdmxibv-cm-b-{pid}"),
-        };
-        let veth_a = format!("cma{}", pid % 1_000_000);
-        let veth_b = format!("cmb{}", pid % 1_000_000);
-        ip(&["netns", "add", &pair.a])?;
-        ip(&["netns", "add", &pair.b])?;
-        ip(&[
-            "link", "add", &veth_a, "type", "veth", "peer", "name", &veth_b,
-        ])?;
-        ip(&["link", "set", &veth_a, "netns", &pair.a])?;
-        ip(&["link", "set", &veth_b, "netns", &pair.b])?;
-        for (ns, dev, addr) in [(&pair.a, &veth_a, IP_A), (&pair.b, &veth_b, IP_B)] {
-            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(pair)
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
-}
-
 const LIMIT: Duration = Duration::from_secs(90);
 
-fn cm_pair(name: &str, p: &Pair, srv: &[&str], cli: &[&str], port: u16) -> (String, String) {
+fn cm_pair(
+    name: &str,
+    p: &netns::VethPair,
+    srv: &[&str],
+    cli: &[&str],
+    port: u16,
+) -> (String, String) {
     let dir = scratch(name);
     let mut s = spawn_in(&dir, &format!("{name}-server"), Some(&p.a), IP_A, &[], srv);
     wait_listening(port, &mut s);
@@ -91,46 +48,16 @@ fn cm_pair(name: &str, p: &Pair, srv: &[&str], cli: &[&str], port: u16) -> (Stri
     (so, co)
 }
 
-fn cm_events_exe() -> std::path::PathBuf {
-    require_tool("cc");
-    let dir = scratch("cm_events-veth-build");
-    let exe = dir.join("cm_events");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cm_events.c");
-    let cc = Command::new("cc")
-        .args([
-            "-std=gnu11",
-            "-g",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(src)
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    exe
-}
-
-fn events(out: &str) -> Vec<&str> {
-    out.lines()
-        .filter_map(|l| l.strip_prefix("EVENT "))
-        .collect()
-}
-
 #[test]
 fn cm_programs_across_a_veth() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: network namespaces and a veth pair need root");
+        require::missing(
+            require::NETNS,
+            "the connection manager across a veth",
+            "network namespaces and a veth pair need root",
+        );
         return;
     }
     require_tool("ip");
@@ -138,9 +65,9 @@ fn cm_programs_across_a_veth() {
     for t in ["rping", "ucmatose", "udaddy", "ib_send_bw"] {
         require_tool(t);
     }
-    let exe = cm_events_exe();
+    let exe = cm::cm_events_exe("cm_events-veth-build");
     let e = exe.to_str().unwrap();
-    let p = Pair::new().expect("namespaces and veth (root)");
+    let p = veth_pair();
 
     let (_, co) = cm_pair(
         "cm-veth-rping",
@@ -230,7 +157,7 @@ fn cm_programs_across_a_veth() {
     let so = s.output();
     assert!(st.success(), "{so}");
     assert_eq!(
-        events(&so).last(),
+        cm::events(&so).last(),
         Some(&"RDMA_CM_EVENT_DISCONNECTED status=0 len=0 pdata="),
         "{so}"
     );
@@ -260,7 +187,7 @@ fn cm_programs_across_a_veth() {
     let st = c.wait(Duration::from_secs(40));
     let co = c.output();
     assert!(st.success(), "{co}");
-    let last = events(&co).last().copied().unwrap_or_default();
+    let last = cm::events(&co).last().copied().unwrap_or_default();
     assert!(
         last.starts_with("RDMA_CM_EVENT_UNREACHABLE status=-"),
         "{co}"

@@ -15,66 +15,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(())
-}
-
-/// Two namespaces a (10.231.N.1) and b (10.231.N.2) joined by a veth; deleted on drop.
-struct Pair {
-    a: String,
-    b: String,
-    ip_a: String,
-    ip_b: String,
-    veth_a: String,
-}
-
-impl Pair {
-    fn new(tag: &str, n: u8, mtu: u32) -> Result<Pair, String> {
-        let pid = std::process::id();
-        let a = format!("rdmxibv-{tag}-a-{pid}");
-        let b = format!("rdmxibv-{tag}-b-{pid}");
-        let veth_a = format!("ri{n}a{}", pid % 100000);
-        let veth_b = format!("ri{n}b{}", pid % 100000);
-        let pair = Pair {
-            a: a.clone(),
-            b: b.clone(),
-            ip_a: format!("10.231.{n}.1"),
-            ip_b: format!("10.231.{n}.2"),
-            veth_a: veth_a.clone(),
-        };
-        ip(&["netns", "add", &a])?;
-        ip(&["netns", "add", &b])?;
-        ip(&[
-            "link", "add", &veth_a, "type", "veth", "peer", "name", &veth_b,
-        ])?;
-        ip(&["link", "set", &veth_a, "netns", &a])?;
-        ip(&["link", "set", &veth_b, "netns", &b])?;
-        let mtu = mtu.to_string();
-        for (ns, dev, addr) in [(&a, &veth_a, &pair.ip_a), (&b, &veth_b, &pair.ip_b)] {
-            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "mtu", &mtu, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(pair)
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
+/// Namespaces a (10.231.N.1) and b (10.231.N.2) joined by a veth of `mtu`.
+fn veth_pair(tag: &str, n: u8, mtu: u32) -> netns::VethPair {
+    netns::VethPair::new(tag, &format!("ri{n}"), &format!("10.231.{n}"), Some(mtu))
+        .expect("namespaces and veth (root)")
 }
 
 /// tcpdump on a's veth end for UDP 4791; stopped (SIGTERM, then SIGKILL) on stop/drop.
@@ -85,7 +29,7 @@ struct Capture {
 }
 
 impl Capture {
-    fn start(pair: &Pair, dir: &Path) -> Capture {
+    fn start(pair: &netns::VethPair, dir: &Path) -> Capture {
         let file = dir.join("veth.pcap");
         let log = dir.join("tcpdump.log");
         let child = Command::new("ip")
@@ -264,7 +208,7 @@ fn veth_case(tag: &str, n: u8, mtu: u32, port: u16) {
     }
     skip_unless_platform!();
     require_tool("ib_read_bw");
-    let pair = Pair::new(tag, n, mtu).expect("namespaces and veth (root)");
+    let pair = veth_pair(tag, n, mtu);
     let dir = scratch(&format!("veth-{tag}"));
     let mut cap = Capture::start(&pair, &dir);
     for (i, tool) in [
@@ -421,7 +365,7 @@ fn veth_ud_mtu_1500() {
     require_tool("ibv_ud_pingpong");
     require_tool("ib_send_bw");
     let mtu = 1500;
-    let pair = Pair::new("ud", 28, mtu).expect("namespaces and veth (root)");
+    let pair = veth_pair("ud", 28, mtu);
     let dir = scratch("veth-ud");
     let mut cap = Capture::start(&pair, &dir);
     let runs: [&[&str]; 3] = [

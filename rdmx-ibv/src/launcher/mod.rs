@@ -206,24 +206,37 @@ pub fn check_config_in(
 pub fn find_provider() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
-    let candidates = [
-        dir.join(PROVIDER_FILE),
+    provider_for(dir).ok_or_else(|| {
+        format!(
+            "the provider {PROVIDER_FILE} is not next to {} (build it: cargo build -p rdmx-ibv)",
+            exe.display()
+        )
+    })
+}
+
+/// The provider for a launcher in `dir` (see [`find_provider`]), canonical; None if there
+/// is none.
+pub fn provider_for(dir: &Path) -> Option<PathBuf> {
+    // In cargo's target directory, `cargo test -p rdmx-ibv` rebuilds deps/librdmx_ibv.so
+    // but leaves the copy next to the binary as the last `cargo build` made it: the newer
+    // of the two is the provider of this build.
+    let next_to = dir.join(PROVIDER_FILE);
+    let in_deps = dir.join("deps").join(PROVIDER_FILE);
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let first = match (mtime(&next_to), mtime(&in_deps)) {
+        (Some(a), Some(b)) if b > a => in_deps,
+        _ => next_to,
+    };
+    [
+        first,
         dir.join("../lib/rdmx-ibv").join(PROVIDER_FILE),
         dir.join("../lib").join(PROVIDER_FILE),
         // Tests and examples live one level down in cargo's target directory.
         dir.join("..").join(PROVIDER_FILE),
-    ];
-    for c in &candidates {
-        if c.is_file() {
-            return c
-                .canonicalize()
-                .map_err(|e| format!("{}: {e}", c.display()));
-        }
-    }
-    Err(format!(
-        "the provider {PROVIDER_FILE} is not next to {} (build it: cargo build -p rdmx-ibv)",
-        exe.display()
-    ))
+    ]
+    .into_iter()
+    .find(|c| c.is_file())
+    .and_then(|c| c.canonicalize().ok())
 }
 
 /// Runs `exec`: prepares everything and executes CMD; returns only on failure.

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod cm;
+pub mod netns;
 #[path = "../../../tests/require/mod.rs"]
 pub mod require;
 
