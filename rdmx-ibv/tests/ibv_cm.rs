@@ -589,21 +589,7 @@ fn fio_rdma_ioengine() {
 fn public_layouts_match_the_headers() {
     use rdma_sys::*;
     use std::mem::{offset_of, size_of};
-    require_tool("cc");
-    let dir = scratch("cm_layout");
-    let exe = dir.join("cm_layout");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cm_layout.c");
-    let cc = Command::new("cc")
-        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let exe = build_c("cm_layout", "tests/c/cm_layout.c", "gnu11", &[], &[]);
     let out = Command::new(&exe).output().unwrap();
     let c: std::collections::HashMap<String, usize> = String::from_utf8_lossy(&out.stdout)
         .lines()

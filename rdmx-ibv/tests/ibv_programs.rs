@@ -336,31 +336,15 @@ fn c_program_req_notify_contract() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     require_tool("cc");
     skip_unless_platform!();
-    let dir = scratch("ibv_notify");
-    let exe = dir.join("ibv_notify");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/ibv_notify.c");
-    let cc = Command::new("cc")
-        .args([
-            "-std=c11",
-            "-g",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pedantic",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(src)
-        .arg("-libverbs")
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
+    let exe = build_c(
+        "ibv_notify",
+        "tests/c/ibv_notify.c",
+        "c11",
+        &["-pedantic"],
+        &["-libverbs"],
     );
-    let out = run_alone(&dir, "ibv_notify", "127.0.28.8", &[exe.to_str().unwrap()]);
+    let dir = exe.parent().unwrap();
+    let out = run_alone(dir, "ibv_notify", "127.0.28.8", &[exe.to_str().unwrap()]);
     assert!(out.contains("ibv_notify: all passed"), "{out}");
 }
 

@@ -100,30 +100,15 @@ fn the_c_api_sees_ud_completions_the_mtu_refusal_and_no_multicast() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     require_tool("cc");
     skip_unless_platform!();
-    let dir = scratch("ibv_ud_c");
-    let bin = dir.join("ibv_ud");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../ffi-tests/ibv_ud.c");
-    let out = std::process::Command::new("cc")
-        .args([
-            "-std=c11",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pedantic",
-            "-o",
-        ])
-        .arg(&bin)
-        .arg(src)
-        .arg("-libverbs")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let bin = build_c(
+        "ibv_ud_c",
+        "../ffi-tests/ibv_ud.c",
+        "c11",
+        &["-pedantic"],
+        &["-libverbs"],
     );
-    let out = run_alone(&dir, "ibv_ud", "127.0.73.8", &[bin.to_str().unwrap()]);
+    let dir = bin.parent().unwrap();
+    let out = run_alone(dir, "ibv_ud", "127.0.73.8", &[bin.to_str().unwrap()]);
     assert!(out.contains("ibv_ud: all passed (MTU 4096)"), "{out}");
 }
 

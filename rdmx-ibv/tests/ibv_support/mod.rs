@@ -30,6 +30,30 @@ pub fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// Compiles the C program `src` (a path relative to rdmx-ibv's manifest directory) with
+/// `cc -std=STD -g -O1 -Wall -Wextra -Werror` plus `flags`, linked with `libs`, into
+/// the scratch directory `name` (cleared); returns the executable.
+pub fn build_c(name: &str, src: &str, std: &str, flags: &[&str], libs: &[&str]) -> PathBuf {
+    require_tool("cc");
+    let exe = scratch(name).join(name);
+    let cc = Command::new("cc")
+        .arg(format!("-std={std}"))
+        .args(["-g", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .args(flags)
+        .arg("-o")
+        .arg(&exe)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(src))
+        .args(libs)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "cc {src}: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    exe
+}
+
 pub fn require_tool(tool: &str) {
     let found = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
