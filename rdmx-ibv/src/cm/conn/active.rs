@@ -40,17 +40,7 @@ pub(super) fn active(id: Arc<Id>, fd: OwnedFd, dst: SocketAddr, req: Msg) {
             } else {
                 -e
             };
-            id::post(
-                &id,
-                &st,
-                None,
-                EV_UNREACHABLE,
-                status,
-                &[],
-                0,
-                Fixup::None,
-                |_| {},
-            );
+            post_bare(&id, &st, EV_UNREACHABLE, status, Fixup::None);
         }
         return;
     }
@@ -62,17 +52,7 @@ pub(super) fn active(id: Arc<Id>, fd: OwnedFd, dst: SocketAddr, req: Msg) {
     if send(&st, &req).is_err() {
         st.state = State::Done;
         st.sock = None;
-        id::post(
-            &id,
-            &st,
-            None,
-            EV_UNREACHABLE,
-            -libc::ECONNRESET,
-            &[],
-            0,
-            Fixup::None,
-            |_| {},
-        );
+        post_bare(&id, &st, EV_UNREACHABLE, -libc::ECONNRESET, Fixup::None);
         return;
     }
     drop(st);

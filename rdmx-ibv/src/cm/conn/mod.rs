@@ -54,6 +54,12 @@ pub fn req_room(ps: u32, ud: bool) -> usize {
 }
 
 /// Sends a message on the id's connection.
+/// Posts an event with no private data and no parameters to fill (UNREACHABLE,
+/// DISCONNECTED, a timed-out REJECTED, ...).
+pub(super) fn post_bare(id: &Arc<Id>, st: &St, event: u32, status: i32, fixup: Fixup) {
+    id::post(id, st, None, event, status, &[], 0, fixup, |_| {});
+}
+
 pub fn send(st: &St, m: &Msg) -> Result<(), c_int> {
     let Some(s) = st.sock.as_ref() else {
         return Err(libc::ENOTCONN);

@@ -201,33 +201,13 @@ pub(super) fn on_message(id: &Arc<Id>, m: Msg) -> bool {
             let _ = send(&st, &Msg::new(Kind::Drep));
             st.state = State::Disconnected;
             st.deadline = None;
-            id::post(
-                id,
-                &st,
-                None,
-                EV_DISCONNECTED,
-                0,
-                &[],
-                0,
-                Fixup::None,
-                |_| {},
-            );
+            post_bare(id, &st, EV_DISCONNECTED, 0, Fixup::None);
             true
         }
         (State::Disconnecting, Kind::Drep) => {
             st.state = State::Disconnected;
             st.deadline = None;
-            id::post(
-                id,
-                &st,
-                None,
-                EV_DISCONNECTED,
-                0,
-                &[],
-                0,
-                Fixup::None,
-                |_| {},
-            );
+            post_bare(id, &st, EV_DISCONNECTED, 0, Fixup::None);
             st.sock = None;
             false
         }
@@ -278,17 +258,7 @@ pub(super) fn on_gone(id: &Arc<Id>) {
         }
         State::Connected | State::Disconnecting => {
             st.state = State::Disconnected;
-            id::post(
-                id,
-                &st,
-                None,
-                EV_DISCONNECTED,
-                0,
-                &[],
-                0,
-                Fixup::None,
-                |_| {},
-            );
+            post_bare(id, &st, EV_DISCONNECTED, 0, Fixup::None);
         }
         _ => {}
     }
@@ -312,32 +282,12 @@ pub(super) fn on_tick(id: &Arc<Id>) -> bool {
         // No REP, or no RTU: the kernel CM's REQ/REP timeouts report UNREACHABLE.
         Wait::Rep | Wait::Rtu => {
             st.state = State::Done;
-            id::post(
-                id,
-                &st,
-                None,
-                EV_UNREACHABLE,
-                -libc::ETIMEDOUT,
-                &[],
-                0,
-                Fixup::QpToErr,
-                |_| {},
-            );
+            post_bare(id, &st, EV_UNREACHABLE, -libc::ETIMEDOUT, Fixup::QpToErr);
         }
         // No DREP: DISCONNECTED all the same (the kernel's DREQ timeout).
         Wait::Drep => {
             st.state = State::Disconnected;
-            id::post(
-                id,
-                &st,
-                None,
-                EV_DISCONNECTED,
-                -libc::ETIMEDOUT,
-                &[],
-                0,
-                Fixup::None,
-                |_| {},
-            );
+            post_bare(id, &st, EV_DISCONNECTED, -libc::ETIMEDOUT, Fixup::None);
         }
     }
     if let Some(s) = st.sock.take() {
