@@ -55,6 +55,40 @@ pub struct InitAttr {
     pub qp_type: u32,
 }
 
+impl InitAttr {
+    /// A QP (RC or UD) made with these attributes now uses its PD, CQs and SRQ: each
+    /// counts it (a CQ, SRQ or PD with QPs refuses destruction, EBUSY), as does the device.
+    pub(super) fn take_refs(&self, pd: &Pd) {
+        self.adjust_refs(pd, true);
+    }
+
+    /// The QP is gone: undoes [`InitAttr::take_refs`].
+    pub(super) fn drop_refs(&self, pd: &Pd) {
+        self.adjust_refs(pd, false);
+    }
+
+    fn adjust_refs(&self, pd: &Pd, up: bool) {
+        let step = |c: &std::sync::atomic::AtomicUsize| {
+            if up {
+                c.fetch_add(1, Ordering::AcqRel);
+            } else {
+                c.fetch_sub(1, Ordering::AcqRel);
+            }
+        };
+        step(&pd.users);
+        step(&self.send_cq.qps);
+        step(&self.recv_cq.qps);
+        if let Some(srq) = &self.srq {
+            step(&srq.qps);
+        }
+        if up {
+            pd.dev.qps.fetch_add(1, Ordering::Relaxed);
+        } else {
+            pd.dev.qps.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// `struct ibv_send_wr` (one WR; the glue walks the `next` chain into a slice).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
@@ -193,13 +227,7 @@ impl Qp {
         });
         soft.attach_verbs(init.srq.as_ref().map(|s| Arc::clone(&s.soft)), hook)?;
         super::stats::qp_created(&soft);
-        pd.users.fetch_add(1, Ordering::AcqRel);
-        init.send_cq.qps.fetch_add(1, Ordering::AcqRel);
-        init.recv_cq.qps.fetch_add(1, Ordering::AcqRel);
-        if let Some(srq) = &init.srq {
-            srq.qps.fetch_add(1, Ordering::AcqRel);
-        }
-        dev.qps.fetch_add(1, Ordering::Relaxed);
+        init.take_refs(pd);
         log::debug!(target: "rdmx::ibv", "QP {:#x} created ({:?}, srq {})", soft.qpn(), c, init.srq.is_some());
         Ok(Arc::new(Qp {
             pd: Arc::clone(pd),
@@ -501,13 +529,7 @@ impl Qp {
         if let Some(a) = self.send.lock().arena.take() {
             a.release(dev.soft.mrs());
         }
-        self.init.send_cq.qps.fetch_sub(1, Ordering::AcqRel);
-        self.init.recv_cq.qps.fetch_sub(1, Ordering::AcqRel);
-        if let Some(srq) = &self.init.srq {
-            srq.qps.fetch_sub(1, Ordering::AcqRel);
-        }
-        self.pd.users.fetch_sub(1, Ordering::AcqRel);
-        dev.qps.fetch_sub(1, Ordering::Relaxed);
+        self.init.drop_refs(&self.pd);
         true
     }
 }

@@ -107,13 +107,7 @@ impl UdQp {
             Arc::clone(&init.recv_cq.soft),
             init.srq.as_ref().map(|s| Arc::clone(&s.soft)),
         )?;
-        pd.users.fetch_add(1, Ordering::AcqRel);
-        init.send_cq.qps.fetch_add(1, Ordering::AcqRel);
-        init.recv_cq.qps.fetch_add(1, Ordering::AcqRel);
-        if let Some(srq) = &init.srq {
-            srq.qps.fetch_add(1, Ordering::AcqRel);
-        }
-        dev.qps.fetch_add(1, Ordering::Relaxed);
+        init.take_refs(pd);
         log::debug!(target: "rdmx::ibv", "UD QP {:#x} created ({c:?}, srq {})", soft.qpn(), init.srq.is_some());
         Ok(Arc::new(UdQp {
             pd: Arc::clone(pd),
@@ -311,13 +305,7 @@ impl UdQp {
         let dev = &self.pd.dev;
         dev.soft.destroy_ud_qp(self.soft.qpn());
         self.soft.discard_all(dev.soft.mrs());
-        self.init.send_cq.qps.fetch_sub(1, Ordering::AcqRel);
-        self.init.recv_cq.qps.fetch_sub(1, Ordering::AcqRel);
-        if let Some(srq) = &self.init.srq {
-            srq.qps.fetch_sub(1, Ordering::AcqRel);
-        }
-        self.pd.users.fetch_sub(1, Ordering::AcqRel);
-        dev.qps.fetch_sub(1, Ordering::Relaxed);
+        self.init.drop_refs(&self.pd);
         true
     }
 }
