@@ -310,6 +310,12 @@ pub static KEYS: &[KeySpec] = &[
         "inline",
         "soft provider: who receives: the caller's poll (a thread runs timers, and receives when the caller stops polling), or a progress thread (2 cores shared by client and server: inline 2.7x read_bw; thread with poll_mode=busy, where the caller's poll receives too, matches inline)",
     ),
+    key(
+        "poll_yield_after",
+        uint_note(0, 1_000_000, "0 = never yield"),
+        "64",
+        "soft device through rdmx-ibv: after this many empty ibv_poll_cq calls in a row on one thread, each further empty poll yields the core (sched_yield). A software device's NIC is the host's CPU: a program that spins on an empty CQ (Ceph polls 1 ms after every completion) takes the core its peers and its own other threads need. Ceph randread under load: 1.8-1.95x the IOPS with it (docs/ibv-device.md)",
+    ),
     // --- messenger (src/msgr/messenger, docs/messenger.md) ---
     key(
         "msgr_policy",

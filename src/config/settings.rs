@@ -154,6 +154,9 @@ pub struct Settings {
     /// UDP GSO for runs of equal-length packets (`soft_gso`).
     pub soft_gso: bool,
     pub progress: Progress,
+    /// rdmx-ibv: empty `ibv_poll_cq` calls in a row on a thread before each further one
+    /// yields the core (`poll_yield_after`; 0 = never).
+    pub poll_yield_after: u32,
     /// `None` when `profile = none`.
     pub profile: Option<&'static str>,
 }

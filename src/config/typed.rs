@@ -105,6 +105,7 @@ impl Reader<'_> {
                 "inline" => Progress::Inline,
                 _ => Progress::Thread,
             },
+            poll_yield_after: self.uint("poll_yield_after")?,
             profile: match self.word("profile")? {
                 NO_PROFILE => None,
                 name => Some(name),

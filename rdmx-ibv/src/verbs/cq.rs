@@ -141,6 +141,8 @@ pub struct Cq {
     /// QPs using this CQ (as send or receive CQ, counted once per use).
     pub(crate) qps: AtomicUsize,
     inline: bool,
+    /// `poll_yield_after` (verbs/spin.rs).
+    yield_after: u32,
     dead: AtomicBool,
 }
 
@@ -190,6 +192,7 @@ impl Cq {
             events,
             qps: AtomicUsize::new(0),
             inline: dev.settings().progress == Progress::Inline,
+            yield_after: dev.settings().poll_yield_after,
             dead: AtomicBool::new(false),
         }))
     }
@@ -250,6 +253,7 @@ impl Cq {
                 break;
             }
         }
+        super::spin::after_poll(done, self.yield_after);
         done
     }
 

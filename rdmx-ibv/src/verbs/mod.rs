@@ -26,6 +26,7 @@ pub mod events;
 pub mod pd;
 pub mod peer_port;
 pub mod qp;
+pub mod spin;
 pub mod srq;
 pub mod stats;
 mod sys;

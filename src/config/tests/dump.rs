@@ -40,6 +40,7 @@ soft_addr = \"\"  # default
 soft_drop_ratio = 0  # default
 soft_gso = true  # default
 progress = inline  # default
+poll_yield_after = 64  # default
 msgr_policy = lossless  # default
 msgr_threads = 0  # default
 msgr_keepalive_ms = 1000  # default

@@ -49,6 +49,7 @@ const UINT_KEYS: &[(&str, &str, u64, u64, &str)] = &[
     ("poll_batch", "32", 1, 1024, ""),
     ("credits", "0", 0, 32768, "0 = auto = max_recv_wr"),
     ("soft_port", "4791", 0, 65535, "0 = any free port"),
+    ("poll_yield_after", "64", 0, 1000000, "0 = never yield"),
     (
         "msgr_threads",
         "0",
