@@ -397,6 +397,82 @@ fn a_program_spinning_on_memory_gets_its_writes_landed_by_the_progress_thread() 
         learned,
         "b's progress thread never took over receiving for the memory spinner"
     );
+    assert!(b.dev.soft().thread_takeovers() >= 1);
+}
+
+/// A polling program on a busy host (`ibv_rc_pingpong` on 2 cores, both processes
+/// running): it polls its CQs, but is preempted for a few hundred microseconds between
+/// polls, less than the handover time (1 ms), so the progress thread's looks find the
+/// peer's SENDs and ACKs waiting for it. Those end in completions it polls for: the thread
+/// must not take over receiving, which cost every packet a thread wakeup (1.8x slower
+/// polling `ibv_rc_pingpong`). The two sides of one process stand for two programs: each
+/// polls both its CQs, answers what it received, then is "preempted" (sleeps).
+#[test]
+fn a_preempted_polling_program_keeps_receiving_itself() {
+    const ROUNDS: u64 = 150;
+    const PREEMPTED: Duration = Duration::from_micros(300);
+    let (a, b) = pair(
+        "127.0.75.2",
+        "127.0.75.3",
+        &Opts::default(),
+        &Opts::default(),
+    );
+    let mut wc = [WorkCompletion::default(); 4];
+    b.post_recv(0, 0, 64);
+    a.post_recv(0, 64, 64);
+    a.post(a.wr(0, WrOpcode::Send, 0, 8)).unwrap();
+    // Pings a sent and pongs b sent, and when the exchange must be over.
+    let (mut pings, mut pongs) = (1u64, 0u64);
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut taken_for_waiter = Vec::new();
+    while pongs < ROUNDS || pings <= ROUNDS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ping-pong stuck at ping {pings}, pong {pongs}"
+        );
+        // a polls: each pong it receives is answered with the next ping.
+        while a.scq.poll(&mut wc) > 0 {
+            assert_eq!(wc[0].status, 0);
+        }
+        while a.rcq.poll(&mut wc[..1]) > 0 {
+            assert_eq!(wc[0].status, 0);
+            if pings <= ROUNDS {
+                a.post_recv(pings, 64, 64);
+                a.post(a.wr(pings, WrOpcode::Send, 0, 8)).unwrap();
+                pings += 1;
+            }
+        }
+        std::thread::sleep(PREEMPTED);
+        // b polls: each ping is answered with a pong.
+        while b.scq.poll(&mut wc) > 0 {
+            assert_eq!(wc[0].status, 0);
+        }
+        while b.rcq.poll(&mut wc[..1]) > 0 {
+            assert_eq!(wc[0].status, 0);
+            b.post_recv(wc[0].wr_id + 1, 0, 64);
+            b.post(b.wr(wc[0].wr_id, WrOpcode::Send, 0, 8)).unwrap();
+            pongs += 1;
+        }
+        std::thread::sleep(PREEMPTED);
+        for (side, d) in [("a", &a), ("b", &b)] {
+            if d.dev.soft().thread_receives() {
+                taken_for_waiter.push((side, pings));
+            }
+        }
+    }
+    assert!(
+        taken_for_waiter.is_empty(),
+        "the progress thread took a polling program for a waiter {} times over {ROUNDS} rounds (side, at ping; first ones): {:?}",
+        taken_for_waiter.len(),
+        &taken_for_waiter[..taken_for_waiter.len().min(6)]
+    );
+    assert_eq!(
+        (
+            a.dev.soft().thread_takeovers(),
+            b.dev.soft().thread_takeovers()
+        ),
+        (0, 0)
+    );
 }
 
 /// `polling_us` is the inline handover time, capped at 1 ms: 1.5 ms after its last poll an

@@ -104,8 +104,8 @@ impl Cq {
         }
     }
 
-    /// A CQ of `cap` entries whose notifications run `hook` (a channel of its own is
-    /// signaled too, unused by such a caller).
+    /// A CQ of `cap` entries whose notifications run `hook` (instead of signaling a
+    /// channel: its own one is signaled only by [`Cq::wake_waiters`]).
     pub fn with_notify(cap: usize, hook: Box<dyn Fn() + Send + Sync>) -> Result<Cq> {
         let cq = Cq::new(cap, Arc::new(EventFd::new()?));
         let _ = cq.hook.set(NotifyHook(hook));
@@ -192,11 +192,15 @@ impl Cq {
         self.armed.load(Ordering::Acquire)
     }
 
-    /// Signals the channel and runs the hook (one notification).
+    /// One notification: runs the hook of a CQ that has one (a verbs completion channel
+    /// writes its record there), else signals the channel. A CQ with a hook signals its
+    /// own channel only for [`Cq::wake_waiters`]: nobody sleeps on it for notifications,
+    /// and the write cost an eventfd system call per completion event on the thread that
+    /// added the completion (the progress thread, for a program waiting on a channel).
     fn notify(&self) {
-        self.channel.signal();
-        if let Some(h) = self.hook.get() {
-            (h.0)();
+        match self.hook.get() {
+            Some(h) => (h.0)(),
+            None => self.channel.signal(),
         }
     }
 
@@ -431,6 +435,37 @@ mod tests {
         let s = !ready.is_empty();
         ch.clear();
         s
+    }
+
+    /// A CQ with a notify hook (a verbs completion channel) runs the hook, once per arming,
+    /// and leaves its own channel alone (an eventfd write nobody reads); `wake_waiters`
+    /// still signals it.
+    #[test]
+    fn a_hooked_cq_runs_its_hook_instead_of_signaling() {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = Arc::clone(&hits);
+        let cq = Cq::with_notify(
+            4,
+            Box::new(move || {
+                h.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+        cq.arm(false);
+        cq.push(wc(1));
+        cq.push(wc(2));
+        assert_eq!(
+            hits.load(Ordering::SeqCst),
+            1,
+            "one notification per arming"
+        );
+        assert!(
+            !signaled(&cq.channel),
+            "the hook replaces the channel's signal"
+        );
+        cq.wake_waiters();
+        assert!(signaled(&cq.channel));
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
     }
 
     fn with_status(cookie: u64, status: WcStatus) -> Wc {

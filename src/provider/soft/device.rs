@@ -27,8 +27,12 @@ use super::qp::{Received, SendReq, SoftQp, TxOptions};
 use super::sys::{self, EventFd};
 use super::udp::{self, RxBatch, UdpPort};
 
+/// Who receives for a verbs application: the progress thread's learning (`thread_rx`).
+mod learner;
 /// UD QPs: their table, create/destroy and receive dispatch (`device/ud.rs`).
 mod ud;
+
+use learner::{Learner, Seen, Verdict};
 
 /// Messages per recvmmsg call (datagrams, or GRO buffers of several).
 const RX_BATCH: usize = 64;
@@ -315,11 +319,11 @@ struct Shared {
     armed_cqs: Arc<AtomicUsize>,
     /// Learned by the progress thread (progress=inline): the application waits without
     /// polling (on a completion channel, or spinning on memory an RDMA WRITE lands in), so
-    /// the thread receives even while the application also polls now and then. Set when
-    /// [`ENTER_LOOKS`] looks of the thread in a row find datagrams the application left
-    /// queued (or by an arming), cleared when the wakeups it finds redundant (the
-    /// application had taken what woke the thread: it polls) outweigh the needed ones
-    /// ([`SCORE_START`]). See docs/ibv-device.md, "Who receives".
+    /// the thread receives even while the application also polls now and then. Set by an
+    /// arming, or when looks of the thread find RDMA WRITEs (READ, atomic requests) the
+    /// application left queued, cleared when the wakeups it finds redundant (the
+    /// application had taken what woke the thread: it polls) outweigh the needed ones:
+    /// `device/learner.rs`, docs/ibv-device.md "Who receives".
     thread_rx: AtomicBool,
     /// The progress thread sleeps with the receiving sockets in its poll set (an arming
     /// then needs no wakeup).
@@ -360,6 +364,9 @@ struct StatCounters {
     stalls: AtomicU64,
     /// Panics caught in the progress thread (see `progress_thread`).
     progress_panics: AtomicU64,
+    /// Times the progress thread learned that the application waits without polling and
+    /// took over receiving (`thread_rx`; an arming is not counted).
+    takeovers: AtomicU64,
     max_stall_ns: AtomicU64,
     timers_deferred: AtomicU64,
     /// The latest stalls, for failure reports (shared with the QPs).
@@ -874,6 +881,12 @@ impl SoftDevice {
     /// after the inline handover time; what waits on the doorbell list is sent now. The
     /// thread is woken only if it sleeps without the receiving sockets.
     pub fn app_sleeping(&self) {
+        self.app_stops_polling(true);
+    }
+
+    /// What [`SoftDevice::app_sleeping`] does; `wake`: wake the progress thread if it
+    /// does not watch the sockets.
+    fn app_stops_polling(&self, wake: bool) {
         let s = &self.shared;
         if s.settings.progress == Progress::Inline {
             let now = s.now();
@@ -883,7 +896,7 @@ impl SoftDevice {
             // SeqCst with the thread's store of `thread_watching` before it reads
             // `thread_rx`/`armed_cqs`: either it sees this arming, or this sees it did
             // not watch and wakes it.
-            if !s.thread_watching.load(Ordering::SeqCst) {
+            if wake && !s.thread_watching.load(Ordering::SeqCst) {
                 s.timers.wake.signal();
             }
         }
@@ -895,8 +908,16 @@ impl SoftDevice {
     /// (`thread_rx`) until it finds the application polling for what it waits for.
     pub fn app_waits_on_channel(&self) {
         let s = &self.shared;
-        if s.settings.progress == Progress::Inline && !s.hold_acks.load(Ordering::Relaxed) {
-            s.thread_rx.store(true, Ordering::SeqCst);
+        if s.settings.progress == Progress::Inline
+            && !s.hold_acks.load(Ordering::Relaxed)
+            && s.thread_rx.swap(true, Ordering::SeqCst)
+        {
+            // The thread already receives for this application (the re-arming after an
+            // event, every iteration of `ibv_rc_pingpong -e`): it sleeps on the sockets,
+            // or is awake and will (only it clears `thread_rx`, and not while a CQ is
+            // armed). Waking it would cost an eventfd write here and an empty pass there.
+            self.app_stops_polling(false);
+            return;
         }
         self.app_sleeping();
     }
@@ -911,6 +932,14 @@ impl SoftDevice {
     /// polling (and so receives for it): a look for tests and diagnostics.
     pub fn thread_receives(&self) -> bool {
         self.shared.thread_rx.load(Ordering::Relaxed)
+    }
+
+    /// How many times the progress thread learned from the traffic that the application
+    /// waits without polling (an RDMA WRITE or READ left queued at two looks in a row) and
+    /// took over receiving; armings are not counted. A look for tests and diagnostics: a
+    /// polling program should never see it move.
+    pub fn thread_takeovers(&self) -> u64 {
+        self.shared.stats.takeovers.load(Ordering::Relaxed)
     }
 }
 
@@ -1087,6 +1116,7 @@ impl Shared {
         let mut drained = true;
         let mut now = start;
         let mut taken_total = 0;
+        let mut silent = 0;
         // A process stopped or preempted while receiving may have missed what arrived
         // meanwhile: that time leaves the clock and the socket is read once more before
         // any timer fires. (Once: a pass that is merely slow, say under valgrind, must
@@ -1099,7 +1129,7 @@ impl Shared {
                 .iter()
                 .filter(|p| p.qps.load(Ordering::Acquire) > 0)
             {
-                let (d, n) = self.receive_from(&port.sock, &mut rx, &mut touched);
+                let (d, n) = self.receive_from(&port.sock, &mut rx, &mut touched, &mut silent);
                 drained &= d;
                 taken += n;
             }
@@ -1155,18 +1185,22 @@ impl Shared {
         Some(Pass {
             now,
             taken: taken_total,
+            silent,
         })
     }
 
     /// Receives from `port` (bounded: at most 16 batches and RX_PASS_DATAGRAMS datagrams,
     /// so timers and posts are not starved) and feeds each datagram to its QP; the QPs fed
-    /// are added to `touched`. Returns whether the socket was drained (false: the bound
-    /// stopped it with datagrams still queued) and the messages taken.
+    /// are added to `touched`, and the processed packets that complete nothing at this end
+    /// ([`learner::completes_nothing_here`]) are counted in `silent`. Returns whether the
+    /// socket was drained (false: the bound stopped it with datagrams still queued) and
+    /// the messages taken.
     fn receive_from(
         &self,
         port: &UdpPort,
         rx: &mut RxBatch,
         touched: &mut Touched,
+        silent: &mut usize,
     ) -> (bool, usize) {
         let mut taken = 0;
         for _ in 0..16 {
@@ -1206,6 +1240,9 @@ impl Shared {
                 // costs no ICRC and never reaches the engine.
                 let counter = match qp.receive(&mut view, now, d.src, d.dst, d.data) {
                     Received::Processed => {
+                        if learner::completes_nothing_here(bth.opcode_raw()) {
+                            *silent += 1;
+                        }
                         if !touched.iter().any(|q| Arc::ptr_eq(q, qp)) {
                             touched.push(Arc::clone(qp));
                         }
@@ -1273,6 +1310,10 @@ struct Pass {
     now: u64,
     /// Datagrams (or GRO messages) it took from the sockets.
     taken: usize,
+    /// Of the packets in them, those a QP processed that complete nothing at this end
+    /// (RDMA WRITE without immediate, READ and atomic requests): the application learns of
+    /// them by looking at its memory, never by polling ([`learner::completes_nothing_here`]).
+    silent: usize,
 }
 
 /// How long an application pass holds back positive ACKs at most (see `held_acks`): long
@@ -1291,127 +1332,6 @@ fn inline_handover_ns(s: &Shared) -> u64 {
 
 /// The cap on `polling_us` as the inline handover time.
 const MAX_HANDOVER_US: u64 = 1000;
-/// A look of the progress thread that finds datagrams queued while the application has
-/// not polled for this long learns that it waits without polling (`thread_rx`): an
-/// application that polls takes a datagram within a few microseconds of its arrival.
-const APP_ABSENT_NS: u64 = 20_000;
-/// A wakeup of the progress thread (by a datagram, while it receives for the
-/// application) counts as needed when it took datagrams and the application had not
-/// polled for this long; otherwise as redundant (the application polls and took it, or
-/// was about to).
-const APP_POLLING_NS: u64 = 5_000;
-/// Looks in a row (at the handover interval, while the application counts as polling)
-/// that must find datagrams it left queued before the thread takes over (`thread_rx`):
-/// one could be a polling program that was preempted for 20 us on a busy host.
-const ENTER_LOOKS: u32 = 2;
-/// While the thread receives for the application (`thread_rx`), a score: it starts at
-/// `SCORE_START`, gains `SCORE_NEEDED` (up to `SCORE_MAX`) for each wakeup that took
-/// datagrams while the application was not polling, loses 1 for each redundant one (the
-/// application took the datagram, or had polled within `APP_POLLING_NS`, or held the
-/// receive lock); at 0, and no sooner than [`RX_HOLD_NS`] after it began, the thread
-/// gives receiving back. A polling program taken for a waiter pays extra wakeups of the
-/// thread for that long.
-const SCORE_START: u32 = 256;
-const SCORE_NEEDED: u32 = 8;
-const SCORE_MAX: u32 = 1024;
-/// Least time the thread keeps receiving once it took over. A memory spinner
-/// (ib_write_lat) often takes the peer's WRITE itself, while it polls for its own
-/// completion, and the WRITEs the thread lands arrive a few microseconds after that poll,
-/// so its wakeups look redundant; each time it gave receiving back, two looks (about 2 ms
-/// of handover waits) went by before it took over again. With this hold that is at most
-/// once per 200 ms.
-const RX_HOLD_NS: u64 = 200_000_000;
-/// After a wakeup that found the receive lock taken (the application is receiving), the
-/// thread leaves the still readable sockets out of its poll set this long, instead of
-/// spinning on them.
-const RX_BUSY_BACKOFF_NS: u64 = 20_000;
-
-/// What the progress thread learns about who receives (progress=inline, an application
-/// that is not app-driven): see `Shared::thread_rx`.
-#[derive(Default)]
-struct Learner {
-    /// Looks in a row that found datagrams left queued by an absent application.
-    stale_looks: u32,
-    /// The learner's view of `thread_rx` (an arming sets it from another thread).
-    on: bool,
-    /// While `on`: see [`SCORE_START`].
-    score: u32,
-    /// When `on` became true (engine ns).
-    since: u64,
-    /// Engine ns until which the sockets stay out of the poll set (lock found busy).
-    backoff_until: u64,
-}
-
-impl Learner {
-    /// After a pass of the thread: `looked` = it ran while the application was taken to
-    /// poll (a look at the handover interval), `woke` = a socket woke it, `pass` = what
-    /// the pass did (None: the lock was busy), `last_poll` = the application's last poll
-    /// before the pass, `at` = when the pass began.
-    fn after_pass(
-        &mut self,
-        s: &Shared,
-        looked: bool,
-        woke: bool,
-        pass: Option<&Pass>,
-        last_poll: u64,
-        at: u64,
-    ) {
-        let rx = s.thread_rx.load(Ordering::SeqCst);
-        if rx != self.on {
-            // Set by an arming (or cleared by `set_app_driven`).
-            self.on = rx;
-            self.score = SCORE_START;
-            self.since = at;
-        }
-        let absent = at.saturating_sub(last_poll);
-        let Some(pass) = pass else {
-            if woke {
-                self.backoff_until = at + RX_BUSY_BACKOFF_NS;
-                self.redundant(s, at);
-            }
-            return;
-        };
-        if looked && !rx {
-            if pass.taken > 0 && absent >= APP_ABSENT_NS {
-                self.stale_looks += 1;
-                if self.stale_looks >= ENTER_LOOKS {
-                    log::debug!(target: "rdmx::soft", "progress: datagrams waited {absent} ns for an application that polls now and then; the progress thread receives");
-                    s.thread_rx.store(true, Ordering::SeqCst);
-                    self.stale_looks = 0;
-                    self.on = true;
-                    self.score = SCORE_START;
-                    self.since = at;
-                }
-            } else {
-                self.stale_looks = 0;
-            }
-        } else if woke && rx {
-            if pass.taken > 0 && absent >= APP_POLLING_NS {
-                self.score = (self.score + SCORE_NEEDED).min(SCORE_MAX);
-            } else {
-                self.redundant(s, at);
-            }
-        }
-    }
-
-    fn redundant(&mut self, s: &Shared, at: u64) {
-        if !self.on {
-            return;
-        }
-        self.score = self.score.saturating_sub(1);
-        if self.score == 0 && at.saturating_sub(self.since) >= RX_HOLD_NS {
-            if s.armed_cqs.load(Ordering::SeqCst) == 0 {
-                log::debug!(target: "rdmx::soft", "progress: the application polls for what it waits for; it receives");
-                s.thread_rx.store(false, Ordering::SeqCst);
-                self.on = false;
-            } else {
-                self.score = SCORE_START;
-                self.since = at;
-            }
-        }
-    }
-}
-
 /// The progress thread: [`progress_loop`] until the device stops. A panic in a pass (a
 /// completion hook it ran, a bug) would otherwise end the thread silently and with it every
 /// timer of the device (ACK timeouts, retransmissions, held ACKs): it is caught, counted
@@ -1458,8 +1378,7 @@ fn progress_loop(s: &Shared) {
         let handover = Duration::from_nanos(inline_handover_ns(s));
         let app_polling =
             inline && (s.app_watchers.load(Ordering::Acquire) > 0 || s.app_polls(now));
-        let backoff = learner.backoff_until.saturating_sub(now);
-        let watch = !app_polling && backoff == 0;
+        let watch = !app_polling;
         pfds.clear();
         pfds.push(sys::pollin(t.wake.raw_fd()));
         pfds.push(sys::pollin(s.watch_set.raw_fd()));
@@ -1486,9 +1405,6 @@ fn progress_loop(s: &Shared) {
             // Look again when the caller may have stopped polling.
             timeout = timeout.min(handover);
         }
-        if backoff > 0 {
-            timeout = timeout.min(Duration::from_nanos(backoff));
-        }
         t.planned_wake
             .store(now + timeout.as_nanos() as u64, Ordering::Release);
         if let Err(e) = sys::poll_set(&mut pfds, timeout) {
@@ -1498,7 +1414,10 @@ fn progress_loop(s: &Shared) {
         // Before anything reads `armed_cqs`/`thread_rx` again (see `app_sleeping`).
         s.thread_watching.store(false, Ordering::SeqCst);
         let socket_woke = watch && pfds[2..].iter().any(|p| p.revents != 0);
-        t.wake.clear();
+        if pfds[0].revents != 0 {
+            // (Read only when signaled: one system call less per wakeup by a datagram.)
+            t.wake.clear();
+        }
         readable.clear();
         if pfds[1].revents != 0 {
             s.watch_set.ready(&mut events, &mut readable);
@@ -1524,9 +1443,29 @@ fn progress_loop(s: &Shared) {
         // that answers (e.g. with a NAK) and then closes must have its answer processed
         // before its EOF fails the QP.
         let last_poll = s.last_app_poll.load(Ordering::Relaxed);
-        let pass = s.progress_once(!inline || side_channel_event, false);
-        if inline && !app_driven {
-            learner.after_pass(s, app_polling, socket_woke, pass.as_ref(), last_poll, after);
+        let mut pass = s.progress_once(!inline || side_channel_event, false);
+        let learning = inline && !app_driven;
+        let mut absent = after.saturating_sub(last_poll);
+        if pass.is_none() && socket_woke && learning {
+            // Woken by a datagram while the application holds the receive lock (its poll
+            // is receiving): wait for its pass to end and take what it left. The datagram
+            // may have come after its receive, and a program that stops polling right
+            // after (a memory spinner that got its own completion, a waiter going back to
+            // sleep) would leave it for the next timer or look. (Backing off for 20 us
+            // instead cost such a datagram the backoff plus the timer slack, up to 70 us.)
+            pass = s.progress_once(true, false);
+            absent = 0;
+        }
+        if learning {
+            learner_step(
+                s,
+                &mut learner,
+                app_polling,
+                socket_woke,
+                pass.as_ref(),
+                absent,
+                after,
+            );
         }
         if side_channel_event {
             s.check_watches(&readable);
@@ -1534,6 +1473,45 @@ fn progress_loop(s: &Shared) {
         if app_driven {
             // An app-driven caller may sleep on the sockets this pass drained.
             s.app_wake.signal();
+        }
+    }
+}
+
+/// Feeds what a pass of the progress thread saw to the learner and applies its verdict
+/// to `thread_rx` (see `device/learner.rs`): `looked` = the pass was a look at the
+/// handover interval, `woke` = a socket woke the thread, `absent` = ns since the
+/// application's last poll when it began at `at`.
+fn learner_step(
+    s: &Shared,
+    learner: &mut Learner,
+    looked: bool,
+    woke: bool,
+    pass: Option<&Pass>,
+    absent: u64,
+    at: u64,
+) {
+    let seen = Seen {
+        looked,
+        woke,
+        took: pass.map(|p| (p.taken, p.silent)),
+        absent,
+        at,
+    };
+    let receiving = s.thread_rx.load(Ordering::SeqCst);
+    let armed = s.armed_cqs.load(Ordering::SeqCst) > 0;
+    match learner.after_pass(receiving, armed, &seen) {
+        Verdict::Keep => {}
+        Verdict::TakeOver => {
+            log::debug!(target: "rdmx::soft", "progress: an RDMA WRITE or READ waited {absent} ns for an application that polls now and then; the progress thread receives");
+            s.stats.takeovers.fetch_add(1, Ordering::Relaxed);
+            s.thread_rx.store(true, Ordering::SeqCst);
+        }
+        Verdict::GiveBack => {
+            // The learner saw no CQ armed. An arming racing this store may be undone by
+            // it, harmlessly: its tally keeps the thread receiving until it fires
+            // (`app_polls`), and the next arming sets `thread_rx` again.
+            log::debug!(target: "rdmx::soft", "progress: the application polls for what it waits for; it receives");
+            s.thread_rx.store(false, Ordering::SeqCst);
         }
     }
 }
