@@ -328,6 +328,11 @@ struct Shared {
     /// The progress thread sleeps with the receiving sockets in its poll set (an arming
     /// then needs no wakeup).
     thread_watching: AtomicBool,
+    /// The progress thread, woken by a datagram, found the receive lock taken by an
+    /// application poll and sleeps without the sockets (which would wake it again at once
+    /// while the datagram waits for that poll) until the poll ends: the application's
+    /// [`SoftDevice::progress_inline`] signals its wake fd then ([`Shared::rx_free`]).
+    rx_wanted: AtomicBool,
     /// Application threads asleep on the receiving sockets themselves (progress=inline,
     /// [`SoftDevice::app_watch`]): they receive when they wake, so the progress thread
     /// does not wait on the sockets (one wakeup per packet batch instead of two).
@@ -503,6 +508,7 @@ impl SoftDevice {
             armed_cqs: Arc::new(AtomicUsize::new(0)),
             thread_rx: AtomicBool::new(false),
             thread_watching: AtomicBool::new(false),
+            rx_wanted: AtomicBool::new(false),
             app_watchers: AtomicUsize::new(0),
             app_wake: EventFd::new()?,
             doorbells: Mutex::new(Vec::new()),
@@ -798,6 +804,7 @@ impl SoftDevice {
             None => self.shared.now(),
         };
         self.shared.last_app_poll.store(now, Ordering::Relaxed);
+        self.shared.rx_free();
     }
 
     /// The active MTU (IB MTU bytes, 256..4096) of the link that holds the device's first
@@ -965,6 +972,24 @@ impl Shared {
             && !self.thread_rx.load(Ordering::SeqCst)
             && now.saturating_sub(self.last_app_poll.load(Ordering::Relaxed))
                 < inline_handover_ns(self)
+    }
+
+    /// After an application's poll (its pass released the receive lock, or skipped): if
+    /// the progress thread found the lock taken and waits for it (`rx_wanted`), wake it to
+    /// receive what the poll left (a datagram that came after its receive). A load per
+    /// poll otherwise. The fence pairs with the thread's between setting the flag and
+    /// trying the lock again: either this sees the flag, or the thread's try finds the
+    /// lock free.
+    /// (An app-driven caller, the messenger, never has the thread wait: no fence per poll.)
+    #[inline]
+    fn rx_free(&self) {
+        if self.hold_acks.load(Ordering::Relaxed) {
+            return;
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.rx_wanted.load(Ordering::Relaxed) && self.rx_wanted.swap(false, Ordering::AcqRel) {
+            self.timers.wake.signal();
+        }
     }
 
     /// Index of the receiving port for `ip`'s family.
@@ -1332,6 +1357,9 @@ fn inline_handover_ns(s: &Shared) -> u64 {
 
 /// The cap on `polling_us` as the inline handover time.
 const MAX_HANDOVER_US: u64 = 1000;
+/// Longest sleep of the progress thread without the sockets after it found the receive
+/// lock taken (the poll that holds it wakes the thread when it ends: `rx_wanted`).
+const RX_BUSY_MAX_WAIT: Duration = Duration::from_millis(1);
 /// The progress thread: [`progress_loop`] until the device stops. A panic in a pass (a
 /// completion hook it ran, a bug) would otherwise end the thread silently and with it every
 /// timer of the device (ACK timeouts, retransmissions, held ACKs): it is caught, counted
@@ -1369,6 +1397,11 @@ fn progress_loop(s: &Shared) {
     let inline = s.settings.progress == Progress::Inline;
     let t = &s.timers;
     let mut learner = Learner::default();
+    // The last pass found the receive lock taken by an application poll: while this thread
+    // receives for the application (`thread_rx`, a CQ armed), it waits for that poll to
+    // end (`rx_wanted`); otherwise the application polls again and receives for itself.
+    let mut lock_busy = false;
+    let mut app_back = false;
     while !s.stop.load(Ordering::Acquire) {
         let now = s.now();
         // progress=thread: this thread receives. progress=inline: the caller's poll does
@@ -1376,9 +1409,13 @@ fn progress_loop(s: &Shared) {
         // elsewhere), or it sleeps on the sockets itself (`app_watchers`); this thread
         // then only runs timers and watches side channels, and looks every handover time.
         let handover = Duration::from_nanos(inline_handover_ns(s));
-        let app_polling =
-            inline && (s.app_watchers.load(Ordering::Acquire) > 0 || s.app_polls(now));
-        let watch = !app_polling;
+        let app_polling = inline
+            && (std::mem::take(&mut app_back)
+                || s.app_watchers.load(Ordering::Acquire) > 0
+                || s.app_polls(now));
+        // After a busy lock, sleep without the sockets (still readable: the datagram waits
+        // for the poll that holds the lock) until that poll ends and signals.
+        let watch = !app_polling && !lock_busy;
         pfds.clear();
         pfds.push(sys::pollin(t.wake.raw_fd()));
         pfds.push(sys::pollin(s.watch_set.raw_fd()));
@@ -1404,6 +1441,11 @@ fn progress_loop(s: &Shared) {
         if app_polling {
             // Look again when the caller may have stopped polling.
             timeout = timeout.min(handover);
+        }
+        if lock_busy {
+            // The poll signals when it ends; this bounds the wait if it never does.
+            timeout = timeout.min(RX_BUSY_MAX_WAIT);
+            lock_busy = false;
         }
         t.planned_wake
             .store(now + timeout.as_nanos() as u64, Ordering::Release);
@@ -1446,14 +1488,33 @@ fn progress_loop(s: &Shared) {
         let mut pass = s.progress_once(!inline || side_channel_event, false);
         let learning = inline && !app_driven;
         let mut absent = after.saturating_sub(last_poll);
-        if pass.is_none() && socket_woke && learning {
-            // Woken by a datagram while the application holds the receive lock (its poll
-            // is receiving): wait for its pass to end and take what it left. The datagram
-            // may have come after its receive, and a program that stops polling right
-            // after (a memory spinner that got its own completion, a waiter going back to
-            // sleep) would leave it for the next timer or look. (Backing off for 20 us
-            // instead cost such a datagram the backoff plus the timer slack, up to 70 us.)
-            pass = s.progress_once(true, false);
+        let receiver = s.thread_rx.load(Ordering::SeqCst) || s.armed_cqs.load(Ordering::SeqCst) > 0;
+        if pass.is_none() && socket_woke && learning && !receiver {
+            // The application had stopped polling for the handover time and polls again
+            // (its poll holds the lock): it receives for itself from now on, as while it
+            // polls; this thread's next sleep is a look. (Its `last_app_poll` is written
+            // when the poll ends; until then the sockets would wake this thread again at
+            // once.)
+            app_back = true;
+        } else if pass.is_none() && socket_woke && learning {
+            // Woken by a datagram while an application poll holds the receive lock, while
+            // this thread receives for the application: ask that poll to wake this thread
+            // when it ends (`rx_wanted`), then try once more
+            // (it may have ended before it could see the flag). The datagram may have come
+            // after the poll's receive, and a program that stops polling right after (a
+            // memory spinner that got its own completion, a waiter going back to sleep)
+            // would leave it for the next timer or look. Backing off 20 us instead cost
+            // such a datagram the backoff plus the timer slack (up to 70 us); blocking on
+            // the lock would make every poll skip its receive whenever the lock was handed
+            // to this thread before it ran again (milliseconds on a loaded host).
+            s.rx_wanted.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            pass = s.progress_once(false, false);
+            if pass.is_some() {
+                s.rx_wanted.store(false, Ordering::Relaxed);
+            } else {
+                lock_busy = true;
+            }
             absent = 0;
         }
         if learning {
@@ -1806,6 +1867,30 @@ mod tests {
         assert_eq!(qp.next_deadline(), None);
         assert_eq!(dev.shared.timers.min(), u64::MAX);
         dev.destroy_qp(qp.qpn());
+    }
+
+    /// The progress thread's request to be woken when an application poll ends
+    /// (`rx_wanted`, set when it found the receive lock taken while it receives for the
+    /// application) is answered by the next poll, once: the flag is taken and the wake fd
+    /// signaled. An app-driven caller (the messenger) never answers (no fence per poll;
+    /// the thread never asks it).
+    #[test]
+    fn a_poll_wakes_the_thread_that_waits_for_the_receive_lock() {
+        let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let dev = SoftDevice::open(&settings(), &[v4]).unwrap();
+        let s = &dev.shared;
+        dev.progress_inline();
+        assert!(!s.rx_wanted.load(Ordering::SeqCst));
+        s.rx_wanted.store(true, Ordering::SeqCst);
+        dev.progress_inline();
+        assert!(!s.rx_wanted.load(Ordering::SeqCst), "the poll answered");
+        dev.set_app_driven(true);
+        s.rx_wanted.store(true, Ordering::SeqCst);
+        dev.progress_inline();
+        assert!(
+            s.rx_wanted.load(Ordering::SeqCst),
+            "an app-driven poll does not look"
+        );
     }
 
     #[test]
