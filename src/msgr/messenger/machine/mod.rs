@@ -18,7 +18,8 @@
 //! One job per file: `action` (what comes out), `send` (application sends, acks,
 //! completion of sends, close), `recv` (frames in, delivery order), `pump` (what goes
 //! out in a pass), `life` (links up and down, faults, reconnect, timers), `rules` (the
-//! decisions as pure functions, shared with the driver while its port is under way).
+//! decisions as pure functions). The running messenger drives it: `session.rs` feeds it
+//! what a link reports and carries out its actions, `shard.rs` runs the passes.
 
 mod action;
 mod life;
