@@ -23,10 +23,7 @@ mod credits;
 mod guard;
 mod keepalive;
 mod link;
-// The session machine drives every session (`session.rs`, `shard.rs`); a few of its
-// read-outs (`poll_timeout`, `wants_pass`, `held_bytes`, ...) serve its simulator and
-// tests only so far, hence the allowance outside tests.
-#[cfg_attr(not(test), allow(dead_code))]
+// The session machine drives every session (`session.rs`, `shard.rs`).
 pub(crate) mod machine;
 mod park;
 mod session;
