@@ -1,7 +1,8 @@
 //! One live connection of a session: its posted receives (`[header slot][data chunk]`),
 //! its send queue (SENDs with their header slots and descriptor blocks, READs of
-//! rendezvous segments), its credits and liveness, and the rendezvous receptions in
-//! progress. Dropping a link closes the connection first (the QP is destroyed, so nothing
+//! rendezvous segments), the peer's grants, and the rendezvous receptions in progress.
+//! Its credits and liveness are the session machine's (`machine::LinkState`): the link
+//! posts what the machine decided (headers with their credits) and reports what came. Dropping a link closes the connection first (the QP is destroyed, so nothing
 //! writes our memory any more), then returns every chunk it held.
 
 use crate::error::{Error, ErrorKind, Result};
@@ -14,12 +15,8 @@ use crate::rc::{Sge, SgeList, WcOpcode, WcStatus, WrOpcode};
 use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::buffers::TxSeg;
-use super::credits::Credits;
-use super::keepalive::Liveness;
-use super::machine::rules;
 use super::wire::{self, Grant, HDR_LEN, Header, Malformed, Part, SLOT, SegDesc};
 
 /// One posted receive.
@@ -127,13 +124,7 @@ pub struct Link {
     next_cookie: u64,
     max_sq: usize,
     max_sge: usize,
-    pub credits: Credits,
-    pub live: Liveness,
     pub rx: VecDeque<RxEntry>,
-    /// The peer's hello arrived (messages may flow).
-    pub hello_done: bool,
-    /// Something was sent in the current pass (an explicit ack would be redundant).
-    pub sent_in_pass: bool,
     /// RNR NAKs of the connection already added to the session's counters.
     pub rnr_seen: u64,
     /// Send-queue completions polled and not yet counted by the session.
@@ -183,11 +174,9 @@ impl Link {
         slots: Vec<RecvSlot>,
         data: Arc<Pool>,
         slot_pool: Arc<Pool>,
-        credits: Credits,
         max_sq: usize,
         max_sge: usize,
     ) -> Link {
-        let now = Instant::now();
         Link {
             conn,
             data,
@@ -204,11 +193,7 @@ impl Link {
             next_cookie: 1 << 32,
             max_sq,
             max_sge: max_sge.max(2),
-            credits,
-            live: Liveness::new(now),
             rx: VecDeque::new(),
-            hello_done: false,
-            sent_in_pass: false,
             rnr_seen: 0,
             send_wcs: 0,
             unposted: SmallVec::new(),
@@ -261,15 +246,9 @@ impl Link {
         }
     }
 
-    /// SGEs per send work request.
-    pub fn max_sge(&self) -> usize {
-        self.max_sge
-    }
-
-    /// Nothing being received (READs, delivery), nothing unposted, every receive of the
-    /// window posted (see `Session::quiet`).
+    /// Nothing being received (READs, delivery), nothing unposted (see `Session::quiet`).
     pub fn is_quiet(&self) -> bool {
-        self.rx.is_empty() && self.unposted.is_empty() && self.credits.deficit() == 0
+        self.rx.is_empty() && self.unposted.is_empty()
     }
 
     /// Free send-queue entries. The link counts an entry from its post until the
@@ -300,11 +279,11 @@ impl Link {
             .min(self.max_reads().saturating_sub(self.reads_queued))
     }
 
-    /// Posts receives up to the credit window (pool permitting).
-    pub fn replenish(&mut self) -> Result<()> {
-        let want = self.credits.deficit();
+    /// Posts up to `want` receives (pool permitting; the machine's
+    /// `receives_wanted`). Returns how many were posted (none on an error).
+    pub fn replenish(&mut self, want: u32) -> Result<u32> {
         if want == 0 {
-            return Ok(());
+            return Ok(0);
         }
         let mut wrs: SmallVec<[(u64, SgeList); 8]> = SmallVec::new();
         let mut slots = Vec::new();
@@ -322,7 +301,7 @@ impl Link {
             slots.push((cookie, RecvSlot { hdr, data: d }));
         }
         if wrs.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let posted = self.conn.post_recv(&wrs);
         let n = *posted.as_ref().unwrap_or(&0);
@@ -334,13 +313,14 @@ impl Link {
             self.spare_hdr.push(s.hdr);
             self.spare_data.push(s.data);
         }
-        self.credits.on_posted(n as u32);
-        posted.map(|_| ())
+        posted.map(|_| n as u32)
     }
 
-    /// Sends one message now: [`Link::queue`] then [`Link::flush`].
-    pub fn send(&mut self, h: &mut Header, front: &[u8], body: Body<'_>) -> Result<()> {
-        self.queue(h, front, body)?;
+    /// Sends a control frame now that announces no credits (the accepting side's refusal
+    /// of a link: a hello without an identity): [`Link::queue`] then [`Link::flush`].
+    pub fn send_bare(&mut self, h: &mut Header) -> Result<()> {
+        h.credits = 0;
+        self.queue(h, &[], Body::None, 0)?;
         self.flush()
     }
 
@@ -425,11 +405,12 @@ impl Link {
         }
     }
 
-    /// Builds one message's SEND and queues it for the next [`Link::flush`]: `h` gets the
-    /// credits owed, `front` goes inline after the header. The caller checked credits and
-    /// send-queue room.
-    pub fn queue(&mut self, h: &mut Header, front: &[u8], body: Body<'_>) -> Result<()> {
-        self.queue_msg(h, front, body, &[])
+    /// Builds one message's SEND and queues it for the next [`Link::flush`]: `h` carries
+    /// the credits the session machine decided (`Action::Post`), granting the oldest
+    /// `h.credits` of the newest `owed` receives; `front` goes inline after the header.
+    /// The machine checked credits and send-queue room.
+    pub fn queue(&mut self, h: &mut Header, front: &[u8], body: Body<'_>, owed: u32) -> Result<()> {
+        self.queue_msg(h, front, body, &[], owed)
     }
 
     /// [`Link::queue`] with RDMA WRITEs queued before the SEND (same QP: they have landed
@@ -441,6 +422,7 @@ impl Link {
         front: &[u8],
         body: Body<'_>,
         writes: &[TxWrite],
+        owed: u32,
     ) -> Result<()> {
         let nw: usize = writes.iter().map(|w| w.wrs(self.max_sge)).sum();
         // Eager data goes into the chunk of the receive this SEND consumes when the peer
@@ -513,15 +495,15 @@ impl Link {
             self.queue_write(data, g.addr, g.rkey);
             h.flags |= wire::flags::WRITTEN;
         }
-        // Grant the receives posted since the last announcement, oldest first, as many as
-        // the slot holds after the front.
+        // Grant the receives posted since the last announcement, oldest first: as many as
+        // the machine announced (`machine::rules::announce`: the slot's room after the
+        // front, with `eager_write`).
         let at = h.grants_at();
-        let owed = self.credits.owed as usize;
-        let first = self.recvs.len().saturating_sub(owed);
-        // Our receive chunks take remote writes with `eager_write`: grant them, as many as
-        // the slot holds (the session machine's rule, `machine::rules::announce`).
-        h.credits = rules::announce(h, owed as u32, self.eager_write)
-            .min((self.recvs.len() - first) as u32);
+        let first = self.recvs.len().saturating_sub(owed as usize);
+        debug_assert!(
+            h.credits as usize <= self.recvs.len() - first,
+            "announced more than owed"
+        );
         // SAFETY: the slot is ours (from the pool or our spares, not posted); SLOT bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(slot.addr, SLOT) };
         h.emit(out);
@@ -552,7 +534,6 @@ impl Link {
             imm: 0,
         };
         self.unposted.push(wr);
-        self.credits.on_send(h.credits);
         self.sq.push_back(SqEntry {
             cookie,
             work: SqWork::Send {
@@ -560,8 +541,6 @@ impl Link {
                 block: block_chunk,
             },
         });
-        // `last_sent` is stamped by the pass (`Session::pump`), not per message.
-        self.sent_in_pass = true;
         Ok(())
     }
 
@@ -583,7 +562,6 @@ impl Link {
         // The receive it consumes (never the hello's: an immediate follows the hello).
         self.grants.pop_front();
         self.sends += 1;
-        self.credits.on_send(0);
         Ok(())
     }
 
@@ -755,10 +733,6 @@ impl Link {
                 self.complete(wc, out)?;
             }
         }
-        if recvs > 0 {
-            // Once per poll: a clock read per message showed in profiles.
-            self.live.last_heard = Instant::now();
-        }
         Ok(total)
     }
 
@@ -778,7 +752,6 @@ impl Link {
                     self.recvs.push_front((cookie, slot));
                     return Err(mismatch());
                 }
-                self.credits.on_receive();
                 if wc.opcode == WcOpcode::RecvRdmaWithImm {
                     // An immediate message: the receive's buffers were not touched.
                     self.spare_hdr.push(slot.hdr);
@@ -815,7 +788,6 @@ impl Link {
                 } else {
                     self.grants.extend((0..h.credits).map(|_| None));
                 }
-                self.credits.on_grant(h.credits);
                 let front = if h.has(wire::flags::RNDV) {
                     Vec::new()
                 } else {

@@ -7,12 +7,15 @@
 //! memory pools: it does not know which provider it runs on. Design, wire format and
 //! measurements: `docs/messenger.md`.
 //!
-//! One job per file: `wire` (the header), `credits` (flow control), `session` (sequence
-//! numbers, acknowledgements, replay), `keepalive` (liveness and reconnect backoff),
+//! One job per file: `wire` (the header), `credits` (flow control), `session` (a session
+//! as the shard drives it: its machine, its link, receiving), `keepalive` (liveness and
+//! reconnect backoff),
 //! `link` (one live connection: posted receives, the send queue, READs), `buffers` (pools
 //! and payload preparation), `shard` (progress passes, worker threads, callback dispatch),
-//! `settings` (the `msgr_*` knobs), `types` (the public types), `machine` (the session's
-//! rules as a sans-IO state machine with its seeded simulator; `docs/messenger-machine.md`).
+//! `settings` (the `msgr_*` knobs), `types` (the public types), `machine` (every rule of a
+//! session: sequence numbers, acknowledgements, replay, credits, keepalive, faults,
+//! reconnects, close, as a sans-IO state machine with its seeded simulator;
+//! `docs/messenger-machine.md`).
 
 mod admit;
 mod buffers;
@@ -20,10 +23,7 @@ mod credits;
 mod guard;
 mod keepalive;
 mod link;
-// The session machine: its `rules` decide for the current driver already; the machine as
-// a whole is driven by its simulator (tests) until `Link` and the shard drive it
-// (docs/messenger-machine.md, "The port"), hence unused outside tests for now.
-#[cfg_attr(not(test), allow(dead_code))]
+// The session machine drives every session (`session.rs`, `shard.rs`).
 pub(crate) mod machine;
 mod park;
 mod session;

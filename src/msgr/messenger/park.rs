@@ -10,7 +10,6 @@
 //! (`MsgrStats::missed_wakes`, which the tests expect to stay 0).
 
 use super::session::Session;
-use super::settings::MsgrSettings;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
@@ -94,7 +93,6 @@ impl Parking {
         sessions: &mut FxHashMap<u64, Session>,
         ready: &ReadyList,
         now: Instant,
-        s: &MsgrSettings,
     ) {
         self.wake_ready(sessions, ready);
         while let Some(&Reverse((t, id))) = self.keepalives.peek() {
@@ -115,7 +113,7 @@ impl Parking {
         self.next_scan = Some(now + SCAN_EVERY);
         let mut busy: Vec<u64> = sessions
             .iter()
-            .filter(|(_, sess)| !sess.active && !sess.quiet(now, s))
+            .filter(|(_, sess)| !sess.active && !sess.quiet(now))
             .map(|(&id, _)| id)
             .collect();
         if busy.is_empty() {
@@ -151,17 +149,14 @@ impl Parking {
     /// most one entry per session and due time, not one per park (a session of one
     /// request at a time parks between requests): an entry due earlier wakes it early, to
     /// park again.
-    pub fn park(&mut self, k: usize, sess: &mut Session, s: &MsgrSettings) {
+    pub fn park(&mut self, k: usize, sess: &mut Session) {
         sess.active = false;
         self.active.swap_remove(k);
-        if let Some(due) = sess
-            .link
-            .as_ref()
-            .and_then(|l| l.live.next_due(s.keepalive, s.keepalive_timeout))
+        if let Some(due) = sess.next_keepalive()
             && sess.keepalive_queued.is_none_or(|q| due < q)
         {
             sess.keepalive_queued = Some(due);
-            self.keepalives.push(Reverse((due, sess.id)));
+            self.keepalives.push(Reverse((due, sess.id())));
         }
     }
 }

@@ -1,47 +1,41 @@
-//! A session's state: identities, sequence numbers, the messages waiting for credits and
-//! those sent but not acknowledged (kept for replay), what was delivered; and the protocol
-//! steps on its current link (receive, deliver in order, send within credits, acknowledge,
-//! keep alive).
-//!
-//! Replay: on a fault the unacknowledged messages go back to the front of the waiting
-//! queue, in order; the next link's hello tells how far the peer delivered (everything up
-//! to it completes), and the rest is sent again. The receiver drops a sequence number it
-//! already delivered, so each message is delivered exactly once, in order.
+//! A session as the shard drives it: its session machine (`machine::Machine`, which
+//! decides sequence numbers, acknowledgements, replay, credits, keepalive, faults,
+//! reconnects and close), its current link, and what only the driver knows: where to
+//! (re)connect, the attempt under way, the messages being received (their data and
+//! READs), parking. A pass feeds the machine what the link found ([`Session::on_link_event`]),
+//! hands complete messages over in order, reposts the receives the machine wants, pumps
+//! it, and carries out its actions ([`Session::exec`]): posts, link closes, callbacks.
+//! The messages the machine holds (waiting for credits, sent and not acknowledged) carry
+//! an [`OutMsg`] body: the memory the driver posts from, released when the send
+//! completes.
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::mem::pool::Pool;
+use crate::mem::pool::{Chunk, Pool};
 use crate::msgr::Connection;
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::buffers::TxSeg;
-use super::keepalive::Backoff;
-use super::link::{Body, Link, LinkEvent, Received, RecvSlot, RxBuild, RxEntry, TxWrite};
-use super::machine::rules::{self, ControlIn, Order};
-use super::settings::MsgrSettings;
-use super::types::{
-    InMessage, MSG_TYPE_IMM, Policy, RxSeg, SendId, SessionCounters, SessionId, SessionInfo,
-    SessionState,
+use super::link::{
+    Body, CONTROL_RESERVE, Link, LinkEvent, Received, RecvSlot, RxBuild, RxEntry, TxWrite,
 };
-use super::wire::{self, FRONT_INLINE_MAX, Header, Kind, Malformed, PAYLOAD_MAX, SegDesc, flags};
+use super::machine::{Action, Machine, Notice, Shape, SqRoom, Verdict};
+use super::settings::{MsgLimits, MsgrSettings};
+use super::types::{InMessage, MSG_TYPE_IMM, RxSeg, SendId, SessionId, SessionInfo};
+use super::wire::{self, FRONT_INLINE_MAX, Header, PAYLOAD_MAX, SegDesc, flags};
 
-/// A prepared outgoing message.
+/// A link being closed may drain its last sends (a bye, a refusing hello) this long.
+pub const CLOSE_DRAIN: Duration = Duration::from_millis(200);
+
+/// A prepared outgoing message: what the driver posts (the machine holds it with its
+/// sequence number and [`Shape`]).
 pub struct OutMsg {
-    pub seq: u64,
-    pub msg_type: u16,
     pub front: Vec<u8>,
     pub segs: Vec<TxSeg>,
     /// RDMA WRITEs posted right before the SEND (lossy sessions only: never replayed).
     pub writes: Vec<TxWrite>,
-    /// An immediate message: the value its last WRITE carries (no SEND).
-    pub imm: Option<u32>,
-    /// Front + data + write bytes.
-    pub bytes: u64,
-    /// Sent before on an earlier link.
-    pub replay: bool,
 }
 
 impl OutMsg {
@@ -55,12 +49,30 @@ impl OutMsg {
             }
     }
 
-    /// Send-queue entries the message takes: its WRITEs, the WRITE of an eager segment
-    /// (`msgr_eager_write`) and the SEND.
-    pub fn sq_need(&self, max_sge: usize) -> usize {
-        usize::from(self.imm.is_none())
-            + usize::from(self.segs.len() == 1)
-            + self.writes.iter().map(|w| w.wrs(max_sge)).sum::<usize>()
+    /// What the machine's rules need to know of it: `imm` for an immediate message,
+    /// `bytes` its front + data + write bytes. Send-queue entries: its WRITEs, the WRITE
+    /// of an eager segment (`msgr_eager_write`) and the SEND.
+    pub fn shape(
+        &self,
+        msg_type: u16,
+        imm: Option<u32>,
+        bytes: u64,
+        eager_max: usize,
+        max_sge: usize,
+    ) -> Shape {
+        Shape {
+            msg_type,
+            front_len: self.front.len() as u32,
+            nsegs: self.segs.len() as u16,
+            rndv: imm.is_none() && !self.eager(eager_max, max_sge),
+            imm,
+            bytes,
+            sq_need: usize::from(imm.is_none())
+                + usize::from(self.segs.len() == 1)
+                + self.writes.iter().map(|w| w.wrs(max_sge)).sum::<usize>(),
+            writes: self.writes.len() as u32,
+            write_bytes: self.writes.iter().map(|w| w.seg.len as u64).sum(),
+        }
     }
 
     fn descs(&self) -> Vec<SegDesc> {
@@ -88,42 +100,18 @@ pub enum Event {
 pub type Attempt = Receiver<Result<(Connection, Vec<RecvSlot>)>>;
 
 pub struct Session {
-    pub id: u64,
-    pub peer_id: u64,
-    pub policy: Policy,
-    pub incoming: bool,
-    /// Connecting side: where to (re)connect.
+    /// The protocol: every decision about the session.
+    pub m: Machine<OutMsg>,
+    /// The current link and its generation in the machine (a path id: actions name it).
+    pub link: Option<(u64, Link)>,
+    /// Connecting side: where to (re)connect, and the attempt under way.
     pub addr: Option<String>,
-    pub peer: Option<SocketAddr>,
-    pub state: SessionState,
-    pub next_seq: u64,
-    pub waiting: VecDeque<OutMsg>,
-    pub unacked: VecDeque<OutMsg>,
-    /// Data + front bytes of `waiting` and `unacked`.
-    pub held_bytes: u64,
-    /// The message limits the peer advertised in its last hello (None: not known yet).
-    pub peer_limits: Option<super::settings::MsgLimits>,
-    /// A send was refused with Full: tell `on_send_ready` when there is room.
-    pub refused: bool,
-    pub delivered: u64,
-    pub acked_to_peer: u64,
-    pub link: Option<Link>,
-    pub counters: SessionCounters,
-    pub backoff: Option<Backoff>,
     pub attempt: Option<Attempt>,
-    /// `on_connect` was reported.
-    pub announced: bool,
-    /// Accepting side of a lossless session without a link: since when.
-    pub down_since: Option<Instant>,
-    /// Messages are waiting for credits (counted once per stall).
-    pub stalled: bool,
-    /// The acknowledgement of messages delivered in the last pass was held back for a
-    /// pass (an answer may carry it).
-    pub ack_deferred: bool,
-    /// Accepting side: the connecting messenger's address (its IP, its listening port)
-    /// and incarnation, when its hello named them: a new incarnation at that address
-    /// means the peer restarted (see `Core::attach_incoming`).
-    pub peer_entity: Option<(SocketAddr, u64)>,
+    /// The machine asked for a connection attempt ([`Action::Connect`]): the shard starts it.
+    pub want_connect: bool,
+    pub peer: Option<SocketAddr>,
+    /// The message limits the peer advertised in its last hello (None: not known yet).
+    pub peer_limits: Option<MsgLimits>,
     /// Looked at by every pass of its shard (not parked: see `park.rs`).
     pub active: bool,
     /// Active and found quiet by every pass since then (parked after `PARK_AFTER`).
@@ -133,244 +121,150 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(id: u64, policy: Policy, incoming: bool) -> Session {
+    pub fn new(m: Machine<OutMsg>) -> Session {
         Session {
-            id,
-            peer_id: 0,
-            policy,
-            incoming,
-            addr: None,
-            peer: None,
-            state: SessionState::Connecting,
-            next_seq: 1,
-            waiting: VecDeque::new(),
-            unacked: VecDeque::new(),
-            held_bytes: 0,
-            peer_limits: None,
-            refused: false,
-            delivered: 0,
-            acked_to_peer: 0,
+            m,
             link: None,
-            counters: SessionCounters::default(),
-            backoff: None,
+            addr: None,
             attempt: None,
-            announced: false,
-            down_since: None,
-            stalled: false,
-            ack_deferred: false,
-            peer_entity: None,
+            want_connect: false,
+            peer: None,
+            peer_limits: None,
             active: false,
             quiet_since: None,
             keepalive_queued: None,
         }
     }
 
+    pub fn id(&self) -> u64 {
+        self.m.id
+    }
+
     pub fn sid(&self) -> SessionId {
-        SessionId(self.id)
+        SessionId(self.m.id)
     }
 
-    pub fn held_msgs(&self) -> usize {
-        self.waiting.len() + self.unacked.len()
-    }
-
-    /// Whether a new message of `bytes` fits the bounds.
-    pub fn has_room(&self, s: &MsgrSettings, bytes: u64) -> bool {
-        self.held_msgs() < s.send_queue_msgs
-            && (self.held_bytes == 0 || self.held_bytes + bytes <= s.send_queue_bytes)
+    /// The current link.
+    pub fn link(&self) -> Option<&Link> {
+        self.link.as_ref().map(|(_, l)| l)
     }
 
     pub fn info(&self) -> SessionInfo {
+        let l = self.m.link();
         SessionInfo {
-            state: self.state,
-            policy: self.policy,
+            state: self.m.state,
+            policy: self.m.policy,
             peer: self.peer,
-            incoming: self.incoming,
-            local_id: self.id,
-            peer_id: self.peer_id,
-            queued: self.waiting.len(),
-            unacked: self.unacked.len(),
-            credits: self.link.as_ref().map_or(0, |l| l.credits.tx),
-            recv_window: self.link.as_ref().map_or(0, |l| l.credits.window),
-            counters: self.counters,
+            incoming: self.m.incoming,
+            local_id: self.m.id,
+            peer_id: self.m.peer_id,
+            queued: self.m.queued(),
+            unacked: self.m.unacked_len(),
+            credits: l.map_or(0, |l| l.credits.tx),
+            recv_window: l.map_or(0, |l| l.credits.window),
+            counters: self.m.counters,
         }
     }
 
-    /// Everything up to `ack` was delivered by the peer: those sends complete.
-    pub fn on_ack(&mut self, ack: u64, s: &MsgrSettings, ev: &mut Vec<Event>) {
-        let sid = self.sid();
-        while self.unacked.front().is_some_and(|m| m.seq <= ack) {
-            if let Some(m) = self.unacked.pop_front() {
-                self.held_bytes -= m.bytes;
-                ev.push(Event::SendDone(sid, m.seq, Ok(())));
-            }
-        }
-        while self
-            .waiting
-            .front()
-            .is_some_and(|m| m.replay && m.seq <= ack)
-        {
-            if let Some(m) = self.waiting.pop_front() {
-                self.held_bytes -= m.bytes;
-                ev.push(Event::SendDone(sid, m.seq, Ok(())));
-            }
-        }
-        if self.refused && self.has_room(s, 0) {
-            self.refused = false;
-            ev.push(Event::Ready(sid));
-        }
+    /// When the machine's keepalive or silent-peer check comes due (parking's timer).
+    pub fn next_keepalive(&self) -> Option<Instant> {
+        let r = self.m.rules();
+        self.m
+            .link()
+            .and_then(|l| l.live.next_due(r.keepalive, r.keepalive_timeout))
     }
 
-    /// Every send still held fails with `err`.
-    pub fn fail_all(&mut self, err: &Error, ev: &mut Vec<Event>) {
-        let sid = self.sid();
-        for m in self.unacked.drain(..).chain(self.waiting.drain(..)) {
-            ev.push(Event::SendDone(sid, m.seq, Err(err.clone())));
-        }
-        self.held_bytes = 0;
+    /// Whether this pass may skip the session: the machine has nothing to do
+    /// (`Machine::quiet`: open, nothing to send, acknowledge, announce, repost or ping),
+    /// and neither has the link (nothing being received or unposted, no completion
+    /// queued). A pass looks at such a session for the price of this check (its fields
+    /// and an atomic load per CQ), not a poll and a pump, and after `PARK_AFTER` of it not
+    /// at all (`park.rs`): `TEST=rpc_lat bench/scale.sh`, 1,000 idle sessions beside a
+    /// busy one.
+    pub fn quiet(&self, now: Instant) -> bool {
+        let Some((_, link)) = self.link.as_ref() else {
+            return false;
+        };
+        self.m.quiet(now) && link.is_quiet() && !link.conn.may_have_completions()
     }
 
-    /// The link is gone: what it sent and was not acknowledged is sent again on the next.
-    pub fn drop_link(&mut self) {
-        self.link = None;
-        while let Some(mut m) = self.unacked.pop_back() {
-            m.replay = true;
-            self.waiting.push_front(m);
-        }
-    }
-
-    /// Handles the header fields every message carries.
-    fn on_header(&mut self, h: &Header, s: &MsgrSettings, ev: &mut Vec<Event>) {
-        if let Some(l) = self.link.as_mut() {
-            if h.has(flags::STARVED) {
-                l.credits.grow();
-            }
-        }
-        if h.kind != Kind::Hello as u8 {
-            self.on_ack(h.ack, s, ev);
-        }
-    }
-
-    /// Handles what a link poll found. `Err` = a fault (malformed or unexpected).
+    /// What a poll of link `lid` found, fed to the machine: an accepted message is queued
+    /// for delivery (its data read first if it came as descriptors), anything else gives
+    /// its payload chunk back.
     pub fn on_link_event(
         &mut self,
+        now: Instant,
+        lid: u64,
         e: LinkEvent,
         s: &MsgrSettings,
-        ev: &mut Vec<Event>,
-    ) -> Result<()> {
-        let r = match e {
-            LinkEvent::ReadDone => return Ok(()),
-            LinkEvent::Imm(v) => return self.on_imm(v),
-            LinkEvent::Recv(r) => r,
-        };
-        self.on_header(&r.h, s, ev);
-        let Some(kind) = r.h.kind() else {
-            return Err(Malformed("unknown message kind").into());
-        };
-        match kind {
-            Kind::Hello => self.on_hello(r, s, ev),
-            Kind::Msg => self.on_msg(r, s),
-            Kind::Ack | Kind::Ping | Kind::Pong => Ok(()),
-            Kind::Bye => Err(Error::fixed(
-                ErrorKind::Closed,
-                "the peer closed the session",
-            )),
-        }
-    }
-
-    /// The hello that answers ours (connecting side).
-    fn on_hello(&mut self, r: Received, s: &MsgrSettings, ev: &mut Vec<Event>) -> Result<()> {
-        let Some(link) = self.link.as_mut() else {
-            return Ok(());
-        };
-        if self.incoming || link.hello_done {
-            return Err(Malformed("unexpected session hello").into());
-        }
-        if r.h.aux == 0 || (self.peer_id != 0 && self.peer_id != r.h.aux) {
-            return Err(Error::fixed(
-                ErrorKind::Closed,
-                "the peer restarted (new session identity): session reset",
-            ));
-        }
-        link.hello_done = true;
-        self.peer_id = r.h.aux;
-        self.on_ack(r.h.aux3, s, ev);
-        self.opened(ev);
-        Ok(())
-    }
-
-    /// The session is (again) open on its link.
-    pub fn opened(&mut self, ev: &mut Vec<Event>) {
-        self.state = SessionState::Open;
-        self.backoff = None;
-        self.down_since = None;
-        if !self.announced {
-            self.announced = true;
-            if let Some(p) = self
-                .peer
-                .or_else(|| self.link.as_ref().map(|l| l.conn.peer()))
-            {
-                self.peer = Some(p);
-                ev.push(Event::Connect(self.sid(), p, self.incoming));
-            }
-        }
-    }
-
-    /// An immediate message (RDMA WRITE WITH IMMEDIATE): the next sequence number, in
-    /// order with the others (RC delivers in order); its WRITEs have landed.
-    fn on_imm(&mut self, value: u32) -> Result<()> {
-        let Some(link) = self.link.as_mut() else {
-            return Ok(());
-        };
-        if !link.hello_done {
-            return Err(Malformed("immediate message before the session hello").into());
-        }
-        let seq = self.delivered + link.rx.len() as u64 + 1;
-        link.rx.push_back(RxEntry {
-            seq,
-            msg_type: MSG_TYPE_IMM,
-            front: value.to_le_bytes().to_vec(),
-            eager: None,
-            segs: Vec::new(),
-            reads_in_flight: 0,
-        });
-        self.counters.imm_received += 1;
-        Ok(())
-    }
-
-    fn on_msg(&mut self, r: Received, s: &MsgrSettings) -> Result<()> {
-        let Some(link) = self.link.as_mut() else {
-            return Ok(());
-        };
-        if !link.hello_done {
-            return Err(Malformed("message before the session hello").into());
-        }
-        match rules::order(self.delivered + link.rx.len() as u64, r.h.seq) {
-            Order::Next => {}
-            Order::Old => {
-                self.counters.duplicates_dropped += 1;
-                if let Some(c) = r.data {
-                    link.give_back(c);
+        pool: &Pool,
+    ) {
+        match e {
+            LinkEvent::ReadDone => {}
+            LinkEvent::Imm(v) => {
+                if let Verdict::Accept(seq) = self.m.on_imm(now, lid)
+                    && let Some((_, link)) = self.link.as_mut()
+                {
+                    // Its WRITEs have landed (RC, in order): nothing to read.
+                    link.rx.push_back(RxEntry {
+                        seq,
+                        msg_type: MSG_TYPE_IMM,
+                        front: v.to_le_bytes().to_vec(),
+                        eager: None,
+                        segs: Vec::new(),
+                        reads_in_flight: 0,
+                    });
                 }
-                return Ok(());
             }
-            Order::Gap => {
-                if let Some(c) = r.data {
-                    link.give_back(c);
+            LinkEvent::Recv(r) => match self.m.on_frame(now, lid, &r.h) {
+                Verdict::Accept(seq) => {
+                    if let Err(e) = self.accept(seq, r, s, pool) {
+                        self.m.on_link_error(now, lid, e);
+                    }
                 }
-                return Err(Malformed("message sequence gap").into());
+                _ => {
+                    if let Some(c) = r.data {
+                        self.give_back(c, pool);
+                    }
+                }
+            },
+        }
+    }
+
+    /// A payload chunk nobody will hand out: to the link's spares, or the pool.
+    fn give_back(&mut self, c: Chunk, pool: &Pool) {
+        match self.link.as_mut() {
+            Some((_, l)) => l.give_back(c),
+            None => {
+                let _ = pool.put(c);
             }
         }
+    }
+
+    /// Message `seq` (the machine accepted it: the next in order) is queued for delivery.
+    /// `Err`: a descriptor block that does not parse, or a message over this side's
+    /// limits (`ResourceLimit`: the machine ends the session rather than have it replayed).
+    fn accept(&mut self, seq: u64, r: Received, s: &MsgrSettings, pool: &Pool) -> Result<()> {
+        let Some((_, link)) = self.link.as_mut() else {
+            if let Some(c) = r.data {
+                let _ = pool.put(c);
+            }
+            return Ok(());
+        };
         let mut entry = RxEntry {
-            seq: r.h.seq,
+            seq,
             msg_type: r.h.msg_type,
             front: r.front,
             eager: None,
             segs: Vec::new(),
             reads_in_flight: 0,
         };
+        let counters = &mut self.m.counters;
         if r.h.has(flags::RNDV) {
             let Some(c) = r.data else {
-                return Err(Malformed("rendezvous message without a descriptor block").into());
+                return Err(
+                    wire::Malformed("rendezvous message without a descriptor block").into(),
+                );
             };
             // SAFETY: the receive completed; the chunk is ours and holds `payload_len`
             // (<= its size, checked by the header parse) bytes.
@@ -381,8 +275,8 @@ impl Session {
             // Within this side's limits, before a chunk is taken for it (`post_reads`).
             let bytes = segs.iter().map(|g| u64::from(g.len)).sum();
             if let Err(e) = s.limits.check_recv(segs.len(), bytes) {
-                self.counters.oversized += 1;
-                warn_oversized(self.id, self.peer, &e);
+                counters.oversized += 1;
+                warn_oversized(self.m.id, self.peer, &e);
                 return Err(e);
             }
             entry.front = front;
@@ -394,15 +288,12 @@ impl Session {
                     next: 0,
                 })
                 .collect();
-            self.counters.read_segments += entry.segs.len() as u64;
+            counters.read_segments += entry.segs.len() as u64;
         } else if r.h.nsegs == 1 {
-            match r.data {
-                Some(c) => entry.eager = Some((c, r.h.payload_len as usize)),
-                None => entry.eager = None,
-            }
-            self.counters.eager_segments += 1;
+            entry.eager = r.data.map(|c| (c, r.h.payload_len as usize));
+            counters.eager_segments += 1;
             if r.h.has(flags::WRITTEN) {
-                self.counters.written_segments += 1;
+                counters.written_segments += 1;
             }
         } else if let Some(c) = r.data {
             link.give_back(c);
@@ -411,41 +302,39 @@ impl Session {
         Ok(())
     }
 
-    /// Whether this pass may skip the session: open on a link with no completion queued,
-    /// nothing being received, nothing to send, acknowledge, announce, repost or ping, and
-    /// the peer not overdue (no keepalive due). A pass looks at such a session for the
-    /// price of this check (its fields and an atomic load per CQ), not a poll and a pump,
-    /// and after `PARK_AFTER` of it not at all (`park.rs`): `TEST=rpc_lat
-    /// bench/scale.sh`, 1,000 idle sessions beside a busy one.
-    pub fn quiet(&self, now: Instant, s: &MsgrSettings) -> bool {
-        let Some(link) = self.link.as_ref() else {
-            return false;
-        };
-        self.state == SessionState::Open
-            && link.hello_done
-            && self.waiting.is_empty()
-            && self.delivered <= self.acked_to_peer
-            && !self.ack_deferred
-            && link.is_quiet()
-            && !link.credits.announce_due()
-            && link
-                .live
-                .next_due(s.keepalive, s.keepalive_timeout)
-                .is_none_or(|t| now < t)
-            && !link.conn.may_have_completions()
-    }
-
-    /// The protocol steps after a poll: READs, in-order delivery, receives, sends within
-    /// credits, acknowledgement/credit/keepalive messages. `Err` = a fault.
-    pub fn pump(
+    /// The protocol steps of a pass on the current link after its poll: READs of
+    /// rendezvous data, in-order delivery, the receives the machine wants reposted, the
+    /// machine's pump, its actions, one post of what they queued.
+    pub fn step(
         &mut self,
         now: Instant,
-        s: &MsgrSettings,
         data_pool: &Arc<Pool>,
         ev: &mut Vec<Event>,
-    ) -> Result<()> {
+        closing: &mut Vec<(Link, Instant)>,
+    ) {
+        let Some(lid) = self.link.as_ref().map(|(l, _)| *l) else {
+            return;
+        };
+        match self.deliver(data_pool, ev) {
+            Ok(()) => {
+                if let Some((_, link)) = self.link.as_ref() {
+                    let room = SqRoom {
+                        free: link.sq_room(),
+                        reserve: CONTROL_RESERVE,
+                    };
+                    self.m.pump(now, room);
+                }
+            }
+            Err(e) => self.m.on_link_error(now, lid, e),
+        }
+        self.exec(now, ev, closing);
+        self.flush(now, ev, closing);
+    }
+
+    /// READs, delivery in order, receives reposted.
+    fn deliver(&mut self, data_pool: &Arc<Pool>, ev: &mut Vec<Event>) -> Result<()> {
         let sid = self.sid();
-        let Some(link) = self.link.as_mut() else {
+        let Some((lid, link)) = self.link.as_mut() else {
             return Ok(());
         };
         // READs of rendezvous messages, oldest first.
@@ -458,10 +347,7 @@ impl Session {
                 break;
             }
         }
-        // Deliver in order.
-        let mut delivered_now = false;
         while link.rx.front().is_some_and(|e| e.complete()) {
-            delivered_now = true;
             let Some(e) = link.rx.pop_front() else { break };
             let mut data = Vec::new();
             let mut bytes = e.front.len() as u64;
@@ -481,9 +367,8 @@ impl Session {
                     len: g.desc.len as usize,
                 });
             }
-            self.delivered = e.seq;
-            self.counters.msgs_received += 1;
-            self.counters.bytes_received += bytes;
+            self.m.on_delivered(e.seq);
+            self.m.counters.bytes_received += bytes;
             ev.push(Event::Message(
                 sid,
                 InMessage {
@@ -494,133 +379,135 @@ impl Session {
                 },
             ));
         }
-        link.replenish()?;
-        if !link.hello_done {
-            return Ok(());
-        }
-        // Messages, within credits.
-        let max_sge = link.max_sge();
-        while let Some(m) = self.waiting.front() {
-            if !link.credits.can_send_data() || link.data_room() < m.sq_need(max_sge) {
-                if !self.stalled {
-                    self.stalled = true;
-                    self.counters.credit_stalls += 1;
-                }
-                break;
-            }
-            self.stalled = false;
-            if let Some(v) = m.imm {
-                // No header: no acknowledgement or credits ride on it (`acked_to_peer`
-                // stays; the ACK logic below sends them).
-                link.queue_imm(&m.writes, v)?;
-                self.counters.imm_sent += 1;
-            } else {
-                let mut h = Header::new(Kind::Msg);
-                h.seq = m.seq;
-                h.ack = self.delivered;
-                h.msg_type = m.msg_type;
-                h.nsegs = m.segs.len() as u16;
-                h.front_len = m.front.len() as u32;
-                if rules::starved(self.waiting.len() - 1, link.credits.tx) {
-                    h.flags |= flags::STARVED;
-                }
-                if m.eager(s.eager_max, max_sge) {
-                    let body = match m.segs.first() {
-                        Some(g) => Body::Eager(&g.parts, &g.lkeys),
-                        None => Body::None,
-                    };
-                    link.queue_msg(&mut h, &m.front, body, &m.writes)?;
-                } else {
-                    h.flags |= flags::RNDV;
-                    let mut block = [0u8; PAYLOAD_MAX];
-                    let n =
-                        wire::emit_block(&mut block, &m.front, &m.descs()).ok_or_else(|| {
-                            Error::fixed(ErrorKind::InvalidArgument, "descriptor block too large")
-                        })?;
-                    link.queue_msg(&mut h, &[], Body::Block(&block[..n]), &m.writes)?;
-                }
-                self.acked_to_peer = self.delivered;
-            }
-            if let Some(mut m) = self.waiting.pop_front() {
-                if m.replay {
-                    self.counters.replays += 1;
-                } else {
-                    self.counters.msgs_sent += 1;
-                    self.counters.bytes_sent += m.bytes;
-                }
-                self.counters.remote_writes += m.writes.len() as u64;
-                self.counters.remote_write_bytes +=
-                    m.writes.iter().map(|w| w.seg.len as u64).sum::<u64>();
-                m.replay = true;
-                self.unacked.push_back(m);
-            }
-        }
-        // Acknowledgement, credits, keepalive. An acknowledgement or a credit announcement
-        // due after messages were delivered in this pass waits one pass: their callbacks
-        // run after it, and an answer sent from one (a reply) carries both. A pass that
-        // delivers nothing new sends them; so does this one when the peer is down to its
-        // control credit. (Announcing at once cost request/reply a control message each
-        // way per round trip, and each consumed a receive whose repost was owed again:
-        // twice the SENDs of the exchange itself.)
-        if link.sent_in_pass {
-            link.live.last_sent = now;
-        }
-        // The decision is the session machine's rule (`machine::rules::control`).
-        let c = rules::control(ControlIn {
-            ack_owed: self.delivered > self.acked_to_peer,
-            sent_in_pass: link.sent_in_pass,
-            delivered_in_pass: delivered_now,
-            ack_deferred: self.ack_deferred,
-            announce_due: link.credits.announce_due(),
-            ping_due: link.live.ping_due(now, s.keepalive),
-            peer_can_send_data: link.credits.peer_can_send_data(),
-            can_send_control: link.credits.can_send_control(),
-            sq_free: link.sq_room(),
-        });
-        self.ack_deferred = c.deferred;
-        if c.needs_receive {
-            // Posted by the next pass (the session is not quiet with a deficit).
-            link.credits.room_to_speak();
-        }
-        if let Some(kind) = c.frame {
-            let ping = kind == Kind::Ping;
-            let mut h = Header::new(kind);
-            h.ack = self.delivered;
-            // Out of credits with messages waiting: say so here too (immediate messages
-            // carry no header, so a side that sends only those grows the peer's window
-            // through its ACKs).
-            if self.stalled || (self.waiting.len() > 1 && link.credits.tx <= 2) {
-                h.flags |= flags::STARVED;
-            }
-            link.queue(&mut h, &[], Body::None)?;
-            self.acked_to_peer = self.delivered;
-            if ping {
-                self.counters.keepalives_sent += 1;
-                link.credits.shrink();
-            }
-        }
-        if link.sent_in_pass {
-            self.ack_deferred = false;
-            // Stamped here too: the acknowledgement or keepalive just queued counts (a
-            // receiver that only acknowledges must not look silent and ping every pass).
-            link.live.last_sent = now;
-        }
-        link.sent_in_pass = false;
-        link.flush()?;
-        self.counters.rnr_naks += link.take_rnr();
-        self.counters.send_completions += std::mem::take(&mut link.send_wcs);
-        self.counters.partial_posts += std::mem::take(&mut link.partial_posts);
-        if link.live.dead(now, s.keepalive, s.keepalive_timeout) {
-            return Err(Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "keepalive: nothing heard from the peer for {:?}",
-                    s.keepalive_timeout
-                ),
-            ));
-        }
+        let n = link.replenish(self.m.receives_wanted())?;
+        self.m.on_posted(*lid, n);
         Ok(())
     }
+
+    /// Posts what the link queued (one batch), and takes its counters; a refusal faults it.
+    pub fn flush(&mut self, now: Instant, ev: &mut Vec<Event>, closing: &mut Vec<(Link, Instant)>) {
+        let Some((lid, link)) = self.link.as_mut() else {
+            return;
+        };
+        let r = link.flush();
+        take_counters(&mut self.m, link);
+        if let Err(e) = r {
+            self.m.on_link_error(now, *lid, e);
+            self.exec(now, ev, closing);
+        }
+    }
+
+    /// Carries out the machine's actions, in order: posts queued on the link (a post it
+    /// refuses is a fault of that link, whose actions follow), links closed (a drained one
+    /// goes to `closing`), callbacks queued in `ev`. A connection attempt it asks for is
+    /// left to the shard ([`Session::want_connect`]).
+    pub fn exec(&mut self, now: Instant, ev: &mut Vec<Event>, closing: &mut Vec<(Link, Instant)>) {
+        while let Some(a) = self.m.poll_action() {
+            match a {
+                Action::Connect => self.want_connect = true,
+                Action::Post {
+                    link,
+                    mut header,
+                    msg,
+                    owed,
+                } => {
+                    if let Err(e) = self.post(link, &mut header, msg, owed) {
+                        self.m.on_link_error(now, link, e);
+                    }
+                }
+                Action::PostImm { link, seq, value } => {
+                    if let Err(e) = self.post_imm(link, seq, value) {
+                        self.m.on_link_error(now, link, e);
+                    }
+                }
+                Action::CloseLink { link, drain } => {
+                    if self.link.as_ref().is_some_and(|(l, _)| *l == link)
+                        && let Some((_, mut l)) = self.link.take()
+                    {
+                        take_counters(&mut self.m, &mut l);
+                        if drain {
+                            let _ = l.flush();
+                            closing.push((l, now + CLOSE_DRAIN));
+                        }
+                        // Otherwise dropped here: the connection closes first, then every
+                        // chunk it held (posted, being received) returns to the pools.
+                    }
+                }
+                Action::Notify(n) => self.notify(n, ev),
+            }
+        }
+    }
+
+    fn notify(&mut self, n: Notice, ev: &mut Vec<Event>) {
+        let sid = self.sid();
+        ev.push(match n {
+            Notice::Connected => {
+                let Some(p) = self.peer.or_else(|| self.link().map(|l| l.conn.peer())) else {
+                    return;
+                };
+                self.peer = Some(p);
+                Event::Connect(sid, p, self.m.incoming)
+            }
+            Notice::SendDone(seq, r) => Event::SendDone(sid, seq, r),
+            Notice::Ready => Event::Ready(sid),
+            Notice::Reset(e) => {
+                log::debug!(target: "rdmx::msgr", "session {:#x}: reset: {e}", self.m.id);
+                Event::Reset(sid, e)
+            }
+        });
+    }
+
+    /// Queues the SEND of `h` on link `lid` (if it is still the current one): a control
+    /// frame, or data message `msg` from the body the machine holds for it.
+    fn post(&mut self, lid: u64, h: &mut Header, msg: Option<u64>, owed: u32) -> Result<()> {
+        let Some((_, link)) = self.link.as_mut().filter(|(l, _)| *l == lid) else {
+            return Ok(());
+        };
+        let Some(seq) = msg else {
+            return link.queue(h, &[], Body::None, owed);
+        };
+        let Some(o) = self.m.unacked(seq) else {
+            return Err(Error::new(
+                ErrorKind::Closed,
+                format!("messenger: post of message {seq}, which the session does not hold"),
+            ));
+        };
+        let m = &o.body;
+        if !o.shape.rndv {
+            let body = match m.segs.first() {
+                Some(g) => Body::Eager(&g.parts, &g.lkeys),
+                None => Body::None,
+            };
+            link.queue_msg(h, &m.front, body, &m.writes, owed)
+        } else {
+            let mut block = [0u8; PAYLOAD_MAX];
+            let n = wire::emit_block(&mut block, &m.front, &m.descs()).ok_or_else(|| {
+                Error::fixed(ErrorKind::InvalidArgument, "descriptor block too large")
+            })?;
+            link.queue_msg(h, &[], Body::Block(&block[..n]), &m.writes, owed)
+        }
+    }
+
+    /// Queues immediate message `seq` (its WRITEs, the last carrying `value`) on `lid`.
+    fn post_imm(&mut self, lid: u64, seq: u64, value: u32) -> Result<()> {
+        let Some((_, link)) = self.link.as_mut().filter(|(l, _)| *l == lid) else {
+            return Ok(());
+        };
+        match self.m.unacked(seq) {
+            Some(o) => link.queue_imm(&o.body.writes, value),
+            None => Err(Error::new(
+                ErrorKind::Closed,
+                format!("messenger: post of immediate {seq}, which the session does not hold"),
+            )),
+        }
+    }
+}
+
+/// The link's counters not yet added to the session's.
+fn take_counters(m: &mut Machine<OutMsg>, l: &mut Link) {
+    m.counters.rnr_naks += l.take_rnr();
+    m.counters.send_completions += std::mem::take(&mut l.send_wcs);
+    m.counters.partial_posts += std::mem::take(&mut l.partial_posts);
 }
 
 /// Logs a peer's message refused for its size at most once a second, process-wide: a peer

@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 use super::admit::Admission;
 use super::buffers::Buffers;
 use super::credits::Credits;
-use super::keepalive::Backoff;
-use super::link::{Body, Link, LinkEvent, RecvSlot};
+use super::link::{Link, LinkEvent, RecvSlot};
+use super::machine::{HelloId, Machine, Rules, Shape};
 use super::park::{PARK_AFTER, Parking, ReadyList};
-use super::session::{Event, OutMsg, Session};
+use super::session::{CLOSE_DRAIN, Event, OutMsg, Session};
 use super::settings::MsgLimits;
 use super::settings::{MsgrSettings, adjust};
 use super::types::*;
@@ -38,8 +38,6 @@ use super::{Messenger, Owner};
 const POLL_BUDGET: usize = 256;
 /// An accepted connection must say hello within this.
 const HELLO_DEADLINE: Duration = Duration::from_secs(10);
-/// A link being closed may drain its last sends (a bye, a refusing hello) this long.
-const CLOSE_DRAIN: Duration = Duration::from_millis(200);
 /// Longest sleep of an idle thread (timers are checked at least this often).
 const MAX_SLEEP: Duration = Duration::from_millis(10);
 /// How often a busy shard 0 looks for new connections (an idle one wakes on them).
@@ -85,8 +83,11 @@ fn take_hooked(bufs: &Buffers, conn: Option<&Connection>) -> Option<Vec<RecvSlot
     mine
 }
 
+/// An accepted link waiting for its hello, with its credits (the session machine takes
+/// them over with the link: `Machine::accept_link`).
 struct Pending {
     link: Link,
+    credits: Credits,
     deadline: Instant,
 }
 
@@ -97,14 +98,14 @@ struct ShardState {
     pending: Vec<Pending>,
     closing: Vec<(Link, Instant)>,
     /// Accepted links whose hello names a session of this shard (moved from another).
-    incoming: Vec<(Link, Header)>,
+    incoming: Vec<(Link, Credits, Header)>,
     /// Events made outside a pass (close_session, a send to a session that just ended).
     queued: Vec<Event>,
     /// Shard 0: when the next pass looks for accepted connections (None: now). A look
     /// costs an accept(2) that fails, so a busy pass looks every [`ACCEPT_EVERY`]; the
     /// sleep watches the listener and asks for a look when it fires.
     next_accept: Option<Instant>,
-    /// The value of [`Core::restarts`] this shard last looked for stale sessions at.
+    /// The value of [`Core::restarts`] this shard last told its sessions of.
     restarts_seen: u64,
     /// Which sessions a pass looks at (the others are parked).
     park: Parking,
@@ -157,6 +158,8 @@ impl Drop for Wake {
 
 pub(crate) struct Core {
     settings: MsgrSettings,
+    /// What the session machines read of the settings.
+    rules: Rules,
     ctx: Context,
     bufs: Arc<Buffers>,
     dispatcher: super::guard::GuardedDispatcher,
@@ -176,8 +179,8 @@ pub(crate) struct Core {
     admit: Admission,
     /// Tests only ([`Core::connect_claiming`]): session id -> the peer id its hellos claim.
     claims: Mutex<HashMap<u64, u64>>,
-    /// Bumped when a newer incarnation appeared at an address: every shard then resets
-    /// the sessions of the older one ([`Core::reset_stale`]).
+    /// Bumped when a newer incarnation appeared at an address: every shard then tells
+    /// its sessions ([`Core::tell_incarnations`]; the machines of the older one's reset).
     restarts: AtomicU64,
     owner: OnceLock<Weak<Owner>>,
     me: OnceLock<Weak<Core>>,
@@ -253,6 +256,7 @@ impl Core {
         }
         let spin = settings.spin;
         let core = Arc::new(Core {
+            rules: Rules::from_settings(&settings),
             settings,
             ctx,
             bufs,
@@ -378,7 +382,7 @@ impl Core {
 
     fn add_totals(&self, s: &Session) {
         let mut t = self.totals.lock();
-        add_counters(&mut t, &s.counters);
+        add_counters(&mut t, &s.m.counters);
     }
 
     fn shard_of(&self, id: u64) -> Option<&Shard> {
@@ -432,10 +436,10 @@ impl Core {
             })?;
         let shard = self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len();
         let id = self.new_id(shard);
-        let mut s = Session::new(id, policy, false);
+        let m = Machine::new(self.rules, id, policy, false, Instant::now());
+        let mut s = Session::new(m);
         s.addr = Some(addr.to_string());
         s.peer = Some(peer);
-        s.backoff = Some(self.backoff(Instant::now()));
         {
             let mut st = self.shards[shard].st.lock();
             let st = &mut *st;
@@ -446,15 +450,9 @@ impl Core {
         Ok(SessionId(id))
     }
 
-    fn backoff(&self, now: Instant) -> Backoff {
-        let s = &self.settings;
-        Backoff::new(
-            now,
-            s.reconnect_min,
-            s.reconnect_max,
-            s.reconnect_timeout,
-            s.reconnect_attempts,
-        )
+    /// SGEs per send work request (as `Link::new` takes them).
+    fn max_sge(&self) -> usize {
+        (self.settings.max_send_sge as usize).max(2)
     }
 
     pub fn send(&self, s: SessionId, msg: OutMessage) -> std::result::Result<SendId, Refused> {
@@ -476,20 +474,21 @@ impl Core {
             let Some(sess) = st.sessions.get_mut(&s.0) else {
                 return Err(refuse(closed("send"), msg));
             };
-            if !msg.writes.is_empty() && sess.policy == Policy::Lossless {
-                return Err(refuse(
-                    Error::fixed(
-                        ErrorKind::InvalidArgument,
-                        "send: RDMA WRITEs before a message (OutMessage::writes) need a lossy \
-                         session: a lossless one would replay the message on a new connection \
-                         without them",
-                    ),
-                    msg,
-                ));
+            // The machine's checks before the payload is prepared (closed, WRITEs on a
+            // lossless session, the send-queue bound); `enqueue` checks again after.
+            let first = Shape {
+                msg_type: msg.msg_type,
+                imm: msg.imm,
+                bytes,
+                writes: msg.writes.len() as u32,
+                ..Shape::default()
+            };
+            if let Err(e) = sess.m.admit(&first) {
+                return Err(refuse(e, msg));
             }
             // The peer's advertised limits (its hello on the current or the last link):
             // what it would refuse, and end the session for, is refused here.
-            if let Some(l) = sess.link.as_ref().and_then(|l| l.conn.peer_limits()) {
+            if let Some(l) = sess.link().and_then(|l| l.conn.peer_limits()) {
                 sess.peer_limits = Some(MsgLimits::from_wire(l));
             }
             if let Some(peer) = sess.peer_limits {
@@ -501,25 +500,6 @@ impl Core {
                     );
                     return Err(refuse(e, msg));
                 }
-            }
-            if !sess.has_room(&self.settings, bytes) {
-                sess.refused = true;
-                sess.counters.full_refusals += 1;
-                return Err(refuse(
-                    Error::new(
-                        ErrorKind::Full,
-                        format!(
-                            "send: the session holds {} messages / {} bytes (bounds \
-                             msgr_send_queue_msgs {}, msgr_send_queue_bytes {}); retry after \
-                             on_send_ready",
-                            sess.held_msgs(),
-                            sess.held_bytes,
-                            self.settings.send_queue_msgs,
-                            self.settings.send_queue_bytes
-                        ),
-                    ),
-                    msg,
-                ));
             }
         }
         // Copies and registrations outside the lock.
@@ -565,7 +545,7 @@ impl Core {
                 }
             }
         }
-        let max_sge = self.settings.max_send_sge as usize;
+        let max_sge = self.max_sge();
         let need =
             usize::from(imm.is_none()) + writes.iter().map(|w| w.wrs(max_sge)).sum::<usize>();
         if need > self.settings.max_send_wr as usize / 2 {
@@ -582,24 +562,23 @@ impl Core {
                 back(front),
             ));
         }
-        let mut st = shard.st.lock();
-        let Some(sess) = st.sessions.get_mut(&s.0) else {
-            return Err(refuse(closed("send"), back(front)));
-        };
-        let seq = sess.next_seq;
-        sess.next_seq += 1;
-        sess.held_bytes += bytes;
-        sess.counters.copied_bytes += copied;
-        sess.waiting.push_back(OutMsg {
-            seq,
-            msg_type,
+        let out = OutMsg {
             front,
             segs,
             writes,
-            imm,
-            bytes,
-            replay: false,
-        });
+        };
+        let shape = out.shape(msg_type, imm, bytes, self.settings.eager_max, max_sge);
+        let mut st = shard.st.lock();
+        let Some(sess) = st.sessions.get_mut(&s.0) else {
+            return Err(refuse(closed("send"), back(out.front)));
+        };
+        // Checked again under this lock: another thread's send may have filled the queue
+        // meanwhile (or the session ended).
+        let seq = match sess.m.enqueue(out, shape) {
+            Ok(seq) => seq,
+            Err((out, e)) => return Err(refuse(e, back(out.front))),
+        };
+        sess.m.counters.copied_bytes += copied;
         let g = &mut *st;
         g.park.wake(&mut g.sessions, s.0);
         drop(st);
@@ -775,10 +754,10 @@ impl Core {
                 .iter()
                 .filter_map(|id| {
                     let s = st.sessions.get(id)?;
-                    if watching && s.quiet(now, &self.settings) {
+                    if watching && s.quiet(now) {
                         return None;
                     }
-                    let l = s.link.as_ref()?;
+                    let l = s.link()?;
                     armed.push(*id);
                     Some(l)
                 })
@@ -850,7 +829,7 @@ impl Core {
         }
         let links = armed
             .iter()
-            .filter_map(|id| st.sessions.get(id)?.link.as_ref())
+            .filter_map(|id| st.sessions.get(id)?.link())
             .chain(st.pending.iter().map(|p| &p.link));
         for l in links {
             if fired.contains(&l.conn.event_fd()) {
@@ -918,7 +897,7 @@ impl Core {
     fn pass(&self, i: usize) -> Vec<Event> {
         let now = Instant::now();
         let shard = &self.shards[i];
-        let mut moves: Vec<(usize, Link, Header)> = Vec::new();
+        let mut moves: Vec<(usize, Link, Credits, Header)> = Vec::new();
         let mut st = shard.st.lock();
         let mut ev = std::mem::take(&mut st.queued);
         if ev.capacity() == 0 {
@@ -936,7 +915,7 @@ impl Core {
             let g = &mut *st;
             for id in &g.park.active {
                 if let Some(sess) = g.sessions.get_mut(id) {
-                    self.send_queued(sess, now, &mut ev);
+                    self.send_queued(sess, now, &mut ev, &mut g.closing);
                 }
             }
         }
@@ -944,15 +923,14 @@ impl Core {
         // After the device's pass: the parked sessions it completed work for join this one.
         {
             let g = &mut *st;
-            g.park
-                .wake_due(&mut g.sessions, &shard.ready, now, &self.settings);
+            g.park.wake_due(&mut g.sessions, &shard.ready, now);
         }
         self.drive_pending(i, &mut st, now, &mut ev, &mut moves);
-        for (link, h) in std::mem::take(&mut st.incoming) {
-            self.attach_incoming(i, &mut st, link, &h, now, &mut ev);
+        for (link, credits, h) in std::mem::take(&mut st.incoming) {
+            self.attach_incoming(i, &mut st, link, credits, &h, now, &mut ev);
         }
         if self.restarts.load(Ordering::Acquire) != st.restarts_seen {
-            self.reset_stale(&mut st, &mut ev);
+            self.tell_incarnations(&mut st, now, &mut ev);
             let g = &mut *st;
             g.park.wake_all(&mut g.sessions);
         }
@@ -965,27 +943,27 @@ impl Core {
                 g.park.active.swap_remove(k); // closed by close_session
                 continue;
             };
-            if !sess.quiet(now, &self.settings) {
+            if !sess.quiet(now) {
                 sess.quiet_since = None;
-                self.drive_session(sess, now, &mut ev);
-            } else if sess.link.as_ref().is_some_and(|l| l.parkable) {
+                self.drive_session(sess, now, &mut ev, &mut g.closing);
+            } else if sess.link().is_some_and(|l| l.parkable) {
                 // Quiet for PARK_AFTER: passes skip it until a completion, its keepalive
                 // or a call wakes it.
                 let since = *sess.quiet_since.get_or_insert(now);
                 if now.saturating_duration_since(since) >= PARK_AFTER {
                     sess.quiet_since = None;
-                    g.park.park(k, sess, &self.settings);
+                    g.park.park(k, sess);
                     continue;
                 }
             }
-            ended |= sess.state == SessionState::Closed;
+            ended |= sess.m.state == SessionState::Closed;
             k += 1;
         }
         if ended {
             let gone: Vec<u64> = st
                 .sessions
                 .iter()
-                .filter(|(_, s)| s.state == SessionState::Closed)
+                .filter(|(_, s)| s.m.state == SessionState::Closed)
                 .map(|(&id, _)| id)
                 .collect();
             for id in gone {
@@ -1006,11 +984,11 @@ impl Core {
                 .last_event
                 .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
-        for (to, link, h) in moves {
+        for (to, link, credits, h) in moves {
             let Some(target) = self.shards.get(to) else {
                 continue;
             };
-            target.st.lock().incoming.push((link, h));
+            target.st.lock().incoming.push((link, credits, h));
             target.wake.signal();
         }
         ev
@@ -1025,10 +1003,10 @@ impl Core {
     }
 
     fn forget(&self, sess: &Session) {
-        if sess.incoming && sess.peer_id != 0 {
-            self.by_peer.lock().remove(&sess.peer_id);
+        if sess.m.incoming && sess.m.peer_id != 0 {
+            self.by_peer.lock().remove(&sess.m.peer_id);
         }
-        self.admit.forget(sess.id);
+        self.admit.forget(sess.id());
         self.add_totals(sess);
     }
 
@@ -1050,13 +1028,12 @@ impl Core {
                         release_slots(&self.bufs, slots);
                         continue;
                     }
-                    let link = Some(self.link_from(conn, slots));
-                    if let Some(link) = link {
-                        st.pending.push(Pending {
-                            link,
-                            deadline: now + HELLO_DEADLINE,
-                        });
-                    }
+                    let (link, credits) = self.link_from(conn, slots);
+                    st.pending.push(Pending {
+                        link,
+                        credits,
+                        deadline: now + HELLO_DEADLINE,
+                    });
                 }
                 Err(e) => {
                     log::debug!(target: "rdmx::msgr", "messenger: accept: {e}");
@@ -1068,20 +1045,21 @@ impl Core {
         found
     }
 
-    fn link_from(&self, conn: Connection, slots: Vec<RecvSlot>) -> Link {
+    /// A link over an accepted or made connection, and its credits (the receives the
+    /// on-connect hook posted).
+    fn link_from(&self, conn: Connection, slots: Vec<RecvSlot>) -> (Link, Credits) {
         let s = &self.settings;
-        let credits = Credits::new(slots.len() as u32, s.recv_window_min, s.recv_window);
+        let credits = self.rules.credits(slots.len() as u32);
         let mut link = Link::new(
             conn,
             slots,
             Arc::clone(&self.bufs.data),
             Arc::clone(&self.bufs.slots),
-            credits,
             s.max_send_wr as usize,
             s.max_send_sge as usize,
         );
         link.eager_write = s.eager_write;
-        link
+        (link, credits)
     }
 
     /// Accepted links waiting for their hello.
@@ -1091,7 +1069,7 @@ impl Core {
         st: &mut ShardState,
         now: Instant,
         ev: &mut Vec<Event>,
-        moves: &mut Vec<(usize, Link, Header)>,
+        moves: &mut Vec<(usize, Link, Credits, Header)>,
     ) {
         let pending = std::mem::take(&mut st.pending);
         for mut p in pending {
@@ -1099,8 +1077,12 @@ impl Core {
             let polled = p.link.poll(POLL_BUDGET, POLL_BUDGET, &mut out);
             let mut hello = None;
             for e in out {
+                if !matches!(e, LinkEvent::ReadDone) {
+                    p.credits.on_receive();
+                }
                 match e {
                     LinkEvent::Recv(r) if hello.is_none() && r.h.kind() == Some(Kind::Hello) => {
+                        p.credits.on_grant(r.h.credits);
                         hello = Some(r.h);
                     }
                     LinkEvent::Recv(_) | LinkEvent::Imm(_) => {
@@ -1115,9 +1097,9 @@ impl Core {
                 let owner = self.by_peer.lock().get(&h.aux).copied();
                 match owner {
                     Some(id) if (id & 0xff) as usize != shard => {
-                        moves.push(((id & 0xff) as usize, p.link, h));
+                        moves.push(((id & 0xff) as usize, p.link, p.credits, h));
                     }
-                    _ => self.attach_incoming(shard, st, p.link, &h, now, ev),
+                    _ => self.attach_incoming(shard, st, p.link, p.credits, &h, now, ev),
                 }
                 continue;
             }
@@ -1130,7 +1112,9 @@ impl Core {
                 self.admit.pending_done();
                 continue; // dropped: closes the connection
             }
-            let _ = p.link.replenish();
+            if let Ok(n) = p.link.replenish(p.credits.deficit()) {
+                p.credits.on_posted(n);
+            }
             st.pending.push(p);
         }
     }
@@ -1145,11 +1129,13 @@ impl Core {
     }
 
     /// An accepted link said hello: resume its session, or make a new one.
+    #[allow(clippy::too_many_arguments)]
     fn attach_incoming(
         &self,
         shard: usize,
         st: &mut ShardState,
         mut link: Link,
+        credits: Credits,
         h: &Header,
         now: Instant,
         ev: &mut Vec<Event>,
@@ -1178,7 +1164,7 @@ impl Core {
                 .insert((addr, auth_entity.clone()), inc);
             if prev.is_some_and(|p| p != inc) {
                 self.restarts.fetch_add(1, Ordering::AcqRel);
-                self.reset_stale(st, ev);
+                self.tell_incarnations(st, now, ev);
                 for (j, other) in self.shards.iter().enumerate() {
                     if j != shard {
                         other.wake.signal();
@@ -1186,13 +1172,18 @@ impl Core {
                 }
             }
         }
+        let open = |id: &u64| {
+            st.sessions
+                .get(id)
+                .is_some_and(|s| s.m.state != SessionState::Closed)
+        };
         let id = match known {
-            Some(id) if st.sessions.contains_key(&id) => id,
+            // (One that ended and is not removed yet stays ended: its peer is told so.)
+            Some(id) if open(&id) => id,
             _ if h.aux2 != 0 || h.aux == 0 => {
                 // The peer resumes a session we do not have (we restarted, or it ended
                 // here): say so (hello with no identity) and let the link go.
-                let mut r = Header::new(Kind::Hello);
-                let _ = link.send(&mut r, &[], Body::None);
+                let _ = link.send_bare(&mut Header::new(Kind::Hello));
                 st.closing.push((link, now + CLOSE_DRAIN));
                 return;
             }
@@ -1201,8 +1192,7 @@ impl Core {
                 let id = self.new_id(shard);
                 if !self.admit.try_session(id, auth_entity.as_deref(), ip) {
                     // Over a bound: said as for an unknown session (the peer resets it).
-                    let mut r = Header::new(Kind::Hello);
-                    let _ = link.send(&mut r, &[], Body::None);
+                    let _ = link.send_bare(&mut Header::new(Kind::Hello));
                     st.closing.push((link, now + CLOSE_DRAIN));
                     return;
                 }
@@ -1211,215 +1201,164 @@ impl Core {
                 } else {
                     Policy::Lossless
                 };
-                let mut s = Session::new(id, policy, true);
+                let mut s = Session::new(Machine::new(self.rules, id, policy, true, now));
                 s.peer = Some(link.conn.peer());
                 st.sessions.insert(id, s);
                 self.by_peer.lock().insert(h.aux, id);
                 id
             }
         };
-        let Some(sess) = st.sessions.get_mut(&id) else {
+        let g = &mut *st;
+        let Some(sess) = g.sessions.get_mut(&id) else {
             return;
         };
-        if sess.link.is_some() {
-            // The peer reconnected before this side noticed the old link died.
-            sess.counters.faults += 1;
-            sess.drop_link();
-        }
-        if sess.announced {
-            sess.counters.reconnects += 1;
-        }
-        sess.peer_id = h.aux;
         if entity.is_some() {
-            sess.peer_entity = entity;
+            sess.m.peer_entity = entity;
         }
-        link.hello_done = true;
+        // The peer reconnected before this side noticed the old link died: the machine
+        // faults it (`accept_link`), the link goes now.
+        if let Some((_, mut old)) = sess.link.take() {
+            sess.m.counters.rnr_naks += old.take_rnr();
+            drop(old);
+        }
         self.hook_link(&mut link, id);
-        sess.link = Some(link);
-        sess.on_ack(h.aux3, &self.settings, ev);
-        let mut r = Header::new(Kind::Hello);
-        r.aux = sess.id;
-        r.aux2 = sess.peer_id;
-        r.aux3 = sess.delivered;
-        if sess.policy == Policy::Lossy {
-            r.flags |= flags::LOSSY;
-        }
-        let sent = match sess.link.as_mut() {
-            Some(l) => l.send(&mut r, &[], Body::None),
-            None => Err(closed("hello")),
-        };
-        match sent {
-            Ok(()) => {
-                sess.acked_to_peer = sess.delivered;
-                sess.opened(ev);
-            }
-            Err(e) => self.fault(sess, e, now, ev),
-        }
+        let lid = sess.m.accept_link(now, credits, h);
+        sess.link = Some((lid, link));
+        sess.exec(now, ev, &mut g.closing);
+        sess.flush(now, ev, &mut g.closing);
         // A parked session whose peer reconnected first.
-        st.park.wake(&mut st.sessions, id);
+        g.park.wake(&mut g.sessions, id);
     }
 
-    /// Resets this shard's accepted sessions whose peer messenger was succeeded by another
-    /// incarnation at its address (it restarted: what it had not acknowledged is lost).
-    fn reset_stale(&self, st: &mut ShardState, ev: &mut Vec<Event>) {
+    /// Tells this shard's accepted sessions the latest incarnation at their peer
+    /// messenger's address: the machine of a session whose peer was succeeded by another
+    /// incarnation resets it (it restarted: what it had not acknowledged is lost).
+    fn tell_incarnations(&self, st: &mut ShardState, now: Instant, ev: &mut Vec<Event>) {
         st.restarts_seen = self.restarts.load(Ordering::Acquire);
         let latest = self.entities.lock();
-        for sess in st.sessions.values_mut() {
-            let Some((addr, inc)) = sess.peer_entity else {
+        let g = &mut *st;
+        for sess in g.sessions.values_mut() {
+            let Some((addr, _)) = sess.m.peer_entity else {
                 continue;
             };
-            let Some(&now_inc) = latest.get(&(addr, self.admit.entity(sess.id))) else {
+            let Some(&inc) = latest.get(&(addr, self.admit.entity(sess.id()))) else {
                 continue;
             };
-            if sess.state == SessionState::Closed || now_inc == inc {
-                continue;
+            if sess.m.on_peer_incarnation(addr, inc) {
+                sess.exec(now, ev, &mut g.closing);
             }
-            let e = Error::new(
-                ErrorKind::Closed,
-                format!(
-                    "the peer messenger at {addr} restarted (a new incarnation connected): \
-                     session reset"
-                ),
-            );
-            self.end(sess, e, true, ev);
         }
     }
 
-    /// Connection attempts, polling, protocol steps, timers of one session.
-    /// The first step of a session's pass: a reconnect step without a link, and the
-    /// messages queued since the last pass, posted before the device's progress pass.
-    fn send_queued(&self, sess: &mut Session, now: Instant, ev: &mut Vec<Event>) {
-        if sess.state == SessionState::Closed {
+    /// The first step of a session's pass, before the device's progress pass: without a
+    /// link, its timers and connection attempt; with one, the messages queued since the
+    /// last pass go out (with what else the pass has to do).
+    fn send_queued(
+        &self,
+        sess: &mut Session,
+        now: Instant,
+        ev: &mut Vec<Event>,
+        closing: &mut Vec<(Link, Instant)>,
+    ) {
+        if sess.m.state == SessionState::Closed {
             return;
         }
         if sess.link.is_none() {
-            self.reconnect_step(sess, now, ev);
+            self.connect_step(sess, now, ev, closing);
         }
-        if sess.link.is_none() || sess.waiting.is_empty() {
+        if sess.link.is_none() || sess.m.queued() == 0 {
             return;
         }
-        if let Err(e) = sess.pump(now, &self.settings, &self.bufs.data, ev) {
-            self.fail(sess, e, now, ev);
-        }
+        sess.step(now, &self.bufs.data, ev, closing);
     }
 
     /// The rest of a session's pass, after the device's progress pass: its link's
-    /// completions, then the protocol steps.
-    fn drive_session(&self, sess: &mut Session, now: Instant, ev: &mut Vec<Event>) {
-        if sess.state == SessionState::Closed || sess.link.is_none() {
+    /// completions fed to the machine, then the protocol steps.
+    fn drive_session(
+        &self,
+        sess: &mut Session,
+        now: Instant,
+        ev: &mut Vec<Event>,
+        closing: &mut Vec<(Link, Instant)>,
+    ) {
+        if sess.m.state == SessionState::Closed {
             return;
         }
+        let Some((lid, link)) = sess.link.as_mut() else {
+            return;
+        };
+        let lid = *lid;
         let mut out = Vec::new();
-        let mut result = sess
-            .link
-            .as_mut()
-            .map_or(Ok(0), |l| {
-                l.poll(POLL_BUDGET, self.settings.rx_batch, &mut out)
-            })
-            .map(|_| ());
+        if let Err(e) = link.poll(POLL_BUDGET, self.settings.rx_batch, &mut out) {
+            // The link faults: what came with it is stale to the machine (dropped here,
+            // replayed by the peer).
+            sess.m.on_link_error(now, lid, e);
+        }
         for e in out {
-            if result.is_err() {
-                // The link is faulting: what came with it is dropped (and replayed).
-                self.discard(e);
-                continue;
-            }
-            result = sess.on_link_event(e, &self.settings, ev);
+            sess.on_link_event(now, lid, e, &self.settings, &self.bufs.data);
         }
-        if result.is_ok() {
-            result = sess.pump(now, &self.settings, &self.bufs.data, ev);
-        }
-        if let Err(e) = result {
-            self.fail(sess, e, now, ev);
-        }
+        sess.exec(now, ev, closing);
+        sess.step(now, &self.bufs.data, ev, closing);
     }
 
-    /// A step of the session failed: malformed input counted, then a fault.
-    fn fail(&self, sess: &mut Session, e: Error, now: Instant, ev: &mut Vec<Event>) {
-        if e.kind() == ErrorKind::InvalidValue {
-            sess.counters.malformed += 1;
+    /// A session without a link: the machine's timers (a reconnect attempt due, the
+    /// accepting side's give-up), the attempt it asked for started, and one under way
+    /// looked at: its connection becomes the session's link, and the hello goes on it.
+    fn connect_step(
+        &self,
+        sess: &mut Session,
+        now: Instant,
+        ev: &mut Vec<Event>,
+        closing: &mut Vec<(Link, Instant)>,
+    ) {
+        sess.m.handle_timeout(now);
+        sess.exec(now, ev, closing);
+        if std::mem::take(&mut sess.want_connect)
+            && let Some(addr) = sess.addr.clone()
+        {
+            sess.attempt = Some(self.spawn_attempt(addr, sess.id()));
         }
-        self.fault(sess, e, now, ev);
-    }
-
-    /// Lossless connecting side without a link: attempts with backoff; the accepting
-    /// side waits, within the budget.
-    fn reconnect_step(&self, sess: &mut Session, now: Instant, ev: &mut Vec<Event>) {
-        if sess.incoming {
-            if let Some(since) = sess.down_since
-                && now.saturating_duration_since(since) >= self.settings.reconnect_timeout * 2
-            {
-                let e = Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "the peer did not reconnect within {:?}",
-                        self.settings.reconnect_timeout * 2
-                    ),
-                );
-                self.end(sess, e, true, ev);
+        let Some(rx) = &sess.attempt else { return };
+        let r = match rx.try_recv() {
+            Err(mpsc::TryRecvError::Empty) => return,
+            Err(mpsc::TryRecvError::Disconnected) => Err(closed("connect")),
+            Ok(r) => r,
+        };
+        sess.attempt = None;
+        if sess.m.state == SessionState::Closed {
+            if let Ok((conn, slots)) = r {
+                drop(conn);
+                release_slots(&self.bufs, slots);
             }
             return;
         }
-        if let Some(rx) = &sess.attempt {
-            match rx.try_recv() {
-                Err(mpsc::TryRecvError::Empty) => return,
-                Ok(Ok((conn, slots))) => {
-                    sess.attempt = None;
-                    self.admit.set_outgoing(sess.id, conn.peer_entity());
-                    let mut link = self.link_from(conn, slots);
-                    let mut h = Header::new(Kind::Hello);
-                    h.aux = self.claims.lock().get(&sess.id).copied().unwrap_or(sess.id);
-                    h.aux2 = sess.peer_id;
-                    h.aux3 = sess.delivered;
-                    // Who we are across restarts: our incarnation and listening port
-                    // (fields a hello does not otherwise use).
-                    h.seq = self.incarnation;
-                    h.msg_type = self
-                        .listener
-                        .lock()
-                        .as_ref()
-                        .map_or(0, |l| l.local_addr().port());
-                    if sess.policy == Policy::Lossy {
-                        h.flags |= flags::LOSSY;
-                    }
-                    match link.send(&mut h, &[], Body::None) {
-                        Ok(()) => {
-                            if sess.peer_id != 0 {
-                                sess.counters.reconnects += 1;
-                            }
-                            sess.acked_to_peer = sess.delivered;
-                            self.hook_link(&mut link, sess.id);
-                            sess.link = Some(link);
-                        }
-                        Err(e) => self.attempt_failed(sess, e, now, ev),
-                    }
-                    return;
-                }
-                Ok(Err(e)) => {
-                    sess.attempt = None;
-                    self.attempt_failed(sess, e, now, ev);
-                    return;
-                }
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    sess.attempt = None;
-                    self.attempt_failed(sess, closed("connect"), now, ev);
-                    return;
-                }
+        let (conn, slots) = match r {
+            Ok(c) => c,
+            Err(e) => {
+                log::debug!(target: "rdmx::msgr", "session {:#x}: connect attempt failed: {e}", sess.id());
+                sess.m.attempt_failed(now, e);
+                sess.exec(now, ev, closing);
+                return;
             }
-        }
-        let due = sess.backoff.as_ref().is_some_and(|b| b.next_at <= now);
-        if due && let Some(addr) = sess.addr.clone() {
-            sess.attempt = Some(self.spawn_attempt(addr, sess.id));
-        }
-    }
-
-    fn attempt_failed(&self, sess: &mut Session, e: Error, now: Instant, ev: &mut Vec<Event>) {
-        log::debug!(target: "rdmx::msgr", "session {:#x}: connect attempt failed: {e}", sess.id);
-        let lossy_first = sess.policy == Policy::Lossy;
-        let more = !lossy_first && sess.backoff.as_mut().is_some_and(|b| b.failed(now));
-        if !more {
-            let e = Error::new(e.kind(), format!("connecting gave up: {e}"));
-            self.end(sess, e, true, ev);
-        }
+        };
+        self.admit.set_outgoing(sess.id(), conn.peer_entity());
+        let (mut link, credits) = self.link_from(conn, slots);
+        self.hook_link(&mut link, sess.id());
+        let id = HelloId {
+            claimed: self.claims.lock().get(&sess.id()).copied(),
+            incarnation: self.incarnation,
+            port: self
+                .listener
+                .lock()
+                .as_ref()
+                .map_or(0, |l| l.local_addr().port()),
+        };
+        let lid = sess.m.link_up(now, credits, id);
+        sess.link = Some((lid, link));
+        // The hello goes at once (a link that cannot take it is a failed attempt: the
+        // machine's fault before the hello's answer).
+        sess.exec(now, ev, closing);
+        sess.flush(now, ev, closing);
     }
 
     /// Connects on a helper thread (setup blocks up to the handshake timeout).
@@ -1472,45 +1411,6 @@ impl Core {
         rx
     }
 
-    /// A transport fault on the session's link.
-    fn fault(&self, sess: &mut Session, e: Error, now: Instant, ev: &mut Vec<Event>) {
-        sess.counters.faults += 1;
-        if let Some(l) = sess.link.as_mut() {
-            sess.counters.rnr_naks += l.take_rnr();
-            sess.counters.send_completions += std::mem::take(&mut l.send_wcs);
-            sess.counters.partial_posts += std::mem::take(&mut l.partial_posts);
-        }
-        log::debug!(target: "rdmx::msgr", "session {:#x}: fault: {e}", sess.id);
-        sess.drop_link();
-        // A message over this side's limits would only come again on the next connection
-        // (replay): the session ends.
-        let reset = e.kind() == ErrorKind::ResourceLimit
-            || e.kind() == ErrorKind::Closed
-                && (e.message().contains("restarted")
-                    || e.message().contains("closed the session"));
-        if reset || sess.policy == Policy::Lossy {
-            self.end(sess, e, true, ev);
-            return;
-        }
-        sess.state = SessionState::Reconnecting;
-        if sess.incoming {
-            sess.down_since.get_or_insert(now);
-        } else if sess.backoff.is_none() {
-            sess.backoff = Some(self.backoff(now));
-        }
-    }
-
-    /// Ends the session: every held send fails, then (if `reset`) on_reset.
-    fn end(&self, sess: &mut Session, e: Error, reset: bool, ev: &mut Vec<Event>) {
-        sess.drop_link();
-        sess.attempt = None;
-        sess.fail_all(&e, ev);
-        sess.state = SessionState::Closed;
-        if reset {
-            ev.push(Event::Reset(sess.sid(), e));
-        }
-    }
-
     pub fn close_session(&self, s: SessionId) -> Result<()> {
         self.close_with(s, None)
     }
@@ -1524,18 +1424,13 @@ impl Core {
             .sessions
             .remove(&s.0)
             .ok_or_else(|| closed("close_session"))?;
-        if let Some(mut l) = sess.link.take() {
-            if l.hello_done && l.credits.can_send_control() {
-                let mut h = Header::new(Kind::Bye);
-                h.ack = sess.delivered;
-                let _ = l.send(&mut h, &[], Body::None);
-            }
-            st.closing.push((l, Instant::now() + CLOSE_DRAIN));
+        match reset {
+            Some(e) => sess.m.close_for(e),
+            None => sess.m.close(),
         }
         let mut ev = Vec::new();
-        let is_reset = reset.is_some();
-        let e = reset.unwrap_or_else(|| Error::fixed(ErrorKind::Closed, "the session was closed"));
-        self.end(&mut sess, e, is_reset, &mut ev);
+        sess.exec(Instant::now(), &mut ev, &mut st.closing);
+        sess.link = None;
         st.queued.extend(ev);
         self.forget(&sess);
         drop(st);
@@ -1583,7 +1478,7 @@ impl Core {
             active += st.sessions.values().filter(|s| s.active).count();
             missed += st.park.missed_wakes;
             for sess in st.sessions.values() {
-                add_counters(&mut totals, &sess.counters);
+                add_counters(&mut totals, &sess.m.counters);
             }
         }
         let hs = self
@@ -1626,7 +1521,7 @@ impl Core {
         let link = st
             .sessions
             .get_mut(&s.0)
-            .and_then(|s| s.link.as_mut())
+            .and_then(|s| s.link.as_mut().map(|(_, l)| l))
             .ok_or_else(|| Error::fixed(ErrorKind::Closed, "inject_fault: no connection now"))?;
         match fault {
             Fault::SideChannelClose => link.conn.inject_side_channel_close(),

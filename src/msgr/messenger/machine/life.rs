@@ -172,7 +172,16 @@ impl<M> Machine<M> {
         self.state = SessionState::Reconnecting;
         if self.incoming {
             self.down_since.get_or_insert(now);
-        } else if self.backoff.is_none() {
+        } else if let Some(b) = self.backoff.as_mut() {
+            // The link failed before the peer answered its hello (the session did not open
+            // on it, or its hello could not be posted): a failed attempt, within the
+            // budget, not a free one at once (an acceptor that takes connections and drops
+            // them would be hammered for ever).
+            if !b.failed(now) {
+                let e = Error::new(e.kind(), format!("connecting gave up: {e}"));
+                self.end(e, true);
+            }
+        } else {
             self.backoff = Some(self.rules.backoff(now));
         }
     }

@@ -1,7 +1,6 @@
-//! The decisions the machine makes, as pure functions of what they read. The machine
-//! applies them; the messenger's current driver (`session.rs`, `link.rs`), whose port to
-//! the machine is under way (`docs/messenger-machine.md`), calls the same functions, so
-//! each of these rules is written once.
+//! The decisions the machine makes, as pure functions of what they read (each tested on
+//! literal inputs below). The machine applies them; the driver (`session.rs`, `link.rs`)
+//! only carries out what the machine decided with them.
 
 use crate::msgr::messenger::wire::{GRANT_LEN, Header, Kind, SLOT, flags};
 

@@ -114,6 +114,16 @@ impl<M> Machine<M> {
     /// resets at once instead of waiting), the link drains and closes, held sends fail
     /// with `Closed`; no `Reset`.
     pub fn close(&mut self) {
+        self.shut(None);
+    }
+
+    /// The driver ends the session for `e` (a callback of it panicked): as
+    /// [`Machine::close`], but held sends fail with `e` and `Reset(e)` follows.
+    pub fn close_for(&mut self, e: Error) {
+        self.shut(Some(e));
+    }
+
+    fn shut(&mut self, reset: Option<Error>) {
         if self.state == SessionState::Closed {
             return;
         }
@@ -138,9 +148,8 @@ impl<M> Machine<M> {
                 drain: true,
             });
         }
-        self.end(
-            Error::fixed(ErrorKind::Closed, "the session was closed"),
-            false,
-        );
+        let is_reset = reset.is_some();
+        let e = reset.unwrap_or_else(|| Error::fixed(ErrorKind::Closed, "the session was closed"));
+        self.end(e, is_reset);
     }
 }

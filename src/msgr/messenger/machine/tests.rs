@@ -460,6 +460,41 @@ fn reconnect_backs_off_and_gives_up() {
 }
 
 #[test]
+fn a_link_lost_before_the_hello_answer_is_a_failed_attempt() {
+    let t0 = Instant::now();
+    let mut r = rules();
+    r.reconnect_attempts = 2;
+    let mut a: Machine<u32> = Machine::new(r, 0x100, Policy::Lossless, false, t0);
+    a.handle_timeout(t0);
+    assert!(matches!(actions(&mut a)[..], [Action::Connect]));
+    let lid = a.link_up(t0, r.credits(4), HelloId::default());
+    actions(&mut a);
+    // The acceptor took the connection and dropped it without answering.
+    a.on_link_error(t0, lid, Error::fixed(ErrorKind::Closed, "side channel EOF"));
+    actions(&mut a);
+    assert_eq!(a.state, SessionState::Reconnecting);
+    assert_eq!(
+        a.poll_timeout(),
+        Some(t0 + ms(10)),
+        "backed off, not at once"
+    );
+    a.handle_timeout(t0 + ms(10));
+    assert!(matches!(actions(&mut a)[..], [Action::Connect]));
+    let lid = a.link_up(t0 + ms(10), r.credits(4), HelloId::default());
+    actions(&mut a);
+    a.on_link_error(
+        t0 + ms(10),
+        lid,
+        Error::fixed(ErrorKind::Closed, "side channel EOF"),
+    );
+    assert!(
+        has_reset(&actions(&mut a)),
+        "the budget of 2 attempts is spent"
+    );
+    assert_eq!(a.state, SessionState::Closed);
+}
+
+#[test]
 fn close_sends_a_bye_and_fails_held_sends_without_reset() {
     let t0 = Instant::now();
     let (mut a, lid, _) = open_connector(Policy::Lossless, t0, 2);
@@ -473,6 +508,29 @@ fn close_sends_a_bye_and_fails_held_sends_without_reset() {
     );
     assert_eq!(done(&acts), vec![(1, false)]);
     assert!(!has_reset(&acts));
+}
+
+#[test]
+fn close_for_an_error_says_bye_and_resets_with_it() {
+    let t0 = Instant::now();
+    let (mut a, lid, _) = open_connector(Policy::Lossless, t0, 2);
+    a.enqueue(1, shape()).unwrap();
+    a.close_for(Error::fixed(ErrorKind::Io, "on_message panicked"));
+    let acts = actions(&mut a);
+    assert_eq!(posted(&acts)[0].kind(), Some(Kind::Bye));
+    assert!(
+        acts.iter()
+            .any(|x| matches!(x, Action::CloseLink { link, drain: true } if *link == lid))
+    );
+    assert_eq!(done(&acts), vec![(1, false)]);
+    let why = acts.iter().find_map(|x| match x {
+        Action::Notify(Notice::Reset(e)) => Some(e.kind()),
+        _ => None,
+    });
+    assert_eq!(why, Some(ErrorKind::Io));
+    assert_eq!(a.state, SessionState::Closed);
+    a.close();
+    assert!(actions(&mut a).is_empty(), "closing twice does nothing");
 }
 
 #[test]
