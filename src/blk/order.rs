@@ -158,16 +158,17 @@ mod tests {
     fn partial_overlaps_count_and_touching_ranges_do_not() {
         let mut o = WriteOrder::new();
         assert_eq!(o.submit(1, 4 * K, 4 * K), Admit::Go); // [16K, 32K)
-        assert_eq!(o.submit(2, 7 * K, 2 * K), Admit::Held); // overlaps the tail
-        assert_eq!(o.submit(3, 2 * K, 3 * K), Admit::Held); // overlaps the head
-        assert_eq!(o.submit(4, 8 * K, K), Admit::Go); // touches the end only
-        assert_eq!(o.submit(5, 3 * K, K), Admit::Go); // touches the start only
-        // Write 1 done: 2 ([28K,36K)) still overlaps 4 ([32K,36K)); 3 ([8K,20K)) overlaps
-        // 5 ([12K,16K)).
-        assert_eq!(o.complete(1), Vec::<u64>::new());
-        assert_eq!(o.complete(5), vec![3]);
-        assert_eq!(o.complete(4), vec![2]);
-        assert_eq!(o.held(), 0);
+        assert_eq!(o.submit(2, 6 * K, K), Admit::Held); // inside it
+        assert_eq!(o.submit(3, 3 * K, 2 * K), Admit::Held); // overlaps its head
+        assert_eq!(o.submit(4, 8 * K, K), Admit::Go); // touches its end only
+        assert_eq!(o.submit(5, 2 * K, K), Admit::Go); // touches held 3's start only
+        assert_eq!(o.submit(6, 5 * K, K), Admit::Held); // inside 1, touching 2 and 3
+        // Write 1 done: 2, 3 and 6 only touch each other and 4, 5: all go, in order.
+        assert_eq!(o.complete(1), vec![2, 3, 6]);
+        for id in [2, 3, 4, 5, 6] {
+            assert_eq!(o.complete(id), Vec::<u64>::new());
+        }
+        assert_eq!((o.outstanding(), o.held()), (0, 0));
     }
 
     /// Held writes that overlap each other leave in submission order, one at a time.
