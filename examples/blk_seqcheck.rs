@@ -66,8 +66,14 @@ fn config(sets: &[String]) -> Result<Config, String> {
 
 fn open(paths: &str, volume: &str, sets: &[String]) -> Result<BlkPaths, String> {
     let list: Vec<&str> = paths.split(',').filter(|s| !s.is_empty()).collect();
-    BlkPaths::open(&config(sets)?, &list, volume, Mode::Rpc, Duration::from_secs(10))
-        .map_err(|e| format!("open {volume} over {paths}: {e}"))
+    BlkPaths::open(
+        &config(sets)?,
+        &list,
+        volume,
+        Mode::Rpc,
+        Duration::from_secs(10),
+    )
+    .map_err(|e| format!("open {volume} over {paths}: {e}"))
 }
 
 fn aligned(blocks: usize) -> Vec<u8> {
@@ -104,7 +110,14 @@ fn print_paths(c: &BlkPaths) {
     }
 }
 
-fn write(paths: &str, volume: &str, blocks: u64, secs: u64, log: &str, sets: &[String]) -> Result<bool, String> {
+fn write(
+    paths: &str,
+    volume: &str,
+    blocks: u64,
+    secs: u64,
+    log: &str,
+    sets: &[String],
+) -> Result<bool, String> {
     // The buffers are declared before the client: dropped after it (its connections closed
     // first) on every return.
     let mut mem = aligned(QD);
@@ -138,7 +151,10 @@ fn write(paths: &str, volume: &str, blocks: u64, secs: u64, log: &str, sets: &[S
     let mut done = Vec::new();
     loop {
         let now = Instant::now();
-        assert!(now < hard_end, "IO did not drain within 120 s after the run");
+        assert!(
+            now < hard_end,
+            "IO did not drain within 120 s after the run"
+        );
         if now < end {
             let mut reqs = Vec::new();
             for (i, s) in slots.iter_mut().enumerate() {
@@ -202,7 +218,13 @@ fn write(paths: &str, volume: &str, blocks: u64, secs: u64, log: &str, sets: &[S
     Ok(failed == 0)
 }
 
-fn check(paths: &str, volume: &str, blocks: u64, log: &str, sets: &[String]) -> Result<bool, String> {
+fn check(
+    paths: &str,
+    volume: &str,
+    blocks: u64,
+    log: &str,
+    sets: &[String],
+) -> Result<bool, String> {
     // The log: per block, the last acknowledged seq, every acknowledged seq, failed seqs.
     let f = std::fs::File::open(log).map_err(|e| format!("{log}: {e}"))?;
     let mut last: HashMap<u64, u64> = HashMap::new();
@@ -214,7 +236,10 @@ fn check(paths: &str, volume: &str, blocks: u64, log: &str, sets: &[String]) -> 
         let (Some(kind), Some(b), Some(s)) = (w.next(), w.next(), w.next()) else {
             continue;
         };
-        let (b, s): (u64, u64) = (b.parse().map_err(|_| line.clone())?, s.parse().map_err(|_| line.clone())?);
+        let (b, s): (u64, u64) = (
+            b.parse().map_err(|_| line.clone())?,
+            s.parse().map_err(|_| line.clone())?,
+        );
         match kind {
             "A" => {
                 let l = last.entry(b).or_insert(0);

@@ -6,9 +6,7 @@
 //! `io_fail_timeout_ms`. Every wait is bounded.
 
 use rdmx::blk::target::{Target, VolumeSpec};
-use rdmx::blk::{
-    BlkPaths, Completion, Mode, Op, PathEventKind, PathPolicy, PathState, Req,
-};
+use rdmx::blk::{BlkPaths, Completion, Mode, Op, PathEventKind, PathPolicy, PathState, Req};
 use rdmx::config::Config;
 use rdmx::error::ErrorKind;
 use std::path::PathBuf;
@@ -145,12 +143,21 @@ impl Load {
 
     /// Runs until `ios` more IOs completed, with `hook` called after each poll with the
     /// number completed so far in this call.
-    fn run(&mut self, c: &mut BlkPaths, ios: u64, qd: usize, mut hook: impl FnMut(u64, &mut BlkPaths)) {
+    fn run(
+        &mut self,
+        c: &mut BlkPaths,
+        ios: u64,
+        qd: usize,
+        mut hook: impl FnMut(u64, &mut BlkPaths),
+    ) {
         let start = self.done;
         let end = Instant::now() + Duration::from_secs(60);
         let mut out = Vec::new();
         while self.done - start < ios {
-            assert!(Instant::now() < end, "the workload did not finish within 60 s");
+            assert!(
+                Instant::now() < end,
+                "the workload did not finish within 60 s"
+            );
             let inflight = self.busy.iter().filter(|b| b.is_some()).count();
             let mut reqs = Vec::new();
             for _ in inflight..qd {
@@ -185,7 +192,9 @@ impl Load {
             c.poll(&mut out, 1, 64, Duration::from_millis(50)).unwrap();
             for d in &out {
                 let b = d.cookie as usize;
-                let (op, v) = self.busy[b].take().expect("a completion for a block in flight");
+                let (op, v) = self.busy[b]
+                    .take()
+                    .expect("a completion for a block in flight");
                 self.done += 1;
                 if d.status != 0 {
                     self.errors.push(*d);
@@ -206,7 +215,10 @@ impl Load {
         let end = Instant::now() + T;
         let mut out = Vec::new();
         while self.busy.iter().any(|b| b.is_some()) {
-            assert!(Instant::now() < end, "IO in flight did not complete within {T:?}");
+            assert!(
+                Instant::now() < end,
+                "IO in flight did not complete within {T:?}"
+            );
             out.clear();
             c.poll(&mut out, 1, 64, Duration::from_millis(50)).unwrap();
             for d in &out {
@@ -241,7 +253,10 @@ impl Load {
         let mut out = Vec::new();
         let end = Instant::now() + T;
         while out.len() < BLOCKS {
-            assert!(Instant::now() < end, "read-back did not complete within {T:?}");
+            assert!(
+                Instant::now() < end,
+                "read-back did not complete within {T:?}"
+            );
             c.poll(&mut out, 1, 64, Duration::from_millis(50)).unwrap();
         }
         for d in &out {
@@ -292,10 +307,15 @@ fn standby_a_stopped_target_costs_no_error_and_loses_no_write() {
     assert_eq!(p1.counters.reissued, c.failover_counters().reissued);
     let ev = c.take_events();
     assert!(
-        ev.iter().any(|e| e.path == 0 && matches!(e.kind, PathEventKind::Down(_))),
+        ev.iter()
+            .any(|e| e.path == 0 && matches!(e.kind, PathEventKind::Down(_))),
         "{ev:?}"
     );
-    assert!(ev.iter().any(|e| e.path == 1 && e.kind == PathEventKind::Active), "{ev:?}");
+    assert!(
+        ev.iter()
+            .any(|e| e.path == 1 && e.kind == PathEventKind::Active),
+        "{ev:?}"
+    );
     assert_eq!(c.failover_counters().io_timeouts, 0);
 }
 
@@ -332,7 +352,11 @@ fn a_path_rejoins_and_takes_the_io_back() {
     let end = Instant::now() + T;
     let before = c.path_status(0).unwrap().counters.issued;
     while c.path_status(0).unwrap().counters.issued == before {
-        assert!(Instant::now() < end, "path 0 did not rejoin: {:?}", c.path_status(0));
+        assert!(
+            Instant::now() < end,
+            "path 0 did not rejoin: {:?}",
+            c.path_status(0)
+        );
         load.run(&mut c, 8, 8, |_, _| {});
     }
     let p0 = c.path_status(0).unwrap();
@@ -435,7 +459,13 @@ fn bad_opens_are_refused_clearly() {
     load.verify_all(&mut c);
     assert!(load.errors.is_empty());
     // No path at all.
-    let e = BlkPaths::open(&c0, &[dead.as_str()], "f0", Mode::Rpc, Duration::from_secs(2))
-        .unwrap_err();
+    let e = BlkPaths::open(
+        &c0,
+        &[dead.as_str()],
+        "f0",
+        Mode::Rpc,
+        Duration::from_secs(2),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("no path opened it"), "{e}");
 }

@@ -14,7 +14,9 @@ pub mod proto;
 pub mod target;
 
 pub use client::{BlkClient, BlkCounters, Completion, Mode, Req, VolumeInfo};
-pub use paths::{BlkPaths, PathCounters, PathEvent, PathEventKind, PathPolicy, PathState, PathStatus};
+pub use paths::{
+    BlkPaths, PathCounters, PathEvent, PathEventKind, PathPolicy, PathState, PathStatus,
+};
 pub use proto::Op;
 pub use target::{Target, VolumeSpec};
 

@@ -168,6 +168,11 @@ struct Path {
     outstanding: usize,
     /// When it last completed an IO successfully, or came up.
     last_ok: Instant,
+    /// IOs its client failed as in doubt (session ended) since it came up, and how long it
+    /// had then gone without a successful completion (at the first of them): reported when
+    /// the path is declared down.
+    lost: usize,
+    lost_after: Option<Duration>,
     /// Completions taken from its client while waiting, not yet processed.
     got: Vec<Completion>,
 }
@@ -207,7 +212,10 @@ pub struct BlkPaths {
 impl std::fmt::Debug for BlkPaths {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BlkPaths")
-            .field("paths", &self.paths.iter().map(|p| &p.addr).collect::<Vec<_>>())
+            .field(
+                "paths",
+                &self.paths.iter().map(|p| &p.addr).collect::<Vec<_>>(),
+            )
             .field("policy", &self.policy)
             .field("info", &self.info)
             .finish_non_exhaustive()
@@ -307,6 +315,8 @@ impl BlkPaths {
                 last_detect: None,
                 outstanding: 0,
                 last_ok: now,
+                lost: 0,
+                lost_after: None,
                 got: Vec::new(),
             });
         }
@@ -438,6 +448,8 @@ impl BlkPaths {
         path.state = PathState::Up;
         path.backoff = self.retry_min;
         path.last_ok = now;
+        path.lost = 0;
+        path.lost_after = None;
         if path.counters.failures > 0 {
             path.counters.rejoins += 1;
             log::warn!("rdmx blk: path {} rejoined", path.addr);
@@ -591,6 +603,9 @@ impl BlkPaths {
         if session_ended {
             io.reissues += 1;
             path.counters.failed_over += 1;
+            path.lost += 1;
+            path.lost_after
+                .get_or_insert_with(|| path.last_ok.elapsed());
             reissue.push(id);
             return;
         }
@@ -656,8 +671,11 @@ impl BlkPaths {
                 reissue.push(id);
             }
         }
-        path.last_detect = (path.outstanding > 0 || !reissue.is_empty())
-            .then(|| now.duration_since(path.last_ok));
+        let moved = path.lost + reissue.len();
+        path.last_detect = path.lost_after.take().or_else(|| {
+            (path.outstanding > 0 || !reissue.is_empty()).then(|| now.duration_since(path.last_ok))
+        });
+        path.lost = 0;
         path.outstanding = 0;
         path.state = PathState::Down;
         path.counters.failures += 1;
@@ -669,9 +687,12 @@ impl BlkPaths {
             "rdmx blk: path {} down ({why}){}; {} IOs re-issued on other paths",
             path.addr,
             path.last_detect
-                .map(|d| format!(" after {:.1} ms without a completion", d.as_secs_f64() * 1e3))
+                .map(|d| format!(
+                    " after {:.1} ms without a completion",
+                    d.as_secs_f64() * 1e3
+                ))
                 .unwrap_or_default(),
-            reissue.len()
+            moved
         );
         push_event(
             &mut self.events,
@@ -765,7 +786,10 @@ impl BlkPaths {
             .collect();
         for p in holding {
             let t = self.io_fail_timeout;
-            self.path_down(p, format!("no answer for io_fail_timeout_ms ({} ms)", t.as_millis()));
+            self.path_down(
+                p,
+                format!("no answer for io_fail_timeout_ms ({} ms)", t.as_millis()),
+            );
         }
         log::error!(
             "rdmx blk: volume '{}': {} IOs failed: no path answered for {} ms",
