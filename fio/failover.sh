@@ -169,7 +169,7 @@ for ev in $EVENTS; do
       ${setstr:+--set="$setstr"} --rw=randrw --rwmixread=70 --bs=4k --iodepth=16 \
       --iodepth_batch_submit=4 --iodepth_batch_complete_min=1 --time_based=1 --runtime="$DUR" \
       --verify=crc32c --verify_backlog=1024 --verify_fatal=0 --verify_state_save=0 \
-      --write_lat_log="$work/lat-$case_id" --log_avg_msec=0 &
+      --write_lat_log="$work/lat-$case_id" --log_avg_msec=0 >"$work/fio-$case_id.log" 2>&1 &
     fpid=$!
     PIDS+=("$fpid")
     seq_sets=("${sets[@]}")
@@ -213,8 +213,11 @@ EOF
     ioerr=$(grep -oE 'err= *[0-9]+' "$fout" | grep -oE '[0-9]+' | head -n1 || true)
     [ -n "$ioerr" ] || ioerr=unknown
     verr=$(grep -ciE 'verify: bad|crc32c: verify failed|bad magic' "$fout" || true)
-    reiss=$(sed -n 's/.*rdmx: paths [0-9]* reissued \([0-9]*\).*/\1/p' "$fout" | head -n1)
-    det=$(sed -n 's/.*rdmx: path 0 .* detect_us \([0-9]*\).*/\1/p' "$fout" | head -n1)
+    # The engine's path lines and rdmx's log lines (fio's stdout and stderr).
+    flog="$work/fio-$case_id.log"
+    reiss=$(cat "$fout" "$flog" | sed -n 's/.*rdmx: paths [0-9]* reissued \([0-9]*\).*/\1/p' | head -n1)
+    det=$(cat "$fout" "$flog" | sed -n 's/.*rdmx: path 0 .* detect_us \([0-9]*\).*/\1/p' | head -n1)
+    cp "$flog" "$OUT/fio-$case_id.log" 2>/dev/null || true
     det_ms=$(awk -v d="${det:-0}" 'BEGIN { printf "%.1f", d / 1000 }')
     # The longest window without a completion, from the event on (fio's clat log: ms).
     gap=$(awk -F, -v from=$((tev - t0 - 1000)) '$1 >= from { if (p != "" && $1 - p > g) g = $1 - p; p = $1 } END { print g + 0 }' \
@@ -227,7 +230,7 @@ EOF
     if [ "$rc" -ne 0 ] || [ "$ioerr" != 0 ] || [ "$verr" != 0 ] || [ "$src" -ne 0 ] ||
        [ "$crc" -ne 0 ] || [ "${lost:-x}" != 0 ] || [ "${res:-x}" != 0 ]; then
       echo "FAIL failover $case_id: fio exit $rc, seqcheck write $src check $crc"
-      grep -E 'rdmx|err=|verify' "$fout" | head -n 20 || true
+      grep -hE 'rdmx|err=|verify' "$fout" "$flog" | head -n 30 || true
       cat "$work/seqw-$case_id.txt" "$work/seqc-$case_id.txt" | head -n 30
       fail=1
     fi

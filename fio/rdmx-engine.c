@@ -312,6 +312,8 @@ static void log_paths(rdmx_blk *b)
 			 (unsigned long long)p.failed_over, (unsigned long long)p.failures,
 			 (unsigned long long)p.rejoins, (unsigned long long)p.last_detect_us);
 	}
+	/* A job process ends without flushing stdio: flush, or the lines are lost. */
+	log_info_flush();
 }
 
 /* Runs once before the jobs start: the volume's size for fio's file. */
