@@ -42,7 +42,7 @@ pub struct rdmx_blk {
 
 /// One path (`rdmx_blk_open`) or several (`rdmx_blk_open_paths`).
 enum Client {
-    One(BlkClient),
+    One(Box<BlkClient>),
     Paths(Box<BlkPaths>),
 }
 
@@ -200,7 +200,7 @@ pub unsafe extern "C" fn rdmx_blk_open(
         let c = BlkClient::open(config, addr, volume, mode, t)?;
         let efd = c.event_fd();
         let b = Box::new(rdmx_blk {
-            inner: Mutex::new(Client::One(c)),
+            inner: Mutex::new(Client::One(Box::new(c))),
             efd,
         });
         // SAFETY: as above.
