@@ -3,12 +3,17 @@
  *
  *   fio --ioengine=external:fio/rdmx-engine.so --hostname=127.0.0.1 --port=18600 \
  *       --volume=v0 [--mode=rpc|read] [--profile=NAME] [--set=KEY=VALUE[;KEY=VALUE...]] ...
+ *   fio ... --paths=10.0.0.1:18600,10.0.1.1:18600 --volume=v0 ...   (multipath, instead of
+ *       hostname/port: rdmx_blk_open_paths, docs/failover.md)
  *
  * One rdmx_blk client (one session, and in mode=read one RC connection) per fio job
  * (numjobs = connections). queue() collects io_us, commit() submits them as one batch,
  * getevents() polls the client (caller-driven: all progress on the job's thread), event()
  * hands them back. A request the target fails, or every request in flight when the
- * target dies, completes with its errno (EIO for a dead target) at once.
+ * target dies, completes with its errno (EIO for a dead target) at once. With paths=, the
+ * IO in flight on a path that fails is re-issued on another and completes without error
+ * (EIO only when no path answered for io_fail_timeout_ms); the path counters are logged
+ * when the job ends ("rdmx: path ...").
  *
  * Built against the configured source tree of the installed fio (fio/fio-src.sh), with
  * -include config-host.h, so that FIO_IOOPS_VERSION and every struct layout are the
@@ -28,6 +33,7 @@ struct rdmx_fio_options {
 	void *pad; /* fio: an option's offset must not be 0 */
 	char *hostname;
 	unsigned int port;
+	char *paths;
 	char *volume;
 	char *mode;
 	char *profile;
@@ -87,6 +93,15 @@ static struct fio_option options[] = {
 		.minval = 1,
 		.maxval = 65535,
 		.help = "Port of the rdmx-target (--listen)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "paths",
+		.lname = "rdmx target paths",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct rdmx_fio_options, paths),
+		.help = "Multipath: ADDR:PORT,ADDR:PORT[,...] of targets exporting the same volume (instead of hostname/port)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},
@@ -215,32 +230,90 @@ static int parse_mode(const struct rdmx_fio_options *o, uint32_t *mode)
 	return 1;
 }
 
+/* Opens a client over the paths= list (comma-separated ADDR:PORT); NULL (logged) on failure. */
+static rdmx_blk *open_paths(const struct rdmx_fio_options *o, uint32_t mode, rdmx_config *cfg)
+{
+	const char *list[16];
+	size_t n = 0;
+	char *s = strdup(o->paths), *save = NULL;
+	if (!s)
+		return NULL;
+	for (char *a = strtok_r(s, ", ", &save); a; a = strtok_r(NULL, ", ", &save)) {
+		if (n == sizeof(list) / sizeof(list[0])) {
+			log_err("fio: rdmx: paths=%s: at most 16 paths\n", o->paths);
+			free(s);
+			return NULL;
+		}
+		list[n++] = a;
+	}
+	rdmx_blk *b = NULL;
+	if (rdmx_blk_open_paths(cfg, list, n, o->volume, mode, 10000, &b) != RDMX_OK) {
+		log_err("fio: rdmx: open %s over paths=%s: %s\n", o->volume, o->paths,
+			rdmx_last_error());
+		b = NULL;
+	}
+	free(s);
+	return b;
+}
+
 /* Opens a client on the target the options name; NULL (logged) on failure. */
 static rdmx_blk *open_client(struct thread_data *td)
 {
 	struct rdmx_fio_options *o = td->eo;
 	uint32_t mode;
 	char addr[300];
-	if (!o->hostname || !o->port || !o->volume) {
-		log_err("fio: rdmx: hostname=, port= and volume= are required\n");
+
+	if (!o->volume || (!(o->paths && *o->paths) && (!o->hostname || !o->port))) {
+		log_err("fio: rdmx: volume= and either paths= or hostname= and port= are required\n");
 		return NULL;
 	}
 	if (parse_mode(o, &mode))
 		return NULL;
-	if (strchr(o->hostname, ':'))
-		snprintf(addr, sizeof(addr), "[%s]:%u", o->hostname, o->port);
-	else
-		snprintf(addr, sizeof(addr), "%s:%u", o->hostname, o->port);
 	rdmx_config *cfg = make_config(o);
 	if (!cfg)
 		return NULL;
 	rdmx_blk *b = NULL;
+	if (o->paths && *o->paths) {
+		b = open_paths(o, mode, cfg);
+		rdmx_config_free(cfg);
+		return b;
+	}
+	if (strchr(o->hostname, ':'))
+		snprintf(addr, sizeof(addr), "[%s]:%u", o->hostname, o->port);
+	else
+		snprintf(addr, sizeof(addr), "%s:%u", o->hostname, o->port);
 	if (rdmx_blk_open(cfg, addr, o->volume, mode, 10000, &b) != RDMX_OK) {
 		log_err("fio: rdmx: open %s on %s: %s\n", o->volume, addr, rdmx_last_error());
 		b = NULL;
 	}
 	rdmx_config_free(cfg);
 	return b;
+}
+
+/* Logs each path's state and counters (multipath clients), one line per path, for the
+ * failover harness (fio/failover.sh) and for anyone reading the job's output. */
+static void log_paths(rdmx_blk *b)
+{
+	size_t n = rdmx_blk_path_count(b);
+	rdmx_blk_counters k = {.struct_size = sizeof(k)};
+	if (!n || rdmx_blk_get_counters(b, &k) != RDMX_OK)
+		return;
+	log_info("rdmx: paths %zu reissued %llu held_writes %llu io_timeouts %llu\n", n,
+		 (unsigned long long)k.reissued, (unsigned long long)k.held_writes,
+		 (unsigned long long)k.io_timeouts);
+	for (size_t i = 0; i < n; i++) {
+		rdmx_blk_path p = {.struct_size = sizeof(p)};
+		if (rdmx_blk_get_path(b, i, &p) != RDMX_OK)
+			continue;
+		log_info("rdmx: path %zu state %s active %u issued %llu reissued %llu failed_over %llu "
+			 "failures %llu rejoins %llu detect_us %llu\n",
+			 i, p.state == RDMX_BLK_PATH_UP ? "up" : p.state == RDMX_BLK_PATH_DOWN ? "down" : "connecting",
+			 p.active, (unsigned long long)p.issued, (unsigned long long)p.reissued,
+			 (unsigned long long)p.failed_over, (unsigned long long)p.failures,
+			 (unsigned long long)p.rejoins, (unsigned long long)p.last_detect_us);
+	}
+	/* A job process ends without flushing stdio: flush, or the lines are lost. */
+	log_info_flush();
 }
 
 /* Runs once before the jobs start: the volume's size for fio's file. */
@@ -274,6 +347,8 @@ static void rdmx_fio_cleanup(struct thread_data *td)
 	struct rdmx_fio_data *d = td->io_ops_data;
 	if (!d)
 		return;
+	if (d->blk)
+		log_paths(d->blk);
 	rdmx_blk_free(d->blk);
 	free(d->queued);
 	free(d->events);

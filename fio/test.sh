@@ -2,8 +2,9 @@
 # fio over rdmx (docs/block.md), as run by scripts/test.sh: builds fio/rdmx-engine.so and
 # rdmx-target, then runs each job file of fio/jobs/ for a few seconds with verify on, in
 # both modes, on loopback and across two network namespaces joined by a veth pair, and
-# checks that a target killed mid-run gives fio an IO error promptly (no hang). Fails on
-# any fio error. Every wait is bounded.
+# checks that a target killed mid-run gives fio an IO error promptly (no hang), and that with
+# two paths (fio/failover.sh --short) a killed target and a black-holed path give none. Fails
+# on any fio error. Every wait is bounded.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -149,4 +150,11 @@ else
   run_fio ns-rw7030-read "$nb" "$ADDR" m0 read rw7030-verify
   run_fio ns-write1m-qd32-rpc "$nb" "$ADDR" m0 rpc write1m-verify
 fi
+
+# Multipath failover (issue 30 point 5; docs/failover.md): two paths, one target killed and
+# one path black-holed mid-run, the default profile; fails on any IO or verify error and on
+# any acknowledged write lost or resurrected. Skips without netns/nft (fails under
+# RDMX_TEST_REQUIRE=all).
+echo "== fio: failover over two paths (fio/failover.sh --short)"
+"$root/fio/failover.sh" --short
 echo "== fio: all passed"

@@ -10,8 +10,8 @@
  *
  * Structs that grow: the statistics and counter structs (rdmx_msgr_stats,
  * rdmx_session_counters, rdmx_session_info, rdmx_counters, rdmx_port_counters,
- * rdmx_handshake_counters, rdmx_blk_counters, rdmx_pool_stats, rdmx_rcache_stats) start
- * with `size_t struct_size`. Set it to sizeof the struct before the call:
+ * rdmx_handshake_counters, rdmx_blk_counters, rdmx_blk_path, rdmx_pool_stats,
+ * rdmx_rcache_stats) start with `size_t struct_size`. Set it to sizeof the struct before the call:
  *
  *     rdmx_msgr_stats st = {.struct_size = sizeof st};
  *     rdmx_msgr_get_stats(m, &st);
@@ -66,6 +66,21 @@ typedef struct rdmx_conn rdmx_conn;
  * the volume's region (memory volumes only): no copy, no target CPU.
  */
 #define RDMX_BLK_MODE_READ 1
+
+/**
+ * `rdmx_blk_path.state`: the path's session and volume are open; IO may go there.
+ */
+#define RDMX_BLK_PATH_UP 0
+
+/**
+ * `rdmx_blk_path.state`: failed (or never opened); reconnected after its backoff.
+ */
+#define RDMX_BLK_PATH_DOWN 1
+
+/**
+ * `rdmx_blk_path.state`: a (re)connect attempt is under way.
+ */
+#define RDMX_BLK_PATH_CONNECTING 2
 
 /**
  * Wait for the previous RDMA READs to complete before this WR (IBV_SEND_FENCE).
@@ -351,6 +366,59 @@ typedef struct rdmx_msgr rdmx_msgr;
 typedef struct rdmx_pool rdmx_pool;
 
 /**
+ * One path of a multipath client: its state and counters.
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof` this struct (see "Structs that grow" at the top of
+   * this header). Fields are only added at the end.
+   */
+  size_t struct_size;
+  /**
+   * RDMX_BLK_PATH_UP, RDMX_BLK_PATH_DOWN or RDMX_BLK_PATH_CONNECTING.
+   */
+  uint32_t state;
+  /**
+   * 1 when new IO goes to this path (standby: the one active path; active: every up
+   * path).
+   */
+  uint32_t active;
+  /**
+   * IOs in flight on it now.
+   */
+  uint64_t inflight;
+  /**
+   * IOs sent on it (first sends and re-issues).
+   */
+  uint64_t issued;
+  /**
+   * Of those, re-issues of IOs whose earlier path failed.
+   */
+  uint64_t reissued;
+  /**
+   * IOs in flight on it when it failed (re-issued elsewhere).
+   */
+  uint64_t failed_over;
+  /**
+   * Times it went down.
+   */
+  uint64_t failures;
+  /**
+   * Times it came back after a failure.
+   */
+  uint64_t rejoins;
+  /**
+   * Reconnect attempts that failed.
+   */
+  uint64_t connect_errors;
+  /**
+   * At its last failure with IO in flight: microseconds without a successful
+   * completion (about the detection time under load); 0 if none.
+   */
+  uint64_t last_detect_us;
+} rdmx_blk_path;
+
+/**
  * How a client's reads moved (RDMX_BLK_MODE_RPC): placed in `buf` by the target's RDMA
  * WRITE, or copied from the reply (a target that does not place reads).
  */
@@ -377,6 +445,20 @@ typedef struct {
    * message; what this client asks of an `rdmx-target` of this version).
    */
   uint64_t imm_replies;
+  /**
+   * Multipath (`rdmx_blk_open_paths`; 0 otherwise): IOs re-issued on another path after
+   * theirs failed, all paths.
+   */
+  uint64_t reissued;
+  /**
+   * Multipath: writes held behind an overlapping outstanding write (the write-ordering
+   * rule, docs/failover.md).
+   */
+  uint64_t held_writes;
+  /**
+   * Multipath: IOs failed with -EIO because no path answered for `io_fail_timeout_ms`.
+   */
+  uint64_t io_timeouts;
 } rdmx_blk_counters;
 
 /**
@@ -1086,6 +1168,52 @@ rdmx_status rdmx_blk_open(const rdmx_config *cfg,
                           rdmx_blk **out);
 
 /**
+ * Opens `volume` over `n` paths, `addrs[i]` each "HOST:PORT": two `rdmx-target`
+ * processes exporting the same file volume, or one target listening on two addresses
+ * (docs/failover.md). Returns once every path answered, or once one opened and the others
+ * had 200 ms more (they keep connecting in the background), within `timeout_ms` (0: 10
+ * s). When a path fails, the IOs in flight on it are re-issued on another path and
+ * complete without error; an IO fails (-EIO) only when no path answered for
+ * `io_fail_timeout_ms`. `cfg` keys: `blk_path_policy` (standby, active), `blk_failback`,
+ * `io_fail_timeout_ms`, `blk_path_retry_min_ms`/`_max_ms`, and each path's transport
+ * keys. Only RDMX_BLK_MODE_RPC (RDMX_UNSUPPORTED otherwise); RDMX_INVALID_ARGUMENT for
+ * 0 or more than 16 paths or an address that is not HOST:PORT; when no path opens the
+ * volume, the first path's error (RDMX_TIMEOUT, RDMX_CLOSED, RDMX_AUTH, ...) with every
+ * path's reason in `rdmx_last_error`. Use the handle with every `rdmx_blk_*` call;
+ * `rdmx_blk_event_fd` gives -1 (wait in `rdmx_blk_poll`).
+ *
+ * # Safety
+ * `cfg` NULL or live; `addrs` NULL or `n` pointers, each NULL or NUL-terminated;
+ * `volume` NULL or NUL-terminated; `out` NULL or writable.
+ */
+rdmx_status rdmx_blk_open_paths(const rdmx_config *cfg,
+                                const char *const *addrs,
+                                size_t n,
+                                const char *volume,
+                                uint32_t mode,
+                                uint32_t timeout_ms,
+                                rdmx_blk **out);
+
+/**
+ * How many paths the client has: the number given to `rdmx_blk_open_paths`, 0 for a
+ * client from `rdmx_blk_open` (and for NULL).
+ *
+ * # Safety
+ * `blk` NULL or live.
+ */
+size_t rdmx_blk_path_count(const rdmx_blk *blk);
+
+/**
+ * Path `index`'s state and counters (the order of `rdmx_blk_open_paths`' `addrs`).
+ * RDMX_INVALID_ARGUMENT for an index at or beyond `rdmx_blk_path_count` (any index for a
+ * client from `rdmx_blk_open`).
+ *
+ * # Safety
+ * `blk` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
+ */
+rdmx_status rdmx_blk_get_path(const rdmx_blk *blk, size_t index, rdmx_blk_path *out);
+
+/**
  * The client's counters.
  *
  * # Safety
@@ -1132,7 +1260,8 @@ rdmx_status rdmx_blk_poll(rdmx_blk *blk,
 /**
  * An eventfd that becomes readable when completions are ready, when the client runs the
  * messenger's worker threads (`msgr_threads` > 0, RDMX_BLK_MODE_RPC); in caller-driven
- * mode nothing progresses between calls: wait in `rdmx_blk_poll` instead. -1 for NULL.
+ * mode nothing progresses between calls: wait in `rdmx_blk_poll` instead. -1 for NULL
+ * and for a multipath client (its failover runs inside `rdmx_blk_poll`: wait there).
  * The fd belongs to the client (do not close it).
  *
  * # Safety

@@ -127,6 +127,11 @@ struct State {
     /// The newest request id sent: an immediate reply names its request by the low 32
     /// bits, and the ids in flight span far less than 2^32.
     last_id: u64,
+    /// Cookies of requests that completed with `-EIO` because the session ended before
+    /// the target answered them (not an error the target reported): what a multipath
+    /// client re-issues on another path (`take_session_failed`). Bounded by the requests
+    /// in flight when the session ended (later submissions are refused).
+    session_failed: rustc_hash::FxHashSet<u64>,
 }
 
 /// What the client moved and how (rpc mode).
@@ -183,7 +188,11 @@ impl Shared {
         let ids: Vec<u64> = st.inflight.keys().copied().collect();
         for id in ids {
             if let Some(p) = st.inflight.get_mut(&id) {
-                p.replied.get_or_insert(-libc::EIO);
+                if p.replied.is_none() {
+                    p.replied = Some(-libc::EIO);
+                    let cookie = p.cookie;
+                    st.session_failed.insert(cookie);
+                }
                 p.acked = true;
             }
             self.finish(st, id);
@@ -320,11 +329,16 @@ impl Dispatcher for Disp {
         let Some(req_id) = st.by_send.remove(&id) else {
             return;
         };
+        let mut lost = None;
         if let Some(p) = st.inflight.get_mut(&req_id) {
             p.acked = true;
             if status.is_err() && p.replied.is_none() {
                 p.replied = Some(-libc::EIO);
+                lost = Some(p.cookie);
             }
+        }
+        if let Some(cookie) = lost {
+            st.session_failed.insert(cookie);
         }
         self.sh.finish(&mut st, req_id);
         put_back(m, &mut st);
@@ -1146,6 +1160,13 @@ impl BlkClient {
     /// How reads moved (rpc mode): placed by the target's WRITE or copied.
     pub fn counters(&self) -> BlkCounters {
         self.sh.st.lock().counters
+    }
+
+    /// Whether the completion of `cookie` (already returned by `poll`, status `-EIO`) came
+    /// from the session's end rather than from the target: the request may or may not
+    /// have been executed (in doubt). Answers once per such completion.
+    pub fn take_session_failed(&self, cookie: u64) -> bool {
+        self.sh.st.lock().session_failed.remove(&cookie)
     }
 
     /// Whether the target is gone (every later submission is refused).

@@ -1,5 +1,6 @@
 //! Block IO over the messenger: a target serving volumes (`target`), a client (`client`),
-//! and the protocol they speak (`proto`). Design and measurements: `docs/block.md`.
+//! a multipath client over several of them (`paths`, with the write-ordering rule in
+//! `order`), and the protocol they speak (`proto`). Design and measurements: `docs/block.md`.
 //!
 //! One request message per IO (`proto::MSG_REQ`, a 40-byte front, write data as one data
 //! segment) and one reply per request (`proto::MSG_REPLY`, read data as one data segment).
@@ -7,10 +8,15 @@
 //! (`Mode::Read`), through a plain connection to a second listener of the target.
 
 pub mod client;
+pub mod order;
+pub mod paths;
 pub mod proto;
 pub mod target;
 
 pub use client::{BlkClient, BlkCounters, Completion, Mode, Req, VolumeInfo};
+pub use paths::{
+    BlkPaths, PathCounters, PathEvent, PathEventKind, PathPolicy, PathState, PathStatus,
+};
 pub use proto::Op;
 pub use target::{Target, VolumeSpec};
 

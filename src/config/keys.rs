@@ -486,6 +486,37 @@ pub static KEYS: &[KeySpec] = &[
         "1024",
         "sessions one authenticated entity may hold on a listening messenger (with auth=none: one peer IP address)",
     ),
+    // --- multipath block client (src/blk/paths.rs, docs/failover.md) ---
+    key(
+        "blk_path_policy",
+        Kind::Words(&["standby", "active"]),
+        "standby",
+        "multipath block client: standby = all IO on one path (the first listed that is up), the others connected and idle until it fails (two targets or NICs where one is preferred, or a target pair that should not both serve); active = each IO on the up path with the fewest IOs outstanding (spreads load over two NIC ports to one target)",
+    ),
+    key(
+        "blk_failback",
+        Kind::Bool,
+        "true",
+        "multipath block client, standby: when a path listed before the active one rejoins, new IO moves back to it (false: IO stays on the path it failed over to)",
+    ),
+    key(
+        "io_fail_timeout_ms",
+        uint(1, 86_400_000),
+        "30000",
+        "multipath block client: an IO fails (-EIO) only when no path has answered for this long (ms) since it was submitted; until then it waits for a path to rejoin (NVMe-oF's fast_io_fail_tmo, off by default there)",
+    ),
+    key(
+        "blk_path_retry_min_ms",
+        uint(1, 60_000),
+        "10",
+        "multipath block client: first delay before reconnecting a failed path (ms); doubles per failed attempt up to blk_path_retry_max_ms",
+    ),
+    key(
+        "blk_path_retry_max_ms",
+        uint(1, 600_000),
+        "1000",
+        "multipath block client: longest delay between reconnect attempts of a failed path (ms)",
+    ),
     // --- profiles ---
     key(
         "profile",

@@ -6,7 +6,9 @@ use super::boundary::{self, handle, out_ptr, str_arg};
 use super::config::rdmx_config;
 use super::sized::{sized_out, write_sized};
 use super::status::rdmx_status;
-use crate::blk::{BlkClient, Completion, Mode, Op, Req};
+use crate::blk::{
+    BlkClient, BlkCounters, BlkPaths, Completion, Mode, Op, PathState, Req, VolumeInfo,
+};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use parking_lot::Mutex;
@@ -34,8 +36,67 @@ pub const RDMX_BLK_MODE_READ: u32 = 1;
 /// thread, as fio does.
 #[allow(non_camel_case_types)]
 pub struct rdmx_blk {
-    inner: Mutex<BlkClient>,
+    inner: Mutex<Client>,
     efd: i32,
+}
+
+/// One path (`rdmx_blk_open`) or several (`rdmx_blk_open_paths`).
+enum Client {
+    One(Box<BlkClient>),
+    Paths(Box<BlkPaths>),
+}
+
+impl Client {
+    fn counters(&self) -> BlkCounters {
+        match self {
+            Client::One(c) => c.counters(),
+            Client::Paths(c) => c.counters(),
+        }
+    }
+    fn info(&self) -> VolumeInfo {
+        match self {
+            Client::One(c) => c.info(),
+            Client::Paths(c) => c.info(),
+        }
+    }
+    /// # Safety
+    /// As `BlkClient::submit`.
+    unsafe fn submit(&mut self, reqs: &[Req]) -> crate::error::Result<usize> {
+        match self {
+            // SAFETY: forwarded contract.
+            Client::One(c) => unsafe { c.submit(reqs) },
+            // SAFETY: forwarded contract.
+            Client::Paths(c) => unsafe { c.submit(reqs) },
+        }
+    }
+    fn poll(
+        &mut self,
+        out: &mut Vec<Completion>,
+        min: usize,
+        max: usize,
+        t: Duration,
+    ) -> crate::error::Result<usize> {
+        match self {
+            Client::One(c) => c.poll(out, min, max, t),
+            Client::Paths(c) => c.poll(out, min, max, t),
+        }
+    }
+    /// # Safety
+    /// As `BlkClient::register`.
+    unsafe fn register(&mut self, ptr: *mut u8, len: usize) -> crate::error::Result<()> {
+        match self {
+            // SAFETY: forwarded contract.
+            Client::One(c) => unsafe { c.register(ptr, len) },
+            // SAFETY: forwarded contract.
+            Client::Paths(c) => unsafe { c.register(ptr, len) },
+        }
+    }
+    fn inflight(&self) -> usize {
+        match self {
+            Client::One(c) => c.inflight(),
+            Client::Paths(c) => c.inflight(),
+        }
+    }
 }
 
 /// One IO request. `buf` is caller memory of `len` bytes (4 KiB-aligned offsets and
@@ -139,11 +200,196 @@ pub unsafe extern "C" fn rdmx_blk_open(
         let c = BlkClient::open(config, addr, volume, mode, t)?;
         let efd = c.event_fd();
         let b = Box::new(rdmx_blk {
-            inner: Mutex::new(c),
+            inner: Mutex::new(Client::One(Box::new(c))),
             efd,
         });
         // SAFETY: as above.
         unsafe { out.write(Box::into_raw(b)) };
+        Ok(())
+    })
+}
+
+/// `rdmx_blk_path.state`: the path's session and volume are open; IO may go there.
+pub const RDMX_BLK_PATH_UP: u32 = 0;
+/// `rdmx_blk_path.state`: failed (or never opened); reconnected after its backoff.
+pub const RDMX_BLK_PATH_DOWN: u32 = 1;
+/// `rdmx_blk_path.state`: a (re)connect attempt is under way.
+pub const RDMX_BLK_PATH_CONNECTING: u32 = 2;
+
+/// Opens `volume` over `n` paths, `addrs[i]` each "HOST:PORT": two `rdmx-target`
+/// processes exporting the same file volume, or one target listening on two addresses
+/// (docs/failover.md). Returns once every path answered, or once one opened and the others
+/// had 200 ms more (they keep connecting in the background), within `timeout_ms` (0: 10
+/// s). When a path fails, the IOs in flight on it are re-issued on another path and
+/// complete without error; an IO fails (-EIO) only when no path answered for
+/// `io_fail_timeout_ms`. `cfg` keys: `blk_path_policy` (standby, active), `blk_failback`,
+/// `io_fail_timeout_ms`, `blk_path_retry_min_ms`/`_max_ms`, and each path's transport
+/// keys. Only RDMX_BLK_MODE_RPC (RDMX_UNSUPPORTED otherwise); RDMX_INVALID_ARGUMENT for
+/// 0 or more than 16 paths or an address that is not HOST:PORT; when no path opens the
+/// volume, the first path's error (RDMX_TIMEOUT, RDMX_CLOSED, RDMX_AUTH, ...) with every
+/// path's reason in `rdmx_last_error`. Use the handle with every `rdmx_blk_*` call;
+/// `rdmx_blk_event_fd` gives -1 (wait in `rdmx_blk_poll`).
+///
+/// # Safety
+/// `cfg` NULL or live; `addrs` NULL or `n` pointers, each NULL or NUL-terminated;
+/// `volume` NULL or NUL-terminated; `out` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_open_paths(
+    cfg: *const rdmx_config,
+    addrs: *const *const c_char,
+    n: usize,
+    volume: *const c_char,
+    mode: u32,
+    timeout_ms: u32,
+    out: *mut *mut rdmx_blk,
+) -> rdmx_status {
+    boundary::call("rdmx_blk_open_paths", || {
+        let out = out_ptr(out)?;
+        // SAFETY: `out` is non-NULL and writable per the contract.
+        unsafe { out.write(std::ptr::null_mut()) };
+        if addrs.is_null() || n == 0 || n > crate::blk::paths::MAX_PATHS {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "addrs is NULL or n is {n}: give 1..{} addresses",
+                    crate::blk::paths::MAX_PATHS
+                ),
+            ));
+        }
+        // SAFETY: `addrs` points to `n` pointers per the contract.
+        let ptrs = unsafe { std::slice::from_raw_parts(addrs, n) };
+        let mut list = Vec::with_capacity(n);
+        for (i, &p) in ptrs.iter().enumerate() {
+            // SAFETY: each NULL or NUL-terminated per the contract.
+            list.push(unsafe { str_arg(p, &format!("addrs[{i}]")) }?.to_string());
+        }
+        // SAFETY: forwarded contract.
+        let volume = unsafe { str_arg(volume, "volume") }?;
+        let mode = mode_of(mode)?;
+        let owned;
+        // SAFETY: forwarded contract; NULL means "no config given".
+        let config = match unsafe { cfg.as_ref() } {
+            Some(c) => c.config(),
+            None => {
+                owned = Config::from_env()?;
+                &owned
+            }
+        };
+        let t = if timeout_ms == 0 {
+            Duration::from_secs(10)
+        } else {
+            Duration::from_millis(u64::from(timeout_ms))
+        };
+        let c = BlkPaths::open(config, &list, volume, mode, t)?;
+        let b = Box::new(rdmx_blk {
+            inner: Mutex::new(Client::Paths(Box::new(c))),
+            efd: -1,
+        });
+        // SAFETY: as above.
+        unsafe { out.write(Box::into_raw(b)) };
+        Ok(())
+    })
+}
+
+/// One path of a multipath client: its state and counters.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct rdmx_blk_path {
+    /// Set by the caller to `sizeof` this struct (see "Structs that grow" at the top of
+    /// this header). Fields are only added at the end.
+    pub struct_size: usize,
+    /// RDMX_BLK_PATH_UP, RDMX_BLK_PATH_DOWN or RDMX_BLK_PATH_CONNECTING.
+    pub state: u32,
+    /// 1 when new IO goes to this path (standby: the one active path; active: every up
+    /// path).
+    pub active: u32,
+    /// IOs in flight on it now.
+    pub inflight: u64,
+    /// IOs sent on it (first sends and re-issues).
+    pub issued: u64,
+    /// Of those, re-issues of IOs whose earlier path failed.
+    pub reissued: u64,
+    /// IOs in flight on it when it failed (re-issued elsewhere).
+    pub failed_over: u64,
+    /// Times it went down.
+    pub failures: u64,
+    /// Times it came back after a failure.
+    pub rejoins: u64,
+    /// Reconnect attempts that failed.
+    pub connect_errors: u64,
+    /// At its last failure with IO in flight: microseconds without a successful
+    /// completion (about the detection time under load); 0 if none.
+    pub last_detect_us: u64,
+}
+
+/// How many paths the client has: the number given to `rdmx_blk_open_paths`, 0 for a
+/// client from `rdmx_blk_open` (and for NULL).
+///
+/// # Safety
+/// `blk` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_path_count(blk: *const rdmx_blk) -> usize {
+    boundary::call_value("rdmx_blk_path_count", 0, || {
+        // SAFETY: forwarded contract.
+        unsafe { blk.as_ref() }.map_or(0, |b| match &*b.inner.lock() {
+            Client::Paths(p) => p.path_count(),
+            Client::One(_) => 0,
+        })
+    })
+}
+
+/// Path `index`'s state and counters (the order of `rdmx_blk_open_paths`' `addrs`).
+/// RDMX_INVALID_ARGUMENT for an index at or beyond `rdmx_blk_path_count` (any index for a
+/// client from `rdmx_blk_open`).
+///
+/// # Safety
+/// `blk` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_get_path(
+    blk: *const rdmx_blk,
+    index: usize,
+    out: *mut rdmx_blk_path,
+) -> rdmx_status {
+    boundary::call("rdmx_blk_get_path", || {
+        // SAFETY: forwarded contract.
+        let b = unsafe { handle(blk, "blk") }?;
+        let st = match &*b.inner.lock() {
+            Client::Paths(p) => p.path_status(index).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("path {index}: the client has {} paths", p.path_count()),
+                )
+            })?,
+            Client::One(_) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "path {index}: a client from rdmx_blk_open has no paths (rdmx_blk_open_paths)"
+                    ),
+                ));
+            }
+        };
+        let k = st.counters;
+        let v = rdmx_blk_path {
+            struct_size: 0,
+            state: match st.state {
+                PathState::Up => RDMX_BLK_PATH_UP,
+                PathState::Down => RDMX_BLK_PATH_DOWN,
+                PathState::Connecting => RDMX_BLK_PATH_CONNECTING,
+            },
+            active: u32::from(st.active),
+            inflight: st.inflight as u64,
+            issued: k.issued,
+            reissued: k.reissued,
+            failed_over: k.failed_over,
+            failures: k.failures,
+            rejoins: k.rejoins,
+            connect_errors: k.connect_errors,
+            last_detect_us: st.last_detect.map_or(0, |d| d.as_micros() as u64),
+        };
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
         Ok(())
     })
 }
@@ -168,6 +414,14 @@ pub struct rdmx_blk_counters {
     /// Of the placed reads, those answered by the WRITE's immediate value alone (no reply
     /// message; what this client asks of an `rdmx-target` of this version).
     pub imm_replies: u64,
+    /// Multipath (`rdmx_blk_open_paths`; 0 otherwise): IOs re-issued on another path after
+    /// theirs failed, all paths.
+    pub reissued: u64,
+    /// Multipath: writes held behind an overlapping outstanding write (the write-ordering
+    /// rule, docs/failover.md).
+    pub held_writes: u64,
+    /// Multipath: IOs failed with -EIO because no path answered for `io_fail_timeout_ms`.
+    pub io_timeouts: u64,
 }
 
 /// The client's counters.
@@ -182,7 +436,13 @@ pub unsafe extern "C" fn rdmx_blk_get_counters(
     boundary::call("rdmx_blk_get_counters", || {
         // SAFETY: forwarded contract.
         let b = unsafe { handle(blk, "blk") }?;
-        let k = b.inner.lock().counters();
+        let c = b.inner.lock();
+        let k = c.counters();
+        let f = match &*c {
+            Client::Paths(p) => p.failover_counters(),
+            Client::One(_) => crate::blk::paths::PathsCounters::default(),
+        };
+        drop(c);
         let v = rdmx_blk_counters {
             struct_size: 0,
             placed_reads: k.placed_reads,
@@ -191,6 +451,9 @@ pub unsafe extern "C" fn rdmx_blk_get_counters(
             copied_bytes: k.copied_bytes,
             stray_replies: k.stray_replies,
             imm_replies: k.imm_replies,
+            reissued: f.reissued,
+            held_writes: f.held_writes,
+            io_timeouts: f.io_timeouts,
         };
         // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
         unsafe { write_sized(out, v) }?;
@@ -329,7 +592,8 @@ pub unsafe extern "C" fn rdmx_blk_poll(
 
 /// An eventfd that becomes readable when completions are ready, when the client runs the
 /// messenger's worker threads (`msgr_threads` > 0, RDMX_BLK_MODE_RPC); in caller-driven
-/// mode nothing progresses between calls: wait in `rdmx_blk_poll` instead. -1 for NULL.
+/// mode nothing progresses between calls: wait in `rdmx_blk_poll` instead. -1 for NULL
+/// and for a multipath client (its failover runs inside `rdmx_blk_poll`: wait there).
 /// The fd belongs to the client (do not close it).
 ///
 /// # Safety
@@ -399,4 +663,4 @@ pub unsafe extern "C" fn rdmx_blk_free(blk: *mut rdmx_blk) {
     })
 }
 
-sized_out!(rdmx_blk_counters);
+sized_out!(rdmx_blk_counters, rdmx_blk_path);

@@ -69,6 +69,11 @@ handshake_per_source = 32  # default
 msgr_max_pending_links = 256  # default
 msgr_max_sessions = 4096  # default
 msgr_max_sessions_per_entity = 1024  # default
+blk_path_policy = standby  # default
+blk_failback = true  # default
+io_fail_timeout_ms = 30000  # default
+blk_path_retry_min_ms = 10  # default
+blk_path_retry_max_ms = 1000  # default
 profile = none  # default
 ";
 

@@ -85,6 +85,9 @@ const UINT_KEYS: &[(&str, &str, u64, u64, &str)] = &[
     ("msgr_max_pending_links", "256", 1, 1048576, ""),
     ("msgr_max_sessions", "4096", 1, 16777216, ""),
     ("msgr_max_sessions_per_entity", "1024", 1, 16777216, ""),
+    ("io_fail_timeout_ms", "30000", 1, 86400000, ""),
+    ("blk_path_retry_min_ms", "10", 1, 60000, ""),
+    ("blk_path_retry_max_ms", "1000", 1, 600000, ""),
 ];
 
 /// Keys with other kinds, and their defaults.
@@ -107,6 +110,8 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("auth", "auto"),
     ("auth_keyring", ""),
     ("auth_entity", "client.admin"),
+    ("blk_path_policy", "standby"),
+    ("blk_failback", "true"),
 ];
 
 fn range_message(key: &str, value: &str, min: u64, max: u64, note: &str) -> String {
