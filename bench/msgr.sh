@@ -7,6 +7,10 @@
 # 1. rpc_bw 4K, 32 outstanding (64-byte request, 4 KiB reply)  vs read_bw 4K qd 32   >= 0.8
 # 2. rpc_lat 4K p50 (request to reply)                           vs read_lat 4K p50   <= 1.3
 # 3. msg_bw 4K qd 32 msg/s                 vs ucx_perftest am_bw 4K over TCP (lo)    >= 1.5
+# 4. what per-session rkeys cost (msgr_scoped_rkeys=true vs false on both sides, issue 27;
+#    docs/security.md): rpc_bw 64K qd 32 (rendezvous: a READ window per reply), msg_bw 4K
+#    qd 32 (eager writes: a WRITE window per granted receive); ratio on/off, no target
+#    (the lead records the figures). SCOPE_ONLY=1 runs only this step.
 #
 # Each pair alternates A and B against a fresh server on fresh ports (this shared host drifts
 # between minutes); the verdict is on the median of the per-pair ratios and every pair is
@@ -75,6 +79,31 @@ pairs() {
     R_MED=$(median_of "${rr[@]}")
 }
 
+# scope_pairs NAME TEST SIZE: PAIRS pairs of TEST at SIZE, qd 32, with msgr_scoped_rkeys on
+# and off (server and client alike, order alternating), each against a fresh server; sets
+# A_MED (on), B_MED (off), R_MED (median of the per-pair ratios on/off of ops/s).
+scope_pairs() {
+    local name=$1 test=$2 size=$3 p mode
+    local ra=() rb=() rr=()
+    for p in $(seq 1 "$PAIRS"); do
+        local order=(true false)
+        [ $((p % 2)) = 0 ] && order=(false true)
+        for mode in "${order[@]}"; do
+            start "srv.$name.$mode.$p" server --listen 127.0.0.1:0 --set "msgr_scoped_rkeys=$mode"
+            run_json "$name.$mode.$p" "$test" --connect "$ADDR" --duration "$DURATION" \
+                --size "$size" --qd 32 --set "msgr_scoped_rkeys=$mode"
+            stop
+            if [ "$mode" = true ]; then ra+=("$(field "$JSON" ops_per_sec)"); else rb+=("$(field "$JSON" ops_per_sec)"); fi
+        done
+        rr+=("$(ratio "${ra[-1]}" "${rb[-1]}")")
+        echo "    pair $p: scoped ${ra[-1]}, unscoped ${rb[-1]} ops/s, ratio ${rr[-1]}"
+    done
+    A_MED=$(median_of "${ra[@]}")
+    B_MED=$(median_of "${rb[@]}")
+    R_MED=$(median_of "${rr[@]}")
+}
+
+if [ "${SCOPE_ONLY:-0}" != 1 ]; then
 # 1. rpc_bw vs read_bw at 32 outstanding.
 pairs rpcbw rpc_bw read_bw ops_per_sec 32
 line "1 rpc_bw 4K qd32 ops/s vs read_bw qd32" "$A_MED" "$B_MED" "$R_MED" ">= 0.8" "$(verdict "$R_MED" 0.8 ge)"
@@ -125,6 +154,14 @@ else
     line "3 msg_bw 4K qd32 msg/s vs ucx am_bw tcp" "$(median_of "${MSG[@]}")" "skipped" "n/a" ">= 1.5" "SKIPPED"
     echo "    ucx skipped: $UCX_WHY"
 fi
+
+fi
+
+# 4. per-session rkeys (windows) on vs off.
+scope_pairs scoperpc rpc_bw 65536
+line "4a rpc_bw 64K qd32 ops/s scoped vs not" "$A_MED" "$B_MED" "$R_MED" "report" "-"
+scope_pairs scopemsg msg_bw 4096
+line "4b msg_bw 4K qd32 ops/s scoped vs not" "$A_MED" "$B_MED" "$R_MED" "report" "-"
 
 echo
 echo "# summary (medians of $PAIRS alternating pairs, $DURATION s runs)"

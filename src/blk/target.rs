@@ -455,16 +455,14 @@ impl Target {
                     let len = usize::try_from(*n)
                         .map_err(|_| Error::new(ErrorKind::InvalidArgument, "volume too large"))?;
                     let map = Mapping::new(len)?;
+                    // What the messenger sends from (`send_access`): no remote right with
+                    // scoped rkeys, where each read reply's reader gets a window over only
+                    // its blocks, on its own QP, until it acknowledges the reply.
+                    let mctx = msgr.context();
                     // SAFETY: the mapping lives in the volume, which outlives both
                     // registrations (the messenger and the raw context are dropped first,
                     // see `Drop for Target`).
-                    let msgr_reg = unsafe {
-                        msgr.context().rcache().get(
-                            map.ptr,
-                            len,
-                            access::LOCAL_WRITE | access::REMOTE_READ,
-                        )
-                    }?;
+                    let msgr_reg = unsafe { mctx.rcache().get(map.ptr, len, mctx.send_access()) }?;
                     // The one-sided context pins the region once, with no remote access (this
                     // registration's rkey opens nothing): the sessions' own registrations
                     // then only count the pinned pages instead of pinning (soft: mlock) and

@@ -408,6 +408,12 @@ pub static KEYS: &[KeySpec] = &[
         "eager data goes as an RDMA WRITE into the data chunk of the receive the receiver granted (with its credits), then a short SEND of the header: a 4 KiB message is one full packet plus a small one, and a batch of them two runs of equal packets (one GSO message each with the soft provider); the data pool is then registered with remote write. false = the data rides in the SEND after the 512-byte header slot",
     ),
     key(
+        "msgr_scoped_rkeys",
+        Kind::Bool,
+        "true",
+        "the messenger's pools and the buffers it sends from are registered without remote rights; a peer reaches them only through memory windows bound to its own QP over the bytes meant for it, revoked when that use ends (rendezvous data until the peer acknowledges it, a granted receive until it is consumed): no session can read or write another's buffers. soft provider only (verbs: see docs/security.md); false = one pool rkey for all sessions, as before (for comparison)",
+    ),
+    key(
         "msgr_rx_batch",
         uint_note(0, 65_536, "0 = no limit"),
         "16",

@@ -807,6 +807,15 @@ impl Connection {
 
     /// Posts a chain of send-queue WRs (SEND, WRITE, READ, with or without immediate).
     /// Returns how many were posted; `Full` when the send queue has no room at all.
+    /// The local QP's number (what a memory window bound for this peer names).
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp.qpn()
+    }
+
+    pub(crate) fn context(&self) -> &Context {
+        &self.ctx
+    }
+
     pub fn post_send(&self, wrs: &[SendReq]) -> Result<usize> {
         self.check_open("post_send")?;
         let (n, err) = self.qp.post_send(&self.ctx.shared.dev, wrs);

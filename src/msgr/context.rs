@@ -38,6 +38,10 @@ pub(crate) struct Shared {
     pub region_filter: parking_lot::RwLock<Option<RegionFilter>>,
     /// Message limits this side's hellos advertise (set by a messenger on its context).
     pub hello_limits: parking_lot::RwLock<Option<super::setup::MsgLimitsWire>>,
+    /// The messenger's memory is reached remotely only through per-QP windows
+    /// (`msgr_scoped_rkeys` on a device that binds them): its pools and the buffers it
+    /// sends from are registered without remote rights.
+    pub scoped_rkeys: bool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -76,6 +80,7 @@ impl Context {
         // with remote access are offered to peers.
         let mut opts = RegCacheOptions::new(settings.rcache_entries as usize);
         opts.merge = false;
+        let scoped_rkeys = config.get_bool("msgr_scoped_rkeys")? && dev.windows().is_some();
         let registrar: Arc<dyn Registrar> = dev.registrar();
         let rcache = RegCache::with_options(registrar, opts)?;
         Ok(Context {
@@ -90,8 +95,30 @@ impl Context {
                 auth,
                 region_filter: parking_lot::RwLock::new(None),
                 hello_limits: parking_lot::RwLock::new(None),
+                scoped_rkeys,
             }),
         })
+    }
+
+    /// Whether a messenger on this context exposes its memory to a peer only through
+    /// memory windows bound to that peer's QP (`msgr_scoped_rkeys`, soft provider): see
+    /// docs/security.md.
+    pub fn scoped_rkeys(&self) -> bool {
+        self.shared.scoped_rkeys
+    }
+
+    /// The access a messenger on this context needs on memory it sends from
+    /// ([`super::messenger::Payload::registered`], a pool): LOCAL_WRITE, plus REMOTE_READ
+    /// unless its rkeys are scoped (the peer then READs through a window bound for it).
+    /// An application that registers such memory ahead (rdmx-target's memory volumes)
+    /// asks for exactly this.
+    pub fn send_access(&self) -> u32 {
+        use crate::rc::verbs::access;
+        if self.shared.scoped_rkeys {
+            access::LOCAL_WRITE
+        } else {
+            access::LOCAL_WRITE | access::REMOTE_READ
+        }
     }
 
     /// Whether the hellos of this context's later connections carry its regions with remote

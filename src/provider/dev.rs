@@ -133,6 +133,17 @@ impl Device {
         }
     }
 
+    /// The soft device's region table, which binds memory windows (per-QP rkeys over a
+    /// byte range, `soft/window.rs`); None on verbs, whose windows rdmx does not bind
+    /// (see docs/security.md).
+    pub fn windows(&self) -> Option<Arc<super::soft::mr::MrTable>> {
+        match self {
+            Device::Soft(d) => Some(d.mrs_arc()),
+            #[cfg(feature = "verbs")]
+            Device::Verbs(_) => None,
+        }
+    }
+
     pub fn deregister(&self, lkey: u32) -> Result<()> {
         match self {
             Device::Soft(d) => d.mrs().deregister(lkey),

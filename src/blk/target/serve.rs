@@ -334,11 +334,10 @@ impl Inner {
                 .clone()
                 .ok_or_else(|| Error::new(ErrorKind::Closed, "rdmx-target: stopping"))?;
             // SAFETY: the mapping lives in the IoBuf with its handle; the handle is dropped
-            // (put back) before the mapping is unmapped (field order).
-            let reg = unsafe {
-                ctx.rcache()
-                    .get(map.ptr, map.len, access::LOCAL_WRITE | access::REMOTE_READ)
-            }?;
+            // (put back) before the mapping is unmapped (field order). The buffer serves
+            // every session in turn: registered with what the messenger sends from (no
+            // remote right with scoped rkeys: each reply's reader gets a window of its own).
+            let reg = unsafe { ctx.rcache().get(map.ptr, map.len, ctx.send_access()) }?;
             Ok(IoBuf { _reg: reg, map })
         })();
         if made.is_err() {

@@ -1,13 +1,16 @@
 //! The messenger's registered memory and the preparation of outgoing data.
 //!
 //! Three pools, all carved from 2 MiB arenas registered once:
-//! - `data`: 4 KiB chunks, local write + remote read (+ remote write with
-//!   `msgr_eager_write`, for the granted receive chunks): receive payload areas (and so the
-//!   received segments handed to the application), rendezvous READ targets, descriptor
-//!   blocks, `alloc_chunk`, copies of small unregistered segments;
+//! - `data`: 4 KiB chunks, local write (and, only without `msgr_scoped_rkeys`, remote
+//!   read, + remote write with `msgr_eager_write`, for the granted receive chunks): receive
+//!   payload areas (and so the received segments handed to the application), rendezvous
+//!   READ targets, descriptor blocks, `alloc_chunk`, copies of small unregistered segments;
 //! - `slots`: 512-byte header slots, local write: one per posted receive and per SEND;
 //! - `copy`: 64 KiB chunks for copies of large unregistered segments (fewer descriptors:
 //!   a 4 MiB copy is 64 parts), made on first use.
+//!
+//! With `msgr_scoped_rkeys` no registration here has a remote right: a peer reaches a
+//! chunk only through a memory window bound to its own QP (`scope.rs`).
 //!
 //! Preparing a payload turns it into parts (address, length, lkey, rkey) plus an owner that
 //! keeps the memory alive and releases it when the message is acknowledged (or fails).
@@ -21,6 +24,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::sync::Arc;
 
+use super::scope::Windows;
 use super::types::{Payload, RxSeg, TxChunk};
 use super::wire::{MAX_SEG_LEN, PAYLOAD_MAX, Part, SLOT};
 
@@ -38,9 +42,11 @@ pub struct Buffers {
 impl Buffers {
     /// `remote_write`: peers may RDMA WRITE eager data into the receive chunks they were
     /// granted (`msgr_eager_write`), so the data pool is registered with remote write.
+    /// With scoped rkeys (`Context::scoped_rkeys`) the pools take no remote right at all:
+    /// windows give each peer what it may reach.
     pub fn new(ctx: &Context, pool_chunks: u32, remote_write: bool) -> Result<Buffers> {
-        let mut rights = access::LOCAL_WRITE | access::REMOTE_READ;
-        if remote_write {
+        let mut rights = ctx.send_access();
+        if remote_write && !ctx.scoped_rkeys() {
             rights |= access::REMOTE_WRITE;
         }
         let data = ctx.pool(PAYLOAD_MAX, pool_chunks, rights)?;
@@ -62,11 +68,7 @@ impl Buffers {
             return Ok(Arc::clone(p));
         }
         let cap = ((self.pool_chunks as usize * PAYLOAD_MAX) / COPY_CHUNK).max(64) as u32;
-        let p = Arc::new(self.ctx.pool(
-            COPY_CHUNK,
-            cap,
-            access::LOCAL_WRITE | access::REMOTE_READ,
-        )?);
+        let p = Arc::new(self.ctx.pool(COPY_CHUNK, cap, self.ctx.send_access())?);
         *g = Some(Arc::clone(&p));
         Ok(p)
     }
@@ -146,11 +148,9 @@ impl Buffers {
                     // mapped and unmodified until the send completed, and follows the
                     // cache's invalidation rule before unmapping it.
                     let h = unsafe {
-                        self.ctx.rcache().get(
-                            r.addr as *mut u8,
-                            r.len,
-                            access::LOCAL_WRITE | access::REMOTE_READ,
-                        )
+                        self.ctx
+                            .rcache()
+                            .get(r.addr as *mut u8, r.len, self.ctx.send_access())
                     }?;
                     let seg = TxSeg {
                         len,
@@ -160,6 +160,7 @@ impl Buffers {
                             rkey: h.rkey(),
                         }],
                         lkeys: smallvec::smallvec![h.lkey()],
+                        windows: Windows::default(),
                         _owner: Owner::Rcache(Some(h), self.ctx.clone()),
                     };
                     return Ok((seg, 0));
@@ -213,6 +214,7 @@ impl Buffers {
                 len,
                 parts,
                 lkeys,
+                windows: Windows::default(),
                 _owner: owner,
             },
             copied,
@@ -277,6 +279,17 @@ pub struct TxSeg {
     pub parts: SmallVec<[Part; 1]>,
     /// The lkey of each part (for SGEs).
     pub lkeys: SmallVec<[u32; 1]>,
+    /// The windows the parts are exposed through to the current link's peer (scoped
+    /// rkeys, rendezvous): declared before `_owner`, so they are invalidated before the
+    /// memory is released.
+    pub windows: Windows,
     /// Released when the segment is dropped (acknowledged or failed).
     pub _owner: Owner,
+}
+
+impl TxSeg {
+    /// Ends the windows of the link that is gone (a replay exposes the parts again).
+    pub fn unexpose(&mut self) {
+        self.windows.clear();
+    }
 }

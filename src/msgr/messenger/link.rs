@@ -17,12 +17,15 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::buffers::TxSeg;
+use super::scope::Scope;
 use super::wire::{self, Grant, HDR_LEN, Header, Malformed, Part, SLOT, SegDesc};
 
 /// One posted receive.
 pub struct RecvSlot {
     pub hdr: Chunk,
     pub data: Chunk,
+    /// The window the data chunk is granted to the peer through (0: none; `scope.rs`).
+    pub window: u32,
 }
 
 enum SqWork {
@@ -153,6 +156,8 @@ pub struct Link {
     /// Its CQs tell the shard when a completion lands in them (`park.rs`): the session
     /// may be parked while quiet. Not on verbs, where only a poll tells.
     pub parkable: bool,
+    /// Windows for this link's peer (`msgr_scoped_rkeys`): what it may READ or WRITE.
+    pub scope: Option<Scope>,
 }
 
 /// Send-queue entries kept for a control message (acknowledgement, credits, keepalive):
@@ -177,7 +182,9 @@ impl Link {
         max_sq: usize,
         max_sge: usize,
     ) -> Link {
+        let scope = Scope::for_conn(&conn);
         Link {
+            scope,
             conn,
             data,
             slots: slot_pool,
@@ -231,7 +238,11 @@ impl Link {
                 }
             };
             wrs.push((u64::from(i), recv_sges(&hdr, &d)));
-            out.push(RecvSlot { hdr, data: d });
+            out.push(RecvSlot {
+                hdr,
+                data: d,
+                window: 0,
+            });
         }
         match conn.post_recv(&wrs) {
             Ok(k) if k == wrs.len() => (out, None),
@@ -298,7 +309,14 @@ impl Link {
             let cookie = self.next_cookie;
             self.next_cookie += 1;
             wrs.push((cookie, recv_sges(&hdr, &d)));
-            slots.push((cookie, RecvSlot { hdr, data: d }));
+            slots.push((
+                cookie,
+                RecvSlot {
+                    hdr,
+                    data: d,
+                    window: 0,
+                },
+            ));
         }
         if wrs.is_empty() {
             return Ok(0);
@@ -504,6 +522,25 @@ impl Link {
             h.credits as usize <= self.recvs.len() - first,
             "announced more than owed"
         );
+        // Scoped rkeys: each granted chunk through a window bound for this peer. Out of
+        // windows (the device's table is full), these credits go without grants: the peer
+        // then sends their eager data in the SEND.
+        if let Some(sc) = &self.scope {
+            let bound = self
+                .recvs
+                .range_mut(first..)
+                .take(h.granted())
+                .try_for_each(|(_, r)| {
+                    if r.window == 0 {
+                        r.window = sc.grant(&r.data)?;
+                    }
+                    Ok::<(), Error>(())
+                });
+            if let Err(e) = bound {
+                log::debug!(target: "rdmx::msgr", "messenger: credits without grants: {e}");
+                h.flags &= !wire::flags::GRANTS;
+            }
+        }
         // SAFETY: the slot is ours (from the pool or our spares, not posted); SLOT bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(slot.addr, SLOT) };
         h.emit(out);
@@ -515,7 +552,7 @@ impl Link {
             at,
             granted.map(|(_, r)| Grant {
                 addr: r.data.addr_u64(),
-                rkey: r.data.rkey,
+                rkey: if r.window != 0 { r.window } else { r.data.rkey },
             }),
         );
         if h.payload_len == 0 || h.has(wire::flags::WRITTEN) {
@@ -747,10 +784,14 @@ impl Link {
         let mismatch = || Error::fixed(ErrorKind::Closed, "completion out of order");
         match wc.opcode {
             WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
-                let (cookie, slot) = self.recvs.pop_front().ok_or_else(mismatch)?;
+                let (cookie, mut slot) = self.recvs.pop_front().ok_or_else(mismatch)?;
                 if cookie != wc.cookie {
                     self.recvs.push_front((cookie, slot));
                     return Err(mismatch());
+                }
+                // The receive is consumed: its grant ends before the chunk is used again.
+                if let Some(sc) = &self.scope {
+                    sc.end(std::mem::take(&mut slot.window));
                 }
                 if wc.opcode == WcOpcode::RecvRdmaWithImm {
                     // An immediate message: the receive's buffers were not touched.
@@ -884,6 +925,9 @@ impl Drop for Link {
         // The QP goes first: once it is destroyed nothing writes or reads our chunks.
         self.conn.close();
         for (_, s) in self.recvs.drain(..) {
+            if let Some(sc) = &self.scope {
+                sc.end(s.window);
+            }
             let _ = self.slots.put(s.hdr);
             let _ = self.data.put(s.data);
         }

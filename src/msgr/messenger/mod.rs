@@ -26,6 +26,7 @@ mod link;
 // The session machine drives every session (`session.rs`, `shard.rs`).
 pub(crate) mod machine;
 mod park;
+mod scope;
 mod session;
 mod settings;
 mod shard;

@@ -425,6 +425,9 @@ impl Session {
                         && let Some((_, mut l)) = self.link.take()
                     {
                         take_counters(&mut self.m, &mut l);
+                        // Windows bound for this link's QP end (a replay binds new ones).
+                        let segs = self.m.bodies_mut().flat_map(|b| b.segs.iter_mut());
+                        segs.for_each(TxSeg::unexpose);
                         if drain {
                             let _ = l.flush();
                             closing.push((l, now + CLOSE_DRAIN));
@@ -466,12 +469,16 @@ impl Session {
         let Some(seq) = msg else {
             return link.queue(h, &[], Body::None, owed);
         };
-        let Some(o) = self.m.unacked(seq) else {
+        let Some(o) = self.m.unacked_mut(seq) else {
             return Err(Error::new(
                 ErrorKind::Closed,
                 format!("messenger: post of message {seq}, which the session does not hold"),
             ));
         };
+        if o.shape.rndv {
+            // Scoped rkeys: the peer READs through windows bound for its QP (`scope.rs`).
+            super::scope::expose_all(link.scope.as_ref(), &mut o.body.segs)?;
+        }
         let m = &o.body;
         if !o.shape.rndv {
             let body = match m.segs.first() {

@@ -11,6 +11,7 @@ pub mod srq;
 pub(crate) mod sys;
 pub mod ud;
 pub(crate) mod udp;
+pub mod window;
 
 /// Not part of the API (no stability promise): the soft provider's UDP socket layer
 /// (sendmmsg/recvmmsg batches with GSO/GRO) and its poll(2) wait. Public only with the

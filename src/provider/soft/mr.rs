@@ -20,11 +20,14 @@ use crate::rc::memory::{Key, MemError, Memory};
 use crate::rc::verbs::access;
 use parking_lot::{RwLock, RwLockReadGuard};
 use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::sys::try_random_u32;
+use super::window::{Held, WINDOW_TAG, WindowTable};
 
 /// One registered region.
 #[derive(Debug)]
@@ -36,6 +39,8 @@ pub struct Region {
     pub rkey: u32,
     /// Work requests in flight that name this region through an SGE.
     inflight: AtomicU32,
+    /// Memory windows bound in it (it cannot be deregistered while there are any).
+    windows: AtomicU32,
 }
 
 #[derive(Debug, Default)]
@@ -168,6 +173,8 @@ impl Tables {
 #[derive(Debug, Default)]
 pub struct MrTable {
     tables: RwLock<Tables>,
+    /// Memory windows over the regions (`window.rs`): not under the lock above.
+    windows: WindowTable,
 }
 
 impl MrTable {
@@ -190,10 +197,11 @@ impl MrTable {
         t.pin(addr as u64, len as u64)?;
         // Keys are random (not predictable from one registration to the next) and never 0.
         // Bounded: with at most a few million regions in a 2^32 space, 64 draws that all
-        // collide mean the randomness is broken, which is reported, not looped on.
+        // collide mean the randomness is broken, which is reported, not looped on. The top
+        // bit is the memory windows' (`WINDOW_TAG`): a region's keys never have it.
         let fresh = |m: &HashMap<u32, Arc<Region>>| -> Result<u32> {
             for _ in 0..64 {
-                let k = try_random_u32()?;
+                let k = try_random_u32()? & !WINDOW_TAG;
                 if k != 0 && !m.contains_key(&k) {
                     return Ok(k);
                 }
@@ -218,6 +226,7 @@ impl MrTable {
             lkey,
             rkey,
             inflight: AtomicU32::new(0),
+            windows: AtomicU32::new(0),
         });
         t.by_lkey.insert(lkey, Arc::clone(&r));
         t.by_rkey.insert(rkey, Arc::clone(&r));
@@ -242,6 +251,7 @@ impl MrTable {
                 ),
             ));
         }
+        windows_bound(r)?;
         let (rkey, addr, len) = (r.rkey, r.addr, r.len);
         t.by_lkey.remove(&lkey);
         t.by_rkey.remove(&rkey);
@@ -254,11 +264,15 @@ impl MrTable {
     /// with a completion error, and the memory is the caller's again when this returns.
     pub fn revoke(&self, lkey: u32) -> Result<()> {
         let mut t = self.tables.write();
-        let Some(r) = t.by_lkey.remove(&lkey) else {
+        let Some(r) = t.by_lkey.get(&lkey) else {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!("no memory region with lkey {lkey:#x}"),
             ));
+        };
+        windows_bound(r)?;
+        let Some(r) = t.by_lkey.remove(&lkey) else {
+            return Ok(());
         };
         let n = r.inflight.load(Ordering::Acquire);
         if n > 0 {
@@ -270,6 +284,79 @@ impl MrTable {
         t.by_rkey.remove(&r.rkey);
         t.unpin(r.addr, r.len);
         Ok(())
+    }
+
+    /// Binds a memory window over `[addr, addr + len)` of the region `lkey` to QP `qpn`
+    /// with `rights` (REMOTE_READ and/or REMOTE_WRITE; the region itself needs no remote
+    /// right, and LOCAL_WRITE for REMOTE_WRITE, as a type-2 window on a NIC) and returns
+    /// its rkey: valid only in requests arriving on that QP, within that range, until
+    /// [`MrTable::invalidate_window`]. The region cannot be deregistered meanwhile.
+    pub fn bind_window(
+        &self,
+        qpn: u32,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        rights: u32,
+    ) -> Result<u32> {
+        let remote = access::REMOTE_READ | access::REMOTE_WRITE;
+        if rights & !remote != 0 || rights == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "memory window: rights {rights:#x}: REMOTE_READ (4) and/or REMOTE_WRITE (2)"
+                ),
+            ));
+        }
+        let t = self.tables.read_recursive();
+        let Some(r) = t.by_lkey.get(&lkey) else {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("memory window: no memory region with lkey {lkey:#x}"),
+            ));
+        };
+        let inside = addr
+            .checked_add(len)
+            .is_some_and(|end| addr >= r.addr && end <= r.addr + r.len);
+        if !inside {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "memory window: {addr:#x} + {len} is not inside region lkey {lkey:#x} ({:#x} + {})",
+                    r.addr, r.len
+                ),
+            ));
+        }
+        if rights & access::REMOTE_WRITE != 0 && r.access & access::LOCAL_WRITE == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "memory window: REMOTE_WRITE over a region without LOCAL_WRITE",
+            ));
+        }
+        r.windows.fetch_add(1, Ordering::AcqRel);
+        let acc = rights | (r.access & access::LOCAL_WRITE);
+        self.windows
+            .bind(qpn, lkey, addr, len, acc)
+            .inspect_err(|_| {
+                r.windows.fetch_sub(1, Ordering::AcqRel);
+            })
+    }
+
+    /// Invalidates window `rkey`: when this returns, no access through it is in progress
+    /// and none can start (see `window.rs`). False when it was not bound.
+    pub fn invalidate_window(&self, rkey: u32) -> bool {
+        let Some(lkey) = self.windows.invalidate(rkey) else {
+            return false;
+        };
+        if let Some(r) = self.tables.read_recursive().by_lkey.get(&lkey) {
+            r.windows.fetch_sub(1, Ordering::AcqRel);
+        }
+        true
+    }
+
+    /// Memory windows bound now.
+    pub fn windows_bound(&self) -> usize {
+        self.windows.bound()
     }
 
     /// Bytes this table keeps pinned (pages shared by regions counted once).
@@ -310,8 +397,27 @@ impl MrTable {
     pub fn view(&self) -> MemView<'_> {
         MemView {
             t: self.tables.read_recursive(),
+            w: &self.windows,
+            qpn: Cell::new(0),
+            held: RefCell::new(SmallVec::new()),
         }
     }
+}
+
+/// Refuses to remove a region while memory windows are bound in it (as verbs refuses
+/// `ibv_dereg_mr` then).
+fn windows_bound(r: &Region) -> Result<()> {
+    let w = r.windows.load(Ordering::Acquire);
+    if w > 0 {
+        return Err(Error::new(
+            ErrorKind::Busy,
+            format!(
+                "memory region lkey {:#x} has {w} memory window(s) bound: invalidate them first",
+                r.lkey
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl crate::mem::Registrar for MrTable {
@@ -335,20 +441,41 @@ impl crate::mem::Registrar for MrTable {
 }
 
 /// The engine's access path to registered memory (see `MrTable::view`).
+///
+/// Remote keys are looked up for the QP the view serves ([`MemView::set_qp`], set by the
+/// QP before it hands the view to the engine): a memory window answers only requests that
+/// arrived on the QP it is bound to.
 pub struct MemView<'a> {
     t: RwLockReadGuard<'a, Tables>,
+    w: &'a WindowTable,
+    /// The QP whose requests the engine serves now (0, a number no QP has: no window).
+    qpn: Cell<u32>,
+    /// Windows lent as slices ([`Memory::slice`]): kept from invalidation until the view
+    /// is dropped, which is when the slices' lifetime ends.
+    held: RefCell<SmallVec<[Held<'a>; 4]>>,
 }
 
-impl MemView<'_> {
+impl<'a> MemView<'a> {
+    /// Remote keys are looked up for QP `qpn` from now on.
+    pub fn set_qp(&self, qpn: u32) {
+        self.qpn.set(qpn);
+    }
+
+    /// The address of `[addr, addr + len)` behind `key` with `need`, and the hold on the
+    /// window when `key` is one (released when dropped).
     fn find(
         &self,
         key: Key,
         addr: u64,
         len: u64,
         need: u32,
-    ) -> std::result::Result<*mut u8, MemError> {
+    ) -> std::result::Result<(*mut u8, Option<Held<'a>>), MemError> {
         let r = match key {
             Key::Local(k) => self.t.by_lkey.get(&k),
+            Key::Remote(k) if k & WINDOW_TAG != 0 => {
+                let held = self.w.lookup(k, self.qpn.get(), addr, len, need)?;
+                return Ok((addr as *mut u8, Some(held)));
+            }
             Key::Remote(k) => self.t.by_rkey.get(&k),
         }
         .ok_or(MemError::BadKey)?;
@@ -359,7 +486,15 @@ impl MemView<'_> {
         if addr < r.addr || end > r.addr + r.len {
             return Err(MemError::Range);
         }
-        Ok(addr as *mut u8)
+        Ok((addr as *mut u8, None))
+    }
+}
+
+impl Drop for MemView<'_> {
+    fn drop(&mut self) {
+        // The slices lent from windows end here: their holds go (explicitly first, before
+        // the read guard, though either order is sound).
+        self.held.get_mut().clear();
     }
 }
 
@@ -371,10 +506,11 @@ impl Memory for MemView<'_> {
         out: &mut [u8],
         need: u32,
     ) -> std::result::Result<(), MemError> {
-        let p = self.find(key, addr, out.len() as u64, need)?;
+        let (p, _held) = self.find(key, addr, out.len() as u64, need)?;
         // SAFETY: `find` checked that [addr, addr + len) lies in a registered region, which
         // the registration contract keeps valid while the table holds it (and the read
-        // guard in `self` keeps it from being deregistered). Raw copies, no references to
+        // guard in `self` keeps it from being deregistered; a window's hold, `_held`, keeps
+        // it from being invalidated until the copy is done). Raw copies, no references to
         // caller memory are formed.
         unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
         Ok(())
@@ -387,9 +523,9 @@ impl Memory for MemView<'_> {
         data: &[u8],
         need: u32,
     ) -> std::result::Result<(), MemError> {
-        let p = self.find(key, addr, data.len() as u64, need | access::LOCAL_WRITE)?;
+        let (p, _held) = self.find(key, addr, data.len() as u64, need | access::LOCAL_WRITE)?;
         // SAFETY: as in `read`; the region was registered with LOCAL_WRITE, i.e. the caller
-        // allowed rdmx to write it.
+        // allowed rdmx to write it (a window carries LOCAL_WRITE only when its region has it).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
         Ok(())
     }
@@ -399,9 +535,17 @@ impl Memory for MemView<'_> {
     }
 
     fn slice(&self, key: Key, addr: u64, len: usize, need: u32) -> Option<&[u8]> {
-        let p = self.find(key, addr, len as u64, need).ok()?;
+        let (p, held) = self.find(key, addr, len as u64, need).ok()?;
+        if let Some(h) = held {
+            // Kept until the view goes (the slice's lifetime), once per window.
+            let mut v = self.held.borrow_mut();
+            if !v.iter().any(|k| k.id() == h.id()) {
+                v.push(h);
+            }
+        }
         // SAFETY: as in `read`: the range is registered and in bounds, and the slice lives
-        // no longer than this view (and so the read guard; deregistration waits for it).
+        // no longer than this view (and so the read guard; deregistration waits for it, and
+        // the window's hold, kept in `held` until the view is dropped, makes invalidation wait).
         // Deviation, on purpose: a `&[u8]` promises nobody writes meanwhile, but the
         // application (against verbs rules: a buffer named by an outstanding send is not
         // to be modified) or a peer's RDMA WRITE into a region exposed for remote writes
@@ -575,6 +719,69 @@ mod tests {
         assert_eq!(t.pinned_bytes(), 2 * ps as u64, "b still pins both pages");
         t.deregister(b.lkey).unwrap();
         assert_eq!(t.pinned_bytes(), 0);
+    }
+
+    /// A region without remote rights: its rkey opens nothing; a window over part of it
+    /// answers only its QP, inside its range; a slice lent from it keeps invalidation
+    /// waiting until the view goes; the region cannot be deregistered while it is bound.
+    #[test]
+    fn windows_scope_remote_access_to_a_qp_and_a_range() {
+        let t = MrTable::default();
+        let mut buf = vec![5u8; 8192];
+        let r = reg(&t, buf.as_mut_ptr(), 8192, access::LOCAL_WRITE).unwrap();
+        let mut out = [0u8; 8];
+        let v = t.view();
+        v.set_qp(0x42);
+        assert_eq!(
+            v.read(Key::Remote(r.rkey), r.addr, &mut out, access::REMOTE_READ),
+            Err(MemError::Access),
+            "the region's own rkey"
+        );
+        drop(v);
+        let rights = access::REMOTE_READ | access::REMOTE_WRITE;
+        let k = t
+            .bind_window(0x42, r.lkey, r.addr + 4096, 4096, rights)
+            .unwrap();
+        assert_ne!(k, r.rkey);
+        let e = t
+            .bind_window(0x42, r.lkey, r.addr + 4096, 8192, rights)
+            .unwrap_err();
+        assert!(e.message().contains("not inside"), "{e}");
+        let mut v = t.view();
+        v.set_qp(0x43);
+        assert_eq!(
+            v.read(Key::Remote(k), r.addr + 4096, &mut out, access::REMOTE_READ),
+            Err(MemError::BadKey),
+            "another QP"
+        );
+        v.set_qp(0x42);
+        v.write(Key::Remote(k), r.addr + 4096, &[9; 8], access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(
+            v.read(Key::Remote(k), r.addr, &mut out, access::REMOTE_READ),
+            Err(MemError::Range)
+        );
+        let lent = v.slice(Key::Remote(k), r.addr + 4096, 8, access::REMOTE_READ);
+        assert_eq!(lent, Some(&[9u8; 8][..]));
+        assert_eq!(t.deregister(r.lkey).unwrap_err().kind(), ErrorKind::Busy);
+        std::thread::scope(|s| {
+            let inv = s.spawn(|| t.invalidate_window(k));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!inv.is_finished(), "invalidated while a slice is lent");
+            drop(v);
+            assert!(inv.join().unwrap());
+        });
+        let v = t.view();
+        v.set_qp(0x42);
+        assert_eq!(
+            v.read(Key::Remote(k), r.addr + 4096, &mut out, access::REMOTE_READ),
+            Err(MemError::BadKey),
+            "after invalidation"
+        );
+        drop(v);
+        assert_eq!(t.windows_bound(), 0);
+        t.deregister(r.lkey).unwrap();
+        assert_eq!(&buf[4096..4104], &[9; 8]);
     }
 
     fn unsafe_offset(buf: &mut [u8], at: usize) -> *mut u8 {

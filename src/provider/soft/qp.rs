@@ -546,6 +546,8 @@ impl SoftQp {
         }
         let mut g = self.inner.lock();
         self.srq_refill(&mut g, data);
+        // Remote keys in this packet are this QP's to use (memory windows are per QP).
+        view.set_qp(self.qpn);
         g.qp.handle_packet(now, data, view);
         self.publish_deadline(&g);
         Received::Processed
@@ -662,6 +664,8 @@ impl SoftQp {
     /// the backlog; stops (keeping the rest in the engine) when the socket is full.
     fn drive_locked(&self, g: &mut Inner, view: &MemView<'_>, now: u64) {
         let Some(peer) = g.peer else { return };
+        // READ responses read memory through this QP's remote keys (windows are per QP).
+        view.set_qp(self.qpn);
         if !g.backlog.is_empty() && !self.flush_backlog(g, peer, now) {
             return;
         }

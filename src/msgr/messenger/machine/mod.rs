@@ -270,6 +270,21 @@ impl<M> Machine<M> {
         self.unacked.iter().rev().find(|m| m.seq == seq)
     }
 
+    /// [`Machine::unacked`], to change the driver's own part of its body (the rkeys a
+    /// rendezvous message is exposed through to the current link's peer).
+    pub fn unacked_mut(&mut self, seq: u64) -> Option<&mut Out<M>> {
+        self.unacked.iter_mut().rev().find(|m| m.seq == seq)
+    }
+
+    /// The bodies of every message held (waiting and unacknowledged), for the driver's
+    /// own state in them (windows bound for a link that ended).
+    pub fn bodies_mut(&mut self) -> impl Iterator<Item = &mut M> {
+        self.waiting
+            .iter_mut()
+            .chain(self.unacked.iter_mut())
+            .map(|o| &mut o.body)
+    }
+
     /// A connection attempt is under way (connecting side).
     #[cfg(test)]
     pub fn connecting(&self) -> bool {
