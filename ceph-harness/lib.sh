@@ -27,14 +27,14 @@ PG_NUM=${PG_NUM:-32}
 # registers must fit, per process. Ceph's defaults (128 KiB x 1024 send chunks in one MR)
 # abort ("Out of max memory region size"). Chosen (docs/ceph-harness.md): 8 KiB chunks (a
 # 4 KiB IO's message still fits one), 128 send chunks (1 MiB, one MR), at most 384 receive
-# chunks (3 MiB), 128 receives posted on the SRQ. The 256 receive chunks beyond the SRQ's
-# are the slack Ceph needs: when every receive chunk is taken, its update_post_backlog
-# posts more receives than the SRQ holds and asserts on the refusal (see "SRQ over-post").
-# Where the limit is higher, RDMA_* raise them.
+# chunks (3 MiB), and an SRQ that can hold every one of them. After a receive-chunk
+# shortage, Ceph's update_post_backlog posts receives it already posted until the chunks
+# run out; an SRQ smaller than the chunk pool then refuses a post and Ceph asserts (see
+# "SRQ over-post"). Where the limit is higher, RDMA_* raise them.
 RDMA_BUFFER_SIZE=${RDMA_BUFFER_SIZE:-8192}
 RDMA_SEND_BUFFERS=${RDMA_SEND_BUFFERS:-128}
 RDMA_RECV_BUFFERS=${RDMA_RECV_BUFFERS:-384}
-RDMA_RECV_QUEUE_LEN=${RDMA_RECV_QUEUE_LEN:-128}
+RDMA_RECV_QUEUE_LEN=${RDMA_RECV_QUEUE_LEN:-$RDMA_RECV_BUFFERS}
 
 now_ms() { date +%s%3N; }
 say() { echo "[ceph-harness $(date +%T)] $*" >&2; }
