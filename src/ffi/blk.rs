@@ -142,6 +142,23 @@ pub struct rdmx_blk_volume {
     pub one_sided: u32,
 }
 
+/// The caller's configuration, or (NULL) one read from the environment.
+fn config_or_env(cfg: Option<&rdmx_config>) -> crate::error::Result<std::borrow::Cow<'_, Config>> {
+    Ok(match cfg {
+        Some(c) => std::borrow::Cow::Borrowed(c.config()),
+        None => std::borrow::Cow::Owned(Config::from_env()?),
+    })
+}
+
+/// An open's wait: `timeout_ms`, or 10 s for 0.
+fn open_timeout(timeout_ms: u32) -> Duration {
+    if timeout_ms == 0 {
+        Duration::from_secs(10)
+    } else {
+        Duration::from_millis(u64::from(timeout_ms))
+    }
+}
+
 fn mode_of(mode: u32) -> crate::error::Result<Mode> {
     match mode {
         RDMX_BLK_MODE_RPC => Ok(Mode::Rpc),
@@ -183,21 +200,10 @@ pub unsafe extern "C" fn rdmx_blk_open(
         // SAFETY: forwarded contract.
         let volume = unsafe { str_arg(volume, "volume") }?;
         let mode = mode_of(mode)?;
-        let owned;
         // SAFETY: forwarded contract; NULL means "no config given".
-        let config = match unsafe { cfg.as_ref() } {
-            Some(c) => c.config(),
-            None => {
-                owned = Config::from_env()?;
-                &owned
-            }
-        };
-        let t = if timeout_ms == 0 {
-            Duration::from_secs(10)
-        } else {
-            Duration::from_millis(u64::from(timeout_ms))
-        };
-        let c = BlkClient::open(config, addr, volume, mode, t)?;
+        let config = config_or_env(unsafe { cfg.as_ref() })?;
+        let t = open_timeout(timeout_ms);
+        let c = BlkClient::open(&config, addr, volume, mode, t)?;
         let efd = c.event_fd();
         let b = Box::new(rdmx_blk {
             inner: Mutex::new(Client::One(Box::new(c))),
@@ -266,21 +272,10 @@ pub unsafe extern "C" fn rdmx_blk_open_paths(
         // SAFETY: forwarded contract.
         let volume = unsafe { str_arg(volume, "volume") }?;
         let mode = mode_of(mode)?;
-        let owned;
         // SAFETY: forwarded contract; NULL means "no config given".
-        let config = match unsafe { cfg.as_ref() } {
-            Some(c) => c.config(),
-            None => {
-                owned = Config::from_env()?;
-                &owned
-            }
-        };
-        let t = if timeout_ms == 0 {
-            Duration::from_secs(10)
-        } else {
-            Duration::from_millis(u64::from(timeout_ms))
-        };
-        let c = BlkPaths::open(config, &list, volume, mode, t)?;
+        let config = config_or_env(unsafe { cfg.as_ref() })?;
+        let t = open_timeout(timeout_ms);
+        let c = BlkPaths::open(&config, &list, volume, mode, t)?;
         let b = Box::new(rdmx_blk {
             inner: Mutex::new(Client::Paths(Box::new(c))),
             efd: -1,
