@@ -26,6 +26,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+source "$root/fio/lib.sh"
 . "$root/scripts/require.sh"
 
 DUR=20
@@ -131,15 +132,7 @@ start_target() {
     --volume "s0=file:$work/seq.img" "${sets[@]}" >"$work/$name.out" 2>"$work/$name.err" &
   TPID=$!
   PIDS+=("$TPID")
-  ADDR=""
-  for _ in $(seq 200); do
-    ADDR=$(sed -n 's/^rdmx-target listening on \([^ ]*\) .*/\1/p' "$work/$name.out" 2>/dev/null || true)
-    [ -n "$ADDR" ] && return 0
-    kill -0 "$TPID" 2>/dev/null || break
-    sleep 0.05
-  done
-  echo "failover: rdmx-target $name did not start: $(cat "$work/$name.err")" >&2
-  exit 1
+  wait_target "$name" "failover"
 }
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }

@@ -8,6 +8,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+source "$root/fio/lib.sh"
 # require_missing: skip a case the host cannot run, or fail under RDMX_TEST_REQUIRE=all.
 . "$root/scripts/require.sh"
 RUNTIME=${FIO_TEST_RUNTIME:-3}
@@ -38,15 +39,7 @@ start_target() {
   "${pre[@]}" "$TARGET" --listen "$listen" "${vols[@]}" >"$work/$name.out" 2>"$work/$name.err" &
   TPID=$!
   PIDS+=("$TPID")
-  ADDR=""
-  for _ in $(seq 200); do
-    ADDR=$(sed -n 's/^rdmx-target listening on \([^ ]*\) .*/\1/p' "$work/$name.out" 2>/dev/null || true)
-    [ -n "$ADDR" ] && return 0
-    kill -0 "$TPID" 2>/dev/null || break
-    sleep 0.05
-  done
-  echo "fio test: rdmx-target $name did not start: $(cat "$work/$name.err")" >&2
-  exit 1
+  wait_target "$name" "fio test"
 }
 
 # run_fio LABEL NETNS|- ADDR VOLUME MODE JOB [FIO OPTIONS...]: runs fio, fails on any error.
