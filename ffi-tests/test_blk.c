@@ -165,6 +165,10 @@ int main(int argc, char **argv) {
   /* Each answered by the WRITE's immediate value alone: no reply message. */
   CHECK(kc.imm_replies == kc.placed_reads);
   CHECK_STATUS(rdmx_blk_get_counters(b, NULL), RDMX_INVALID_ARGUMENT);
+  /* A single-path client has no path events. */
+  rdmx_blk_path_event pe = {.struct_size = sizeof(pe)};
+  CHECK_STATUS(rdmx_blk_next_path_event(b, &pe), RDMX_OK);
+  CHECK(pe.kind == RDMX_BLK_PATH_EVENT_NONE);
   CHECK_STATUS(rdmx_blk_get_counters(NULL, &kc), RDMX_INVALID_ARGUMENT);
   bad_requests(b, buf, info.size);
   /* A flush. */

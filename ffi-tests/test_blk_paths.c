@@ -153,6 +153,8 @@ int main(int argc, char **argv) {
   CHECK(rdmx_blk_path_count(NULL) == 0);
   rdmx_blk_path p = {.struct_size = sizeof(p)};
   CHECK_STATUS(rdmx_blk_get_path(NULL, 0, &p), RDMX_INVALID_ARGUMENT);
+  rdmx_blk_path_event ev = {.struct_size = sizeof(ev)};
+  CHECK_STATUS(rdmx_blk_next_path_event(NULL, &ev), RDMX_INVALID_ARGUMENT);
 
   if (!mkdtemp(dir)) {
     perror("mkdtemp");
@@ -213,6 +215,31 @@ int main(int argc, char **argv) {
       /* Every re-issue left the dead path and went to the surviving one. */
       CHECK(k.reissued == p1.reissued);
       CHECK(k.reissued == p0.failed_over);
+      /* The path events, oldest first: path 0 went down (with why), path 1 took the IO. */
+      CHECK_STATUS(rdmx_blk_next_path_event(b, NULL), RDMX_INVALID_ARGUMENT);
+      rdmx_blk_path_event e0 = {.struct_size = 0};
+      CHECK_STATUS(rdmx_blk_next_path_event(b, &e0), RDMX_INVALID_ARGUMENT);
+      CHECK_ERR_HAS("struct_size");
+      int down0 = 0, active1_after_down = 0, events = 0;
+      for (; events < 64; events++) {
+        rdmx_blk_path_event e = {.struct_size = sizeof(e)};
+        CHECK_STATUS(rdmx_blk_next_path_event(b, &e), RDMX_OK);
+        CHECK(e.struct_size == sizeof(e));
+        if (e.kind == RDMX_BLK_PATH_EVENT_NONE) break;
+        CHECK(e.path < 2);
+        CHECK(e.reason[sizeof(e.reason) - 1] == 0);
+        if (e.kind == RDMX_BLK_PATH_EVENT_DOWN && e.path == 0) {
+          down0 = 1;
+          CHECK(e.reason[0] != 0);
+        }
+        if (e.kind == RDMX_BLK_PATH_EVENT_ACTIVE && e.path == 1 && down0) active1_after_down = 1;
+        if (e.kind != RDMX_BLK_PATH_EVENT_DOWN) CHECK(e.reason[0] == 0);
+      }
+      CHECK(events < 64);
+      CHECK(down0 && active1_after_down);
+      rdmx_blk_path_event none = {.struct_size = sizeof(none)};
+      CHECK_STATUS(rdmx_blk_next_path_event(b, &none), RDMX_OK);
+      CHECK(none.kind == RDMX_BLK_PATH_EVENT_NONE);
       printf("test_blk_paths: path 0 down after %llu us without a completion; %llu IOs "
              "re-issued\n",
              (unsigned long long)p0.last_detect_us, (unsigned long long)k.reissued);

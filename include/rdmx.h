@@ -83,6 +83,33 @@ typedef struct rdmx_conn rdmx_conn;
 #define RDMX_BLK_PATH_CONNECTING 2
 
 /**
+ * `rdmx_blk_path_event.kind`: no event (none happened since the last call).
+ */
+#define RDMX_BLK_PATH_EVENT_NONE 0
+
+/**
+ * `rdmx_blk_path_event.kind`: the path's session ended (or it did not answer for
+ * `io_fail_timeout_ms`); its IO in flight moves to a surviving path. `reason` says why.
+ */
+#define RDMX_BLK_PATH_EVENT_DOWN 1
+
+/**
+ * `rdmx_blk_path_event.kind`: the path (re)opened the volume.
+ */
+#define RDMX_BLK_PATH_EVENT_UP 2
+
+/**
+ * `rdmx_blk_path_event.kind`: new IO goes to this path now (standby policy: a failover or
+ * a failback).
+ */
+#define RDMX_BLK_PATH_EVENT_ACTIVE 3
+
+/**
+ * Bytes of `rdmx_blk_path_event.reason`, its terminating NUL included.
+ */
+#define RDMX_BLK_PATH_REASON_LEN 128
+
+/**
  * Wait for the previous RDMA READs to complete before this WR (IBV_SEND_FENCE).
  */
 #define RDMX_POST_FENCE 1
@@ -417,6 +444,33 @@ typedef struct {
    */
   uint64_t last_detect_us;
 } rdmx_blk_path;
+
+/**
+ * A path event of a multipath client (`rdmx_blk_next_path_event`).
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof` this struct (see "Structs that grow" at the top of
+   * this header). Fields are only added at the end.
+   */
+  size_t struct_size;
+  /**
+   * RDMX_BLK_PATH_EVENT_NONE, _DOWN, _UP or _ACTIVE.
+   */
+  uint32_t kind;
+  /**
+   * The path's index (the order of `rdmx_blk_open_paths`' `addrs`).
+   */
+  uint32_t path;
+  /**
+   * Microseconds from the event to this call.
+   */
+  uint64_t age_us;
+  /**
+   * For RDMX_BLK_PATH_EVENT_DOWN, why (NUL-terminated, cut to fit); empty otherwise.
+   */
+  char reason[RDMX_BLK_PATH_REASON_LEN];
+} rdmx_blk_path_event;
 
 /**
  * How a client's reads moved (RDMX_BLK_MODE_RPC): placed in `buf` by the target's RDMA
@@ -1212,6 +1266,19 @@ size_t rdmx_blk_path_count(const rdmx_blk *blk);
  * `blk` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
  */
 rdmx_status rdmx_blk_get_path(const rdmx_blk *blk, size_t index, rdmx_blk_path *out);
+
+/**
+ * Takes the oldest path event of a multipath client (`rdmx_blk_open_paths`) that was not
+ * taken yet: a path went down, came up, or became the one new IO goes to. Events happen
+ * while the client is polled (`rdmx_blk_poll`); the client keeps the last 1,024. RDMX_OK
+ * with `kind` RDMX_BLK_PATH_EVENT_NONE when there is none (take them in a loop until
+ * then). A client from `rdmx_blk_open` has no path events (always NONE). Each event is
+ * also logged (target `rdmx::blk`).
+ *
+ * # Safety
+ * `blk` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
+ */
+rdmx_status rdmx_blk_next_path_event(const rdmx_blk *blk, rdmx_blk_path_event *out);
 
 /**
  * The client's counters.

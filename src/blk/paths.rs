@@ -982,6 +982,11 @@ impl BlkPaths {
         self.events.drain(..).collect()
     }
 
+    /// The oldest path event not taken yet, removed (None: none happened since).
+    pub fn next_event(&mut self) -> Option<PathEvent> {
+        self.events.pop_front()
+    }
+
     /// The policy in use.
     pub fn policy(&self) -> PathPolicy {
         self.policy

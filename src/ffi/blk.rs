@@ -7,7 +7,8 @@ use super::config::rdmx_config;
 use super::sized::{sized_out, write_sized};
 use super::status::rdmx_status;
 use crate::blk::{
-    BlkClient, BlkCounters, BlkPaths, Completion, Mode, Op, PathState, Req, VolumeInfo,
+    BlkClient, BlkCounters, BlkPaths, Completion, Mode, Op, PathEventKind, PathState, Req,
+    VolumeInfo,
 };
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
@@ -389,6 +390,102 @@ pub unsafe extern "C" fn rdmx_blk_get_path(
     })
 }
 
+/// `rdmx_blk_path_event.kind`: no event (none happened since the last call).
+pub const RDMX_BLK_PATH_EVENT_NONE: u32 = 0;
+/// `rdmx_blk_path_event.kind`: the path's session ended (or it did not answer for
+/// `io_fail_timeout_ms`); its IO in flight moves to a surviving path. `reason` says why.
+pub const RDMX_BLK_PATH_EVENT_DOWN: u32 = 1;
+/// `rdmx_blk_path_event.kind`: the path (re)opened the volume.
+pub const RDMX_BLK_PATH_EVENT_UP: u32 = 2;
+/// `rdmx_blk_path_event.kind`: new IO goes to this path now (standby policy: a failover or
+/// a failback).
+pub const RDMX_BLK_PATH_EVENT_ACTIVE: u32 = 3;
+
+/// Bytes of `rdmx_blk_path_event.reason`, its terminating NUL included.
+pub const RDMX_BLK_PATH_REASON_LEN: usize = 128;
+
+/// A path event of a multipath client (`rdmx_blk_next_path_event`).
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy)]
+pub struct rdmx_blk_path_event {
+    /// Set by the caller to `sizeof` this struct (see "Structs that grow" at the top of
+    /// this header). Fields are only added at the end.
+    pub struct_size: usize,
+    /// RDMX_BLK_PATH_EVENT_NONE, _DOWN, _UP or _ACTIVE.
+    pub kind: u32,
+    /// The path's index (the order of `rdmx_blk_open_paths`' `addrs`).
+    pub path: u32,
+    /// Microseconds from the event to this call.
+    pub age_us: u64,
+    /// For RDMX_BLK_PATH_EVENT_DOWN, why (NUL-terminated, cut to fit); empty otherwise.
+    pub reason: [c_char; RDMX_BLK_PATH_REASON_LEN],
+}
+
+impl Default for rdmx_blk_path_event {
+    fn default() -> Self {
+        rdmx_blk_path_event {
+            struct_size: 0,
+            kind: RDMX_BLK_PATH_EVENT_NONE,
+            path: 0,
+            age_us: 0,
+            reason: [0; RDMX_BLK_PATH_REASON_LEN],
+        }
+    }
+}
+
+/// Copies `text` into `out` NUL-terminated, cut at a character boundary to fit.
+fn copy_reason(text: &str, out: &mut [c_char; RDMX_BLK_PATH_REASON_LEN]) {
+    let mut end = text.len().min(RDMX_BLK_PATH_REASON_LEN - 1);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    for (o, b) in out.iter_mut().zip(&text.as_bytes()[..end]) {
+        *o = *b as c_char;
+    }
+    out[end] = 0;
+}
+
+/// Takes the oldest path event of a multipath client (`rdmx_blk_open_paths`) that was not
+/// taken yet: a path went down, came up, or became the one new IO goes to. Events happen
+/// while the client is polled (`rdmx_blk_poll`); the client keeps the last 1,024. RDMX_OK
+/// with `kind` RDMX_BLK_PATH_EVENT_NONE when there is none (take them in a loop until
+/// then). A client from `rdmx_blk_open` has no path events (always NONE). Each event is
+/// also logged (target `rdmx::blk`).
+///
+/// # Safety
+/// `blk` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_blk_next_path_event(
+    blk: *const rdmx_blk,
+    out: *mut rdmx_blk_path_event,
+) -> rdmx_status {
+    boundary::call("rdmx_blk_next_path_event", || {
+        // SAFETY: forwarded contract.
+        let b = unsafe { handle(blk, "blk") }?;
+        let ev = match &mut *b.inner.lock() {
+            Client::Paths(p) => p.next_event(),
+            Client::One(_) => None,
+        };
+        let mut v = rdmx_blk_path_event::default();
+        if let Some(e) = ev {
+            v.path = e.path as u32;
+            v.age_us = e.at.elapsed().as_micros() as u64;
+            v.kind = match &e.kind {
+                PathEventKind::Down(why) => {
+                    copy_reason(why, &mut v.reason);
+                    RDMX_BLK_PATH_EVENT_DOWN
+                }
+                PathEventKind::Up => RDMX_BLK_PATH_EVENT_UP,
+                PathEventKind::Active => RDMX_BLK_PATH_EVENT_ACTIVE,
+            };
+        }
+        // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
+        unsafe { write_sized(out, v) }?;
+        Ok(())
+    })
+}
+
 /// How a client's reads moved (RDMX_BLK_MODE_RPC): placed in `buf` by the target's RDMA
 /// WRITE, or copied from the reply (a target that does not place reads).
 #[repr(C)]
@@ -658,4 +755,4 @@ pub unsafe extern "C" fn rdmx_blk_free(blk: *mut rdmx_blk) {
     })
 }
 
-sized_out!(rdmx_blk_counters, rdmx_blk_path);
+sized_out!(rdmx_blk_counters, rdmx_blk_path, rdmx_blk_path_event);
