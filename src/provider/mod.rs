@@ -6,6 +6,7 @@ pub(crate) mod region;
 pub mod soft;
 #[cfg(feature = "verbs")]
 pub(crate) mod verbs;
+pub(crate) mod windows;
 pub(crate) mod wr_stats;
 
 use crate::config::{Provider, Settings};

@@ -10,6 +10,8 @@ pub enum WcStatus {
     LocQpOpErr = 2,
     LocProtErr = 4,
     WrFlushErr = 5,
+    /// A memory window bind failed (rdmx-ibv's local operations, not the engine's).
+    MwBindErr = 6,
     BadRespErr = 7,
     LocAccessErr = 8,
     RemInvReqErr = 9,
@@ -28,6 +30,10 @@ pub enum WcOpcode {
     Send = 0,
     RdmaWrite = 1,
     RdmaRead = 2,
+    /// A memory window bind (rdmx-ibv's local operations, not the engine's).
+    BindMw = 5,
+    /// A local invalidate (rdmx-ibv's local operations, not the engine's).
+    LocalInv = 6,
     Recv = 128,
     RecvRdmaWithImm = 129,
 }

@@ -22,9 +22,9 @@
 
 use rdma_sys::{
     ibv_ah, ibv_ah_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_cq_ex,
-    ibv_device, ibv_device_attr_ex, ibv_mr, ibv_pd, ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_ex,
-    ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_query_device_ex_input, ibv_recv_wr, ibv_send_wr,
-    ibv_srq, ibv_srq_attr, ibv_srq_init_attr, ibv_wc, verbs_context,
+    ibv_device, ibv_device_attr_ex, ibv_mr, ibv_mw, ibv_mw_bind, ibv_pd, ibv_port_attr, ibv_qp,
+    ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_query_device_ex_input,
+    ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, ibv_wc, verbs_context,
 };
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::{offset_of, size_of};
@@ -185,7 +185,7 @@ pub type UnusedOp = Option<unsafe extern "C" fn()>;
 pub struct verbs_context_ops {
     pub advise_mr: UnusedOp,
     pub alloc_dm: UnusedOp,
-    pub alloc_mw: UnusedOp,
+    pub alloc_mw: Option<unsafe extern "C" fn(pd: *mut ibv_pd, type_: u32) -> *mut ibv_mw>,
     pub alloc_null_mr: UnusedOp,
     pub alloc_parent_domain: UnusedOp,
     pub alloc_pd: Option<unsafe extern "C" fn(context: *mut ibv_context) -> *mut ibv_pd>,
@@ -194,7 +194,9 @@ pub struct verbs_context_ops {
         Option<unsafe extern "C" fn(context: *mut ibv_context, event: *mut ibv_async_event)>,
     pub attach_counters_point_flow: UnusedOp,
     pub attach_mcast: UnusedOp,
-    pub bind_mw: UnusedOp,
+    pub bind_mw: Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp, mw: *mut ibv_mw, mw_bind: *mut ibv_mw_bind) -> c_int,
+    >,
     pub close_xrcd: UnusedOp,
     pub cq_event: Option<unsafe extern "C" fn(cq: *mut ibv_cq)>,
     pub create_ah:
@@ -221,7 +223,7 @@ pub struct verbs_context_ops {
         Option<unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq>,
     pub create_srq_ex: UnusedOp,
     pub create_wq: UnusedOp,
-    pub dealloc_mw: UnusedOp,
+    pub dealloc_mw: Option<unsafe extern "C" fn(mw: *mut ibv_mw) -> c_int>,
     pub dealloc_pd: Option<unsafe extern "C" fn(pd: *mut ibv_pd) -> c_int>,
     pub dealloc_td: UnusedOp,
     pub dereg_mr: Option<unsafe extern "C" fn(vmr: *mut verbs_mr) -> c_int>,

@@ -12,6 +12,7 @@
 pub mod ah;
 pub mod channel;
 pub mod context;
+mod mw;
 pub mod objects;
 mod qp_ex;
 mod retire;

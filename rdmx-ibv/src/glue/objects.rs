@@ -97,7 +97,11 @@ pub(super) unsafe fn zeroed_box<T>() -> Box<T> {
 /// # Safety
 /// `ptr` is NULL or points to at least `size_of::<T>()` readable bytes (an object of this
 /// provider, as libibverbs only dispatches ours here).
-unsafe fn obj<'a, T>(ptr: *mut c_void, magic_of: impl Fn(&T) -> u64, magic: u64) -> Option<&'a T> {
+pub(super) unsafe fn obj<'a, T>(
+    ptr: *mut c_void,
+    magic_of: impl Fn(&T) -> u64,
+    magic: u64,
+) -> Option<&'a T> {
     if ptr.is_null() {
         return None;
     }
@@ -130,6 +134,24 @@ unsafe fn qp_obj<'a>(qp: *mut ibv_qp) -> Option<&'a QpObj> {
 pub(super) unsafe fn pd_obj_inner(pd: *mut ibv_pd) -> Option<Arc<Pd>> {
     // SAFETY: forwarded contract.
     unsafe { pd_obj(pd) }.and_then(|o| o.inner.clone())
+}
+
+/// The live MR behind `mr`, if it is one of ours.
+///
+/// # Safety
+/// As [`obj`].
+pub(super) unsafe fn mr_inner<'a>(mr: *mut ibv_mr) -> Option<&'a Mr> {
+    // SAFETY: forwarded contract.
+    unsafe { obj::<MrObj>(mr.cast(), |o| o.magic, MAGIC_MR) }.and_then(|o| o.inner.as_ref())
+}
+
+/// The RC QP behind `qp`, if it is one of ours of that type.
+///
+/// # Safety
+/// As [`obj`].
+pub(super) unsafe fn rc_qp_inner<'a>(qp: *mut ibv_qp) -> Option<&'a Arc<Qp>> {
+    // SAFETY: forwarded contract.
+    unsafe { qp_obj(qp) }.and_then(|o| o.inner.as_ref())
 }
 
 /// The UD QP behind `qp`, if it is one of ours of that type.
@@ -193,7 +215,7 @@ pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
 ///
 /// # Safety
 /// `p` came from `Box::into_raw` of a `T` and is not used afterwards.
-unsafe fn free_obj<T>(p: *mut T, clear: impl FnOnce(&mut T)) {
+pub(super) unsafe fn free_obj<T>(p: *mut T, clear: impl FnOnce(&mut T)) {
     // SAFETY: per the contract.
     let mut b = unsafe { Box::from_raw(p) };
     clear(&mut b);
@@ -1012,20 +1034,45 @@ pub(crate) unsafe extern "C" fn post_send(
             };
             wrs.clear();
             ptrs.clear();
-            // The first WR that cannot be converted (posted WRs stop before it).
-            let mut refused: Option<*mut ibv_send_wr> = None;
+            // The first WR that cannot be converted (posted WRs stop before it), and why.
+            let mut refused: Option<(*mut ibv_send_wr, c_int)> = None;
+            // Index in `ptrs` of `wrs[0]`: a local operation posts the WRs before it first.
+            let mut base = 0;
             let mut p = wr;
             while !p.is_null() {
                 if ptrs.len() >= MAX_CHAIN {
-                    refused = Some(p);
+                    refused = Some((p, libc::EINVAL));
                     break;
                 }
                 // SAFETY: p is a WR of the caller's chain.
                 let w = unsafe { &*p };
+                if super::mw::is_local(w.opcode) {
+                    // A memory window bind or a local invalidate takes its turn after the
+                    // WRs before it.
+                    if !wrs.is_empty() {
+                        // SAFETY: as below.
+                        if let Err((i, e)) = unsafe { q.post_send(wrs) } {
+                            set_bad(bad_wr, ptrs.get(base + i).copied().unwrap_or(wr));
+                            return fail_post("post_send", &e);
+                        }
+                        wrs.clear();
+                    }
+                    // SAFETY: the caller's WR of a local opcode.
+                    let posted = unsafe { super::mw::local_op(w) }
+                        .and_then(|op| q.post_local(&op).map_err(|e| fail_post("post_send", &e)));
+                    if let Err(errno) = posted {
+                        set_bad(bad_wr, p);
+                        return errno;
+                    }
+                    ptrs.push(p);
+                    base = ptrs.len();
+                    p = w.next;
+                    continue;
+                }
                 // SAFETY: the WR's SGE list as the caller gave it.
                 let (Some(op), Some(sg)) = (wr_opcode(w.opcode), unsafe { sges(w.sg_list, w.num_sge) })
                 else {
-                    refused = Some(p);
+                    refused = Some((p, super::mw::refusal_errno(w.opcode)));
                     break;
                 };
                 let (remote_addr, rkey) = match op {
@@ -1053,13 +1100,13 @@ pub(crate) unsafe extern "C" fn post_send(
             let res = if wrs.is_empty() { Ok(()) } else { unsafe { q.post_send(wrs) } };
             match res {
                 Err((i, e)) => {
-                    set_bad(bad_wr, ptrs.get(i).copied().unwrap_or(wr));
+                    set_bad(bad_wr, ptrs.get(base + i).copied().unwrap_or(wr));
                     fail_post("post_send", &e)
                 }
                 Ok(()) => match refused {
-                    Some(p) => {
+                    Some((p, errno)) => {
                         set_bad(bad_wr, p);
-                        libc::EINVAL
+                        errno
                     }
                     None => 0,
                 },

@@ -217,8 +217,9 @@ impl Device {
             hw_ver: 0,
             max_qp: MAX_QP,
             max_qp_wr: MAX_QP_WR,
-            // RC_RNR_NAK_GEN | SRQ_RESIZE | CURR_QP_STATE_MOD.
-            device_cap_flags: (1 << 12) | (1 << 13) | (1 << 7),
+            // RC_RNR_NAK_GEN | SRQ_RESIZE | CURR_QP_STATE_MOD | MEM_WINDOW |
+            // MEM_WINDOW_TYPE_2B (as rxe: type-1 and type-2 windows, `verbs/mw.rs`).
+            device_cap_flags: (1 << 12) | (1 << 13) | (1 << 7) | (1 << 17) | (1 << 24),
             max_sge: MAX_SGE,
             max_sge_rd: MAX_SGE,
             max_cq: MAX_CQ,
@@ -233,7 +234,7 @@ impl Device {
             atomic_cap: 0,
             max_ee: 0,
             max_rdd: 0,
-            max_mw: 0,
+            max_mw: rdmx::provider::soft::window::MAX_WINDOWS as u32,
             max_raw_ipv6_qp: 0,
             max_raw_ethy_qp: 0,
             max_mcast_grp: 0,

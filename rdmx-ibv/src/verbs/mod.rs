@@ -23,6 +23,7 @@ pub mod ah;
 pub mod cq;
 pub mod device;
 pub mod events;
+pub mod mw;
 pub mod pd;
 pub mod peer_port;
 pub mod qp;
@@ -35,6 +36,7 @@ pub use ah::Ah;
 pub use cq::{CompChannel, Cq, WorkCompletion};
 pub use device::{Device, DeviceAttr, DeviceStats, PortAttr};
 pub use events::event_type;
+pub use mw::{BindMr, BindWr, LocalOp, MW_TYPE_1, MW_TYPE_2, Mw};
 pub use pd::{Mr, Pd};
 pub use qp::{
     AhAttr, InitAttr, QPT_UD, Qp, QpAttr, QpCap, RecvWr, SendWr, UdQp, UdSendWr, mtu_from_ibv,

@@ -9,9 +9,8 @@ use super::device::Device;
 
 /// `IBV_ACCESS_OPTIONAL_RANGE`: access bits a provider may ignore (verbs.h).
 const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
-/// `IBV_ACCESS_MW_BIND`: accepted and dropped, as the kernel does for a device without
-/// memory windows (the bit only allows binding a window to the MR; `ibv_alloc_mw` itself
-/// answers EOPNOTSUPP here).
+/// `IBV_ACCESS_MW_BIND`: memory windows may be bound over the MR (`verbs/mw.rs`); the
+/// soft device's region table does not know the bit, the MR keeps it.
 const ACCESS_MW_BIND: u32 = 1 << 4;
 /// Access bits of features this device lacks, refused with EOPNOTSUPP as rxe does
 /// (`rxe_reg_user_mr`: anything outside `RXE_ACCESS_SUPPORTED_MR`) and as the kernel's
@@ -78,8 +77,9 @@ impl Pd {
 
     /// `ibv_reg_mr`: registers `[addr, addr + len)` with `access` (`ibv_access_flags`:
     /// LOCAL_WRITE 1, REMOTE_WRITE 2, REMOTE_READ 4; REMOTE_ATOMIC 8 is accepted and
-    /// never exercised: the device has no atomics). REMOTE_WRITE requires LOCAL_WRITE, as
-    /// `ibv_reg_mr(3)`; optional bits (0x3ff00000, e.g. RELAXED_ORDERING) and MW_BIND are
+    /// never exercised: the device has no atomics; MW_BIND 16 lets memory windows be
+    /// bound over it). REMOTE_WRITE requires LOCAL_WRITE, as
+    /// `ibv_reg_mr(3)`; optional bits (0x3ff00000, e.g. RELAXED_ORDERING) are
     /// accepted and dropped; ZERO_BASED, ON_DEMAND, HUGETLB and the FLUSH bits are refused
     /// (Unsupported = EOPNOTSUPP, as rxe); other unknown bits are refused
     /// (InvalidArgument). The pages are pinned (mlock) within RLIMIT_MEMLOCK (ResourceLimit
@@ -109,6 +109,7 @@ impl Pd {
                 ),
             ));
         }
+        let asked = access;
         let access = access & !ACCESS_MW_BIND;
         // SAFETY: the caller's contract (above) is MrTable::register's.
         let r = unsafe { self.dev.soft.mrs().register(addr, len, access) }?;
@@ -121,6 +122,7 @@ impl Pd {
             access: r.access,
             lkey: r.lkey,
             rkey: r.rkey,
+            asked,
             dead: AtomicBool::new(false),
         })
     }
@@ -150,6 +152,10 @@ pub struct Mr {
     pub access: u32,
     pub lkey: u32,
     pub rkey: u32,
+    /// The access flags asked for (with IBV_ACCESS_MW_BIND, which `access` lacks). A u32,
+    /// not a bool: the glue's `Option<Mr>` must be None when all-zero (a bool's niche
+    /// would be taken for the None instead of the Arc's).
+    asked: u32,
     dead: AtomicBool,
 }
 
@@ -158,13 +164,18 @@ impl Mr {
         self.handle
     }
 
+    /// Memory windows may be bound over it (IBV_ACCESS_MW_BIND).
+    pub fn mw_bind(&self) -> bool {
+        self.asked & ACCESS_MW_BIND != 0
+    }
+
     pub fn pd(&self) -> &Arc<Pd> {
         &self.pd
     }
 
     /// `ibv_dereg_mr`: not refused while posted work requests name the region (verbs
-    /// refuses deregistration only for bound memory windows, which this device does not
-    /// have; programs and rdma-core's tests tear down QPs and SRQs after their MRs). After
+    /// refuses deregistration only while memory windows are bound in it: Busy, EBUSY;
+    /// programs and rdma-core's tests tear down QPs and SRQs after their MRs). After
     /// success the memory is no longer touched and the keys are invalid: such a work
     /// request completes in error if it reaches the region (`MrTable::revoke`). A second
     /// call is refused (InvalidArgument).

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::sys::try_random_u32;
-use super::window::{Held, WINDOW_TAG, WindowTable};
+use super::window::{ANY_QP, Held, MwBindError, WINDOW_TAG, WindowTable};
 
 /// One registered region.
 #[derive(Debug)]
@@ -352,6 +352,131 @@ impl MrTable {
             r.windows.fetch_sub(1, Ordering::AcqRel);
         }
         true
+    }
+
+    /// Allocates a verbs memory window (`ibv_alloc_mw`): its rkey, which opens nothing
+    /// until [`MrTable::bind_mw`].
+    pub fn alloc_mw(&self) -> Result<u32> {
+        self.windows.alloc()
+    }
+
+    /// Binds the verbs window `rkey` names (`IBV_WR_BIND_MW`, `ibv_bind_mw`) with that
+    /// rkey (the application's key byte) over `[addr, addr + len)` of region `lkey` with
+    /// `rights` (REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC; LOCAL_WRITE is ignored): a type-2
+    /// window to QP `qpn`, a type-1 one to every QP. A type-1 bind of length 0 unbinds.
+    /// The checks are verbs' (C10-72..75, rxe's `rxe_check_bind_mw`); a refusal is the
+    /// bind's IBV_WC_MW_BIND_ERR, with the reason in words. The caller checked that the
+    /// region was registered with MW_BIND (this table does not know that bit).
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_mw(
+        &self,
+        rkey: u32,
+        type1: bool,
+        qpn: u32,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        rights: u32,
+    ) -> std::result::Result<(), String> {
+        let rights = rights & !access::LOCAL_WRITE;
+        let remote = access::REMOTE_READ | access::REMOTE_WRITE | access::REMOTE_ATOMIC;
+        if rights & !remote != 0 {
+            return Err(format!(
+                "mw_access_flags {rights:#x}: a window takes REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC"
+            ));
+        }
+        if len == 0 {
+            if !type1 {
+                return Err("a type-2 window cannot be bound with length 0".into());
+            }
+            // Unbinding a type-1 window: its old rkey dies.
+            let old = self
+                .windows
+                .unbind(rkey)
+                .map_err(|_| format!("rkey {rkey:#x} names no memory window"))?;
+            self.release_window_of(old);
+            return Ok(());
+        }
+        let t = self.tables.read_recursive();
+        let Some(r) = t.by_lkey.get(&lkey) else {
+            return Err(format!("no memory region with lkey {lkey:#x}"));
+        };
+        let inside = addr
+            .checked_add(len)
+            .is_some_and(|end| addr >= r.addr && end <= r.addr + r.len);
+        if !inside {
+            return Err(format!(
+                "{addr:#x} + {len} is not inside the region ({:#x} + {})",
+                r.addr, r.len
+            ));
+        }
+        if rights & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0
+            && r.access & access::LOCAL_WRITE == 0
+        {
+            return Err("a writable window over a region without LOCAL_WRITE".into());
+        }
+        r.windows.fetch_add(1, Ordering::AcqRel);
+        let acc = rights | (r.access & access::LOCAL_WRITE);
+        let qpn = if type1 { ANY_QP } else { qpn };
+        drop(t);
+        match self.windows.bind_mw(rkey, type1, qpn, lkey, addr, len, acc) {
+            Ok(old) => {
+                self.release_window_of(old);
+                Ok(())
+            }
+            Err(e) => {
+                self.release_window_of(Some(lkey));
+                Err(match e {
+                    MwBindError::NoWindow => format!("rkey {rkey:#x} names no memory window"),
+                    MwBindError::Bound => {
+                        "the type-2 window is bound: invalidate it first".to_string()
+                    }
+                })
+            }
+        }
+    }
+
+    /// `ibv_dealloc_mw`: the window `rkey` names is invalidated if bound (no access through
+    /// it is in progress when this returns) and its slot freed. False when `rkey` names no
+    /// allocated window.
+    pub fn dealloc_mw(&self, rkey: u32) -> bool {
+        match self.windows.dealloc(rkey) {
+            Ok(lkey) => {
+                self.release_window_of(lkey);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// `IBV_WR_LOCAL_INV` (and a received SEND_WITH_INV) of a verbs window: as
+    /// [`MrTable::invalidate_window`], refused for what verbs refuses: an rkey that is no
+    /// bound window (a region's rkey: this device has no fast-registration MRs), a type-1
+    /// window.
+    pub fn invalidate_mw(&self, rkey: u32) -> std::result::Result<(), String> {
+        if self.windows.is_type1(rkey) {
+            return Err(format!(
+                "rkey {rkey:#x} is a type-1 window: bind it with length 0 to end it"
+            ));
+        }
+        if !self.invalidate_window(rkey) {
+            return Err(format!("rkey {rkey:#x} is no bound memory window"));
+        }
+        Ok(())
+    }
+
+    /// Whether `rkey` is a bound window's rkey now.
+    pub fn window_bound(&self, rkey: u32) -> bool {
+        self.windows.is_bound(rkey)
+    }
+
+    /// A window over region `lkey` ended: the region may be deregistered once none is left.
+    fn release_window_of(&self, lkey: Option<u32>) {
+        if let Some(lkey) = lkey
+            && let Some(r) = self.tables.read_recursive().by_lkey.get(&lkey)
+        {
+            r.windows.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Memory windows bound now.
@@ -782,6 +907,69 @@ mod tests {
         assert_eq!(t.windows_bound(), 0);
         t.deregister(r.lkey).unwrap();
         assert_eq!(&buf[4096..4104], &[9; 8]);
+    }
+
+    /// Verbs windows through the table: the bind's checks (range, LOCAL_WRITE for a
+    /// writable window, length 0 only for type 1), a local invalidate refused for type 1,
+    /// deregistration refused while bound, deallocation ending a bound window.
+    #[test]
+    fn verbs_windows_check_what_verbs_checks() {
+        let t = MrTable::default();
+        let mut buf = vec![0u8; 8192];
+        let r = reg(&t, buf.as_mut_ptr(), 8192, access::LOCAL_WRITE).unwrap();
+        let ro = reg(&t, unsafe_offset(&mut buf, 4096), 64, 0).unwrap();
+        let mw = t.alloc_mw().unwrap();
+        let next = |k: u32| (k & !0xff) | (k.wrapping_add(1) & 0xff);
+        let k = next(mw);
+        let w = access::REMOTE_WRITE;
+        let e = t
+            .bind_mw(k, false, 9, r.lkey, r.addr + 8000, 256, w)
+            .unwrap_err();
+        assert!(e.contains("not inside"), "{e}");
+        let e = t.bind_mw(k, false, 9, ro.lkey, ro.addr, 64, w).unwrap_err();
+        assert!(e.contains("LOCAL_WRITE"), "{e}");
+        let e = t.bind_mw(k, false, 9, r.lkey, r.addr, 0, w).unwrap_err();
+        assert!(e.contains("length 0"), "{e}");
+        t.bind_mw(k, false, 9, r.lkey, r.addr, 4096, w | access::LOCAL_WRITE)
+            .unwrap();
+        assert!(t.window_bound(k));
+        assert_eq!(t.deregister(r.lkey).unwrap_err().kind(), ErrorKind::Busy);
+        let mut v = t.view();
+        v.set_qp(9);
+        v.write(Key::Remote(k), r.addr, &[3; 8], access::REMOTE_WRITE)
+            .unwrap();
+        drop(v);
+        t.invalidate_mw(k).unwrap();
+        assert!(t.invalidate_mw(k).is_err(), "once");
+        // Type 1: bound for every QP; a local invalidate may not end it; length 0 does.
+        let k1 = next(k);
+        t.bind_mw(k1, true, 9, r.lkey, r.addr, 64, access::REMOTE_READ)
+            .unwrap();
+        let v = t.view();
+        v.set_qp(1234);
+        let mut out = [0u8; 8];
+        v.read(Key::Remote(k1), r.addr, &mut out, access::REMOTE_READ)
+            .unwrap();
+        assert_eq!(out, [3; 8]);
+        drop(v);
+        assert!(t.invalidate_mw(k1).unwrap_err().contains("type-1"));
+        t.bind_mw(next(k1), true, 9, r.lkey, r.addr, 0, 0).unwrap();
+        assert!(!t.window_bound(k1));
+        t.bind_mw(
+            next(next(k1)),
+            true,
+            9,
+            r.lkey,
+            r.addr,
+            64,
+            access::REMOTE_READ,
+        )
+        .unwrap();
+        assert!(t.dealloc_mw(mw));
+        assert!(!t.dealloc_mw(mw), "once");
+        assert_eq!(t.windows_bound(), 0);
+        t.deregister(r.lkey).unwrap();
+        t.deregister(ro.lkey).unwrap();
     }
 
     fn unsafe_offset(buf: &mut [u8], at: usize) -> *mut u8 {

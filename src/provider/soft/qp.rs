@@ -21,6 +21,7 @@ use super::mr::{MemView, MrTable};
 use super::sys::try_random_u32;
 use super::udp::{self, TxDatagram, UdpPort};
 
+mod local;
 mod verbs;
 pub use verbs::QpErrorEvent;
 
@@ -109,6 +110,9 @@ struct Inner {
     /// An error completion (not a flush) reached a CQ since the last reset: the
     /// application learnt the QP's error from it (no async event then, as NICs).
     error_completed: bool,
+    /// Local operations (memory window bind, invalidate) waiting for their turn in the
+    /// send CQ (`qp/local.rs`).
+    local: local::LocalOps,
 }
 
 /// Datagrams the QP's UDP socket had no room for (a short `sendmmsg` count), sealed and
@@ -277,6 +281,7 @@ impl SoftQp {
                 drop_state: u64::from(try_random_u32()?) << 1 | 1,
                 backlog: TxBacklog::default(),
                 error_completed: false,
+                local: local::LocalOps::default(),
             }),
             send_cq,
             recv_cq,
@@ -431,6 +436,7 @@ impl SoftQp {
             match r {
                 Ok(()) => {
                     let signaled = w.flags & send_flags::SIGNALED != 0;
+                    g.local.sent(id);
                     g.pending.insert(
                         id,
                         Pending {
@@ -860,6 +866,13 @@ impl SoftQp {
     fn move_completions(&self, g: &mut Inner, mrs: &MrTable) -> bool {
         let mut overrun = false;
         while let Some(c) = g.qp.poll_completion() {
+            if !c.is_recv && g.local.any() {
+                // Local operations posted before this WR complete before it.
+                overrun |= self.release_locals(g, c.wr_id);
+            }
+            if !c.is_recv {
+                g.local.done(c.wr_id);
+            }
             let Some(p) = g.pending.remove(&c.wr_id) else {
                 continue;
             };
@@ -885,6 +898,9 @@ impl SoftQp {
                 self.send_cq.push(wc)
             };
             overrun |= !fits;
+        }
+        if g.local.any() {
+            overrun |= self.release_locals(g, u64::MAX);
         }
         overrun
     }

@@ -8,6 +8,21 @@
 //! an authenticated peer reaches the bytes meant for its own session and nothing else of
 //! the pool, whose registration then carries no remote right at all.
 //!
+//! Two ways to use a slot:
+//! - [`WindowTable::bind`] / [`WindowTable::invalidate`]: a slot is taken at bind and given
+//!   back at invalidation (the messenger's windows on the soft provider);
+//! - verbs memory windows (`rdmx-ibv`: `ibv_alloc_mw`, `IBV_WR_BIND_MW`, `ibv_bind_mw`,
+//!   `IBV_WR_LOCAL_INV`, `ibv_dealloc_mw`): [`WindowTable::alloc`] reserves a slot for the
+//!   window's life and gives its rkey; [`WindowTable::bind_mw`] binds it with the rkey the
+//!   application chose (verbs lets it change the low 8 bits, the "key", at each bind:
+//!   `ibv_inc_rkey`), type 2 to one QP, type 1 to every QP ([`ANY_QP`]); invalidation
+//!   leaves the slot reserved; [`WindowTable::dealloc`] gives it back.
+//!
+//! rkey layout: bit 31 is [`WINDOW_TAG`] (a region's rkey never has it), bits 8..28 the
+//! slot index, bits 28..31 and 0..8 change with each window bound in the slot (random for
+//! the messenger's; for a verbs window bits 28..31 are fixed at alloc and bits 0..8 are the
+//! application's key), so a stale rkey does not name the slot's next window.
+//!
 //! Cost, by design: binding and invalidating never take the region table's write lock and
 //! make no system call. A window is a slot of a table allocated in segments on first use
 //! (4,096 slots each, at most [`MAX_WINDOWS`]); free slots are kept in a few lists, each
@@ -30,11 +45,34 @@ use std::time::{Duration, Instant};
 
 /// The rkey bit that marks a window (memory regions' rkeys never have it).
 pub const WINDOW_TAG: u32 = 1 << 31;
-/// Slot index bits of a window rkey; the bits between them and the tag change at every
-/// bind of the slot, so a stale rkey does not name the slot's next window.
+/// Slot index bits of a window rkey (bits `INDEX_SHIFT..INDEX_SHIFT + INDEX_BITS`).
 const INDEX_BITS: u32 = 20;
+const INDEX_SHIFT: u32 = 8;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
-const GEN_MASK: u32 = (WINDOW_TAG - 1) >> INDEX_BITS;
+/// The bits of an rkey that change with each window bound in a slot: the low 8 (verbs'
+/// "key") and the 3 between the index and the tag.
+const GEN_MASK: u32 = 0xff | (0x7 << (INDEX_SHIFT + INDEX_BITS));
+/// A verbs window's "key" byte (the application's, at each bind).
+pub const KEY_MASK: u32 = 0xff;
+/// The QP number of a window bound to every QP (a verbs type-1 window); no QP has it
+/// (QP numbers are 24 bits).
+pub const ANY_QP: u32 = u32::MAX;
+/// `Slot::key` while a verbs window is being bound (never a window's rkey: no tag).
+const BINDING: u32 = 1;
+
+/// The slot index of a window rkey.
+fn index_of(rkey: u32) -> u32 {
+    (rkey >> INDEX_SHIFT) & INDEX_MASK
+}
+
+/// Why a verbs window bind was refused (the bind's completion is IBV_WC_MW_BIND_ERR).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MwBindError {
+    /// The window is not allocated (or was deallocated), or the new rkey names another one.
+    NoWindow,
+    /// A type-2 window is bound already: invalidate it first.
+    Bound,
+}
 const SEG_BITS: u32 = 12;
 const SEG_SLOTS: usize = 1 << SEG_BITS;
 const SEGS: usize = 1 << (INDEX_BITS - SEG_BITS);
@@ -56,6 +94,9 @@ struct Slot {
     readers: AtomicU32,
     /// The generation of the last window bound here.
     last_gen: AtomicU32,
+    /// A verbs window owns the slot (from `alloc` to `dealloc`): its rkey with the key
+    /// byte cleared; 0 when the slot serves `bind`/`invalidate`.
+    mw: AtomicU32,
 }
 
 /// A lookup's hold on a window: the memory stays the window's until it is released.
@@ -127,6 +168,20 @@ impl WindowTable {
         ((z ^ (z >> 31)) as u32) & GEN_MASK
     }
 
+    /// Publishes a window in slot `s` (whose `key` the caller owns: 0 or [`BINDING`]).
+    #[allow(clippy::too_many_arguments)]
+    fn publish(&self, s: &Slot, rkey: u32, qpn: u32, lkey: u32, addr: u64, len: u64, access: u32) {
+        s.last_gen.store(rkey & GEN_MASK, Ordering::Relaxed);
+        s.qpn.store(qpn, Ordering::Relaxed);
+        s.access.store(access, Ordering::Relaxed);
+        s.lkey.store(lkey, Ordering::Relaxed);
+        s.addr.store(addr, Ordering::Relaxed);
+        s.len.store(len, Ordering::Relaxed);
+        // Publishes the fields above to every lookup that sees this key.
+        s.key.store(rkey, Ordering::SeqCst);
+        self.bound.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A free slot index, from `qpn`'s list first, then the others, then a new segment.
     fn take(&self, qpn: u32) -> Result<u32> {
         let home = qpn as usize % FREE_LISTS;
@@ -172,19 +227,115 @@ impl WindowTable {
         };
         let mut generation = self.next_gen();
         if generation == s.last_gen.load(Ordering::Relaxed) {
-            generation = (generation + 1) & GEN_MASK;
+            generation = generation.wrapping_add(1) & GEN_MASK;
         }
-        s.last_gen.store(generation, Ordering::Relaxed);
-        s.qpn.store(qpn, Ordering::Relaxed);
-        s.access.store(access, Ordering::Relaxed);
-        s.lkey.store(lkey, Ordering::Relaxed);
-        s.addr.store(addr, Ordering::Relaxed);
-        s.len.store(len, Ordering::Relaxed);
-        let rkey = WINDOW_TAG | generation << INDEX_BITS | index;
-        // Publishes the fields above to every lookup that sees this key.
-        s.key.store(rkey, Ordering::SeqCst);
-        self.bound.fetch_add(1, Ordering::Relaxed);
+        let rkey = WINDOW_TAG | generation | index << INDEX_SHIFT;
+        self.publish(s, rkey, qpn, lkey, addr, len, access);
         Ok(rkey)
+    }
+
+    /// Reserves a slot for a verbs memory window (`ibv_alloc_mw`) and returns its first
+    /// rkey (not bound: it opens nothing until [`WindowTable::bind_mw`]).
+    pub fn alloc(&self) -> Result<u32> {
+        let index = self.take(0)?;
+        let Some(s) = self.slot(index) else {
+            return Err(Error::fixed(
+                ErrorKind::Io,
+                "memory windows: a slot vanished",
+            ));
+        };
+        let rkey = WINDOW_TAG | self.next_gen() | index << INDEX_SHIFT;
+        s.mw.store(rkey & !KEY_MASK, Ordering::Release);
+        Ok(rkey)
+    }
+
+    /// Binds the verbs window whose rkey is `rkey` (its slot's fixed bits; the key byte is
+    /// the application's) to QP `qpn` ([`ANY_QP`] for a type-1 window) over `[addr, addr +
+    /// len)` of region `lkey` with `access`. A type-1 window bound already is rebound
+    /// (its old rkey dies first); a type-2 one is refused ([`MwBindError::Bound`]). The
+    /// caller checked the range and rights against the region.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_mw(
+        &self,
+        rkey: u32,
+        type1: bool,
+        qpn: u32,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        access: u32,
+    ) -> std::result::Result<Option<u32>, MwBindError> {
+        let s = self.mw_slot(rkey).ok_or(MwBindError::NoWindow)?;
+        let mut old_lkey = None;
+        if s.key
+            .compare_exchange(0, BINDING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            if !type1 {
+                return Err(MwBindError::Bound);
+            }
+            let old = s.key.load(Ordering::SeqCst);
+            if old == BINDING || old == 0 {
+                return Err(MwBindError::Bound);
+            }
+            old_lkey = Some(self.invalidate(old).ok_or(MwBindError::Bound)?);
+            s.key
+                .compare_exchange(0, BINDING, Ordering::SeqCst, Ordering::SeqCst)
+                .map_err(|_| MwBindError::Bound)?;
+        }
+        self.publish(s, rkey, qpn, lkey, addr, len, access);
+        Ok(old_lkey)
+    }
+
+    /// The slot of the verbs window `rkey` names (its fixed bits match), if allocated.
+    fn mw_slot(&self, rkey: u32) -> Option<&Slot> {
+        if rkey & WINDOW_TAG == 0 {
+            return None;
+        }
+        let s = self.slot(index_of(rkey))?;
+        let base = s.mw.load(Ordering::Acquire);
+        (base != 0 && base == rkey & !KEY_MASK).then_some(s)
+    }
+
+    /// Unbinds the verbs window `rkey` names (whatever its key byte): a type-1 bind of
+    /// length 0. Returns the lkey of the region it was bound in, if it was bound.
+    pub fn unbind(&self, rkey: u32) -> std::result::Result<Option<u32>, MwBindError> {
+        let s = self.mw_slot(rkey).ok_or(MwBindError::NoWindow)?;
+        let bound = s.key.load(Ordering::SeqCst);
+        Ok(if bound & WINDOW_TAG != 0 {
+            self.invalidate(bound)
+        } else {
+            None
+        })
+    }
+
+    /// Whether `rkey` is bound now to every QP (a verbs type-1 window, which a local
+    /// invalidate may not end, o10-37.2.26).
+    pub fn is_type1(&self, rkey: u32) -> bool {
+        self.is_bound(rkey)
+            && self
+                .slot(index_of(rkey))
+                .is_some_and(|s| s.qpn.load(Ordering::Relaxed) == ANY_QP)
+    }
+
+    /// Whether `rkey` is the rkey of a bound window now.
+    pub fn is_bound(&self, rkey: u32) -> bool {
+        rkey & WINDOW_TAG != 0
+            && self
+                .slot(index_of(rkey))
+                .is_some_and(|s| s.key.load(Ordering::SeqCst) == rkey)
+    }
+
+    /// `ibv_dealloc_mw`: invalidates the verbs window `rkey` names if it is bound (the lkey
+    /// of its region is returned then), and gives its slot back. Err when `rkey` names no
+    /// allocated window.
+    pub fn dealloc(&self, rkey: u32) -> std::result::Result<Option<u32>, MwBindError> {
+        let lkey = self.unbind(rkey)?;
+        let s = self.mw_slot(rkey).ok_or(MwBindError::NoWindow)?;
+        s.mw.store(0, Ordering::Release);
+        let index = index_of(rkey);
+        self.free[0].lock().push(index);
+        Ok(lkey)
     }
 
     /// Invalidates the window `rkey`: when this returns no access through it is in
@@ -194,7 +345,7 @@ impl WindowTable {
         if rkey & WINDOW_TAG == 0 {
             return None;
         }
-        let index = rkey & INDEX_MASK;
+        let index = index_of(rkey);
         let s = self.slot(index)?;
         s.key
             .compare_exchange(rkey, 0, Ordering::SeqCst, Ordering::SeqCst)
@@ -214,8 +365,11 @@ impl WindowTable {
             std::thread::yield_now();
         }
         let lkey = s.lkey.load(Ordering::Relaxed);
-        let home = s.qpn.load(Ordering::Relaxed) as usize % FREE_LISTS;
-        self.free[home].lock().push(index);
+        // A verbs window keeps its slot until it is deallocated.
+        if s.mw.load(Ordering::Acquire) == 0 {
+            let home = s.qpn.load(Ordering::Relaxed) as usize % FREE_LISTS;
+            self.free[home].lock().push(index);
+        }
         self.bound.fetch_sub(1, Ordering::Relaxed);
         Some(lkey)
     }
@@ -232,13 +386,14 @@ impl WindowTable {
         len: u64,
         need: u32,
     ) -> std::result::Result<Held<'_>, MemError> {
-        let s = self.slot(rkey & INDEX_MASK).ok_or(MemError::BadKey)?;
+        let s = self.slot(index_of(rkey)).ok_or(MemError::BadKey)?;
         s.readers.fetch_add(1, Ordering::SeqCst);
         let held = Held { slot: s };
         if s.key.load(Ordering::SeqCst) != rkey || rkey == 0 {
             return Err(MemError::BadKey);
         }
-        if s.qpn.load(Ordering::Relaxed) != qpn {
+        let bound_to = s.qpn.load(Ordering::Relaxed);
+        if bound_to != qpn && bound_to != ANY_QP {
             return Err(MemError::BadKey);
         }
         if s.access.load(Ordering::Relaxed) & need != need {
@@ -253,6 +408,23 @@ impl WindowTable {
             return Err(MemError::Range);
         }
         Ok(held)
+    }
+}
+
+/// The windows of one soft QP's peer (the messenger's scope, `provider::windows`).
+#[derive(Debug)]
+pub struct SoftQpWindows {
+    pub mrs: std::sync::Arc<super::mr::MrTable>,
+    pub qpn: u32,
+}
+
+impl crate::provider::windows::QpWindows for SoftQpWindows {
+    fn bind(&self, lkey: u32, addr: u64, len: u64, rights: u32) -> Result<u32> {
+        self.mrs.bind_window(self.qpn, lkey, addr, len, rights)
+    }
+
+    fn invalidate(&self, rkey: u32) {
+        self.mrs.invalidate_window(rkey);
     }
 }
 
@@ -304,6 +476,66 @@ mod tests {
         );
         assert!(t.lookup(k2, 0x11, 0x1000, 8, access::REMOTE_WRITE).is_ok());
         assert_eq!(t.bound(), 1);
+    }
+
+    /// A verbs window: allocated unbound; bound with the application's key byte (type 2:
+    /// once, to one QP; type 1: to every QP, rebound in place); invalidation keeps the
+    /// slot reserved; deallocation ends a bound window and frees the slot.
+    #[test]
+    fn a_verbs_window_keeps_its_slot_and_takes_the_applications_key() {
+        let t = WindowTable::default();
+        let mw = t.alloc().unwrap();
+        assert_ne!(mw & WINDOW_TAG, 0);
+        assert!(
+            t.lookup(mw, 5, 0, 8, access::REMOTE_READ).is_err(),
+            "unbound"
+        );
+        let k = (mw & !KEY_MASK) | (mw.wrapping_add(1) & KEY_MASK);
+        assert_eq!(
+            t.bind_mw(k, false, 5, 9, 0x100, 64, access::REMOTE_READ),
+            Ok(None)
+        );
+        assert!(t.lookup(k, 5, 0x100, 64, access::REMOTE_READ).is_ok());
+        assert!(
+            t.lookup(k, 6, 0x100, 8, access::REMOTE_READ).is_err(),
+            "another QP"
+        );
+        assert_eq!(
+            t.bind_mw(k, false, 5, 9, 0x100, 64, access::REMOTE_READ),
+            Err(MwBindError::Bound)
+        );
+        // Another window's key (other fixed bits) is refused.
+        let other = k ^ (1 << INDEX_SHIFT);
+        assert_eq!(
+            t.bind_mw(other, false, 5, 9, 0x100, 64, access::REMOTE_READ),
+            Err(MwBindError::NoWindow)
+        );
+        assert_eq!(t.invalidate(k), Some(9));
+        assert!(!t.is_bound(k));
+        // Still reserved: a messenger bind does not get the slot.
+        let m = t.bind(1, 2, 0, 8, access::REMOTE_READ).unwrap();
+        assert_ne!(index_of(m), index_of(k));
+        // Type 1: every QP; a rebind ends the old key.
+        let k1 = (k & !KEY_MASK) | (k.wrapping_add(1) & KEY_MASK);
+        assert_eq!(
+            t.bind_mw(k1, true, ANY_QP, 9, 0, 64, access::REMOTE_READ),
+            Ok(None)
+        );
+        assert!(t.is_type1(k1));
+        assert!(t.lookup(k1, 77, 0, 8, access::REMOTE_READ).is_ok());
+        let k2 = (k1 & !KEY_MASK) | (k1.wrapping_add(1) & KEY_MASK);
+        assert_eq!(
+            t.bind_mw(k2, true, ANY_QP, 9, 0, 64, access::REMOTE_READ),
+            Ok(Some(9))
+        );
+        assert!(
+            t.lookup(k1, 77, 0, 8, access::REMOTE_READ).is_err(),
+            "old key dead"
+        );
+        assert_eq!(t.dealloc(k2), Ok(Some(9)), "bound: invalidated");
+        assert!(t.lookup(k2, 77, 0, 8, access::REMOTE_READ).is_err());
+        assert_eq!(t.dealloc(k2), Err(MwBindError::NoWindow), "once");
+        assert_eq!(t.bound(), 1, "the messenger's window only");
     }
 
     #[test]

@@ -242,7 +242,7 @@ impl Qp {
         }))
     }
 
-    fn check_alive(&self) -> Result<()> {
+    pub(crate) fn check_alive(&self) -> Result<()> {
         if self.dead.load(Ordering::Acquire) {
             return Err(invalid(format!(
                 "QP {:#x} already destroyed",
@@ -250,6 +250,16 @@ impl Qp {
             )));
         }
         Ok(())
+    }
+
+    /// The soft QP (for the local operations of `verbs/mw.rs`).
+    pub(crate) fn soft_qp(&self) -> &Arc<SoftQp> {
+        &self.soft
+    }
+
+    /// Every send WR completes with a completion.
+    pub(crate) fn sq_sig_all(&self) -> bool {
+        self.init.sq_sig_all
     }
 
     pub fn handle(&self) -> u64 {

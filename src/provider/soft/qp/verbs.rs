@@ -158,6 +158,7 @@ impl SoftQp {
         }
         g.peer = None;
         g.error_completed = false;
+        g.local.reset();
         self.peer_port.store(0, Ordering::Release);
         if let Some(h) = self.verbs.get() {
             h.reported.store(false, Ordering::Release);

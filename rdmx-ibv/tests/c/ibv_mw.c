@@ -1,0 +1,487 @@
+/* Memory windows through unmodified libibverbs (run under `rdmx-ibv exec`; built and run
+ * by rdmx-ibv/tests/ibv_mw.rs): ibv_alloc_mw / ibv_dealloc_mw, IBV_WR_BIND_MW (type 2),
+ * ibv_bind_mw (type 1), IBV_WR_LOCAL_INV, their completions and errors as verbs gives
+ * them, and what a window's rkey opens: its range and rights, on the QP it is bound to
+ * (type 2), until it is invalidated or deallocated.
+ *
+ * One process, pairs of RC QPs of the one device connected to each other (both on the
+ * process's address, GID index 0): `t` (the target, which binds) and `i` (the initiator,
+ * which READs and WRITEs). A remote access error ends a pair, so each refusal gets a fresh
+ * one. Exit 0 when every step held. */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CHECK(cond, ...)                                                 \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      fprintf(stderr, "ibv_mw: %s:%d: ", __FILE__, __LINE__);            \
+      fprintf(stderr, __VA_ARGS__);                                      \
+      fprintf(stderr, " (errno %d: %s)\n", errno, strerror(errno));      \
+      exit(1);                                                           \
+    }                                                                    \
+  } while (0)
+
+#define WIN_OFF 1024
+#define WIN_LEN 1024
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static union ibv_gid gid;
+static char win_buf[4096];  /* registered with MW_BIND only: no remote right of its own */
+static char src_buf[4096];  /* the initiator's local buffer */
+static char plain_buf[4096]; /* registered without MW_BIND */
+static struct ibv_mr *win_mr, *src_mr, *plain_mr;
+
+struct pair {
+  struct ibv_cq *tcq, *icq, *rcq;
+  struct ibv_qp *t, *i;
+};
+
+/* The next completion of `cq` (5 s at most). */
+static struct ibv_wc next_wc(struct ibv_cq *cq, const char *what) {
+  struct ibv_wc wc;
+  for (long spins = 0;; spins++) {
+    CHECK(spins < 50000000L, "%s: no completion", what);
+    int r = ibv_poll_cq(cq, 1, &wc);
+    CHECK(r >= 0, "ibv_poll_cq (%s)", what);
+    if (r == 1) return wc;
+  }
+}
+
+/* No completion on `cq` for about `ms` milliseconds of polling. */
+static void no_wc(struct ibv_cq *cq, int ms, const char *what) {
+  struct ibv_wc wc;
+  for (int k = 0; k < ms; k++) {
+    int r = ibv_poll_cq(cq, 1, &wc);
+    CHECK(r == 0, "%s: unexpected completion (wr_id %llu status %d)", what,
+          (unsigned long long)wc.wr_id, (int)wc.status);
+    struct timespec d = {0, 1000000};
+    nanosleep(&d, NULL);
+  }
+}
+
+static struct ibv_qp *make_qp(struct ibv_cq *scq, struct ibv_cq *rcq) {
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof ia);
+  ia.send_cq = scq;
+  ia.recv_cq = rcq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 16;
+  ia.cap.max_recv_wr = 16;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+  CHECK(qp != NULL, "ibv_create_qp");
+  return qp;
+}
+
+static void connect_qp(struct ibv_qp *qp, uint32_t dest) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
+  CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                  IBV_QP_ACCESS_FLAGS) == 0,
+        "INIT");
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = dest;
+  a.rq_psn = 1;
+  a.max_dest_rd_atomic = 4;
+  a.min_rnr_timer = 1;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = gid;
+  a.ah_attr.grh.sgid_index = 0;
+  a.ah_attr.grh.hop_limit = 1;
+  a.ah_attr.port_num = 1;
+  CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                  IBV_QP_MIN_RNR_TIMER) == 0,
+        "RTR");
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.sq_psn = 1;
+  a.max_rd_atomic = 4;
+  CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0,
+        "RTS");
+}
+
+static struct pair make_pair(void) {
+  struct pair p;
+  p.tcq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+  p.icq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+  p.rcq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+  CHECK(p.tcq && p.icq && p.rcq, "ibv_create_cq");
+  p.t = make_qp(p.tcq, p.rcq);
+  p.i = make_qp(p.icq, p.rcq);
+  connect_qp(p.t, p.i->qp_num);
+  connect_qp(p.i, p.t->qp_num);
+  return p;
+}
+
+static void free_pair(struct pair *p) {
+  CHECK(ibv_destroy_qp(p->t) == 0 && ibv_destroy_qp(p->i) == 0, "ibv_destroy_qp");
+  CHECK(ibv_destroy_cq(p->tcq) == 0 && ibv_destroy_cq(p->icq) == 0 &&
+            ibv_destroy_cq(p->rcq) == 0,
+        "ibv_destroy_cq");
+}
+
+/* Posts IBV_WR_BIND_MW of the type-2 window `mw` on `qp` over [win_buf + off, + len) of
+ * `mr`; returns the window's new rkey. */
+static uint32_t post_bind(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mr *mr, size_t off,
+                          size_t len, unsigned access, uint64_t id) {
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = id;
+  wr.opcode = IBV_WR_BIND_MW;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.bind_mw.mw = mw;
+  wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+  wr.bind_mw.bind_info.mr = mr;
+  wr.bind_mw.bind_info.addr = (uintptr_t)mr->addr + off;
+  wr.bind_mw.bind_info.length = len;
+  wr.bind_mw.bind_info.mw_access_flags = access;
+  CHECK(ibv_post_send(qp, &wr, &bad) == 0, "post BIND_MW");
+  return wr.bind_mw.rkey;
+}
+
+static void post_local_inv(struct ibv_qp *qp, uint32_t rkey, uint64_t id) {
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = id;
+  wr.opcode = IBV_WR_LOCAL_INV;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.invalidate_rkey = rkey;
+  CHECK(ibv_post_send(qp, &wr, &bad) == 0, "post LOCAL_INV");
+}
+
+/* The initiator's RDMA `op` of `len` bytes at win_buf + off through `rkey`; returns the
+ * completion status. */
+static int rdma(struct pair *p, enum ibv_wr_opcode op, uint32_t rkey, size_t off, uint32_t len,
+                uint64_t id) {
+  struct ibv_sge sge = {.addr = (uintptr_t)src_buf, .length = len, .lkey = src_mr->lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = op;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = (uintptr_t)win_buf + off;
+  wr.wr.rdma.rkey = rkey;
+  CHECK(ibv_post_send(p->i, &wr, &bad) == 0, "post RDMA");
+  struct ibv_wc wc = next_wc(p->icq, "RDMA");
+  CHECK(wc.wr_id == id, "RDMA: wr_id %llu, want %llu", (unsigned long long)wc.wr_id,
+        (unsigned long long)id);
+  return (int)wc.status;
+}
+
+static void expect_bind(struct ibv_cq *cq, uint64_t id, int status, const char *what) {
+  struct ibv_wc wc = next_wc(cq, what);
+  CHECK(wc.wr_id == id, "%s: wr_id %llu, want %llu", what, (unsigned long long)wc.wr_id,
+        (unsigned long long)id);
+  CHECK((int)wc.status == status, "%s: status %s, want %s", what,
+        ibv_wc_status_str(wc.status), ibv_wc_status_str((enum ibv_wc_status)status));
+  if (status == IBV_WC_SUCCESS)
+    CHECK(wc.opcode == IBV_WC_BIND_MW, "%s: opcode %d, want IBV_WC_BIND_MW", what, wc.opcode);
+}
+
+int main(void) {
+  int n = 0;
+  struct ibv_device **list = ibv_get_device_list(&n);
+  CHECK(list != NULL && n > 0, "no RDMA device (run under rdmx-ibv exec)");
+  ctx = ibv_open_device(list[0]);
+  CHECK(ctx != NULL, "ibv_open_device");
+  ibv_free_device_list(list);
+  CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "ibv_query_gid");
+
+  /* The device says it has windows (as rxe: MEM_WINDOW | MEM_WINDOW_TYPE_2B). */
+  struct ibv_device_attr da;
+  CHECK(ibv_query_device(ctx, &da) == 0, "ibv_query_device");
+  CHECK(da.device_cap_flags & IBV_DEVICE_MEM_WINDOW, "no IBV_DEVICE_MEM_WINDOW");
+  CHECK(da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B, "no MEM_WINDOW_TYPE_2B");
+  CHECK(da.max_mw > 0, "max_mw %d", da.max_mw);
+
+  pd = ibv_alloc_pd(ctx);
+  CHECK(pd != NULL, "ibv_alloc_pd");
+  win_mr = ibv_reg_mr(pd, win_buf, sizeof win_buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  src_mr = ibv_reg_mr(pd, src_buf, sizeof src_buf, IBV_ACCESS_LOCAL_WRITE);
+  plain_mr = ibv_reg_mr(pd, plain_buf, sizeof plain_buf, IBV_ACCESS_LOCAL_WRITE);
+  CHECK(win_mr && src_mr && plain_mr, "ibv_reg_mr");
+
+  /* Type 3 does not exist. */
+  errno = 0;
+  CHECK(ibv_alloc_mw(pd, (enum ibv_mw_type)3) == NULL && errno == EINVAL,
+        "ibv_alloc_mw(type 3) must fail with EINVAL");
+
+  /* 1. A type-2 window opens its range, READ and WRITE, to its QP's peer. */
+  struct pair p = make_pair();
+  struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+  CHECK(mw != NULL && mw->type == IBV_MW_TYPE_2 && mw->pd == pd, "ibv_alloc_mw(type 2)");
+  uint32_t rkey = post_bind(p.t, mw, win_mr, WIN_OFF, WIN_LEN,
+                            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, 1);
+  expect_bind(p.tcq, 1, IBV_WC_SUCCESS, "bind");
+  memcpy(src_buf, "windowed", 8);
+  CHECK(rdma(&p, IBV_WR_RDMA_WRITE, rkey, WIN_OFF, 8, 2) == IBV_WC_SUCCESS, "WRITE in the window");
+  CHECK(memcmp(win_buf + WIN_OFF, "windowed", 8) == 0, "the WRITE did not land");
+  memcpy(win_buf + WIN_OFF + WIN_LEN - 8, "lastbyte", 8);
+  CHECK(rdma(&p, IBV_WR_RDMA_READ, rkey, WIN_OFF + WIN_LEN - 8, 8, 3) == IBV_WC_SUCCESS,
+        "READ of the window's end");
+  CHECK(memcmp(src_buf, "lastbyte", 8) == 0, "the READ read something else");
+  /* A bound region cannot be deregistered (EBUSY, as verbs). */
+  errno = 0;
+  int rc = ibv_dereg_mr(win_mr);
+  CHECK(rc == EBUSY, "ibv_dereg_mr of a region with a bound window: %d, want EBUSY", rc);
+  /* One byte past the window: a remote access error, nothing written. */
+  win_buf[WIN_OFF + WIN_LEN] = 0;
+  CHECK(rdma(&p, IBV_WR_RDMA_WRITE, rkey, WIN_OFF + WIN_LEN - 7, 8, 4) == IBV_WC_REM_ACCESS_ERR,
+        "a WRITE one byte past the window must be a remote access error");
+  CHECK(win_buf[WIN_OFF + WIN_LEN] == 0, "written past the window");
+  free_pair(&p);
+
+  /* 2. The region's own rkey opens nothing (registered without remote rights). */
+  p = make_pair();
+  CHECK(rdma(&p, IBV_WR_RDMA_READ, win_mr->rkey, WIN_OFF, 8, 5) == IBV_WC_REM_ACCESS_ERR,
+        "the region's rkey must not open it");
+  free_pair(&p);
+
+  /* 3. Another QP's peer: the window is bound to the first pair's target QP. */
+  struct pair other = make_pair();
+  p = make_pair();
+  /* The window of step 1 is still bound to a destroyed QP: rebinding a bound type-2 window
+   * is refused (invalidate it first). */
+  post_bind(p.t, mw, win_mr, WIN_OFF, WIN_LEN, IBV_ACCESS_REMOTE_READ, 6);
+  expect_bind(p.tcq, 6, IBV_WC_MW_BIND_ERR, "rebinding a bound type-2 window");
+  free_pair(&p);
+  p = make_pair();
+  post_local_inv(p.t, rkey, 7);
+  struct ibv_wc wc = next_wc(p.tcq, "LOCAL_INV");
+  CHECK(wc.wr_id == 7 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV,
+        "LOCAL_INV: status %s opcode %d", ibv_wc_status_str(wc.status), wc.opcode);
+  rkey = post_bind(p.t, mw, win_mr, WIN_OFF, WIN_LEN, IBV_ACCESS_REMOTE_READ, 8);
+  expect_bind(p.tcq, 8, IBV_WC_SUCCESS, "bind after the invalidation");
+  CHECK(rdma(&other, IBV_WR_RDMA_READ, rkey, WIN_OFF, 8, 9) == IBV_WC_REM_ACCESS_ERR,
+        "a request on another QP must not open a type-2 window");
+  free_pair(&other);
+
+  /* 4. Rights: a READ window refuses a WRITE. */
+  CHECK(rdma(&p, IBV_WR_RDMA_READ, rkey, WIN_OFF, 8, 10) == IBV_WC_SUCCESS, "READ in a READ window");
+  CHECK(rdma(&p, IBV_WR_RDMA_WRITE, rkey, WIN_OFF, 8, 11) == IBV_WC_REM_ACCESS_ERR,
+        "a WRITE through a READ window");
+  free_pair(&p);
+
+  /* 5. After LOCAL_INV the rkey is dead. */
+  p = make_pair();
+  post_local_inv(p.t, rkey, 12);
+  wc = next_wc(p.tcq, "LOCAL_INV 2");
+  CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV, "LOCAL_INV 2");
+  rkey = post_bind(p.t, mw, win_mr, WIN_OFF, WIN_LEN, IBV_ACCESS_REMOTE_WRITE, 13);
+  expect_bind(p.tcq, 13, IBV_WC_SUCCESS, "bind 3");
+  CHECK(rdma(&p, IBV_WR_RDMA_WRITE, rkey, WIN_OFF, 8, 14) == IBV_WC_SUCCESS, "WRITE before LOCAL_INV");
+  post_local_inv(p.t, rkey, 15);
+  wc = next_wc(p.tcq, "LOCAL_INV 3");
+  CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV, "LOCAL_INV 3");
+  CHECK(rdma(&p, IBV_WR_RDMA_WRITE, rkey, WIN_OFF, 8, 16) == IBV_WC_REM_ACCESS_ERR,
+        "a WRITE through an invalidated window");
+  free_pair(&p);
+
+  /* 6. Bind errors complete with IBV_WC_MW_BIND_ERR and end the QP: a region without
+   * MW_BIND, a range outside the region. */
+  p = make_pair();
+  post_bind(p.t, mw, plain_mr, 0, 64, IBV_ACCESS_REMOTE_READ, 17);
+  expect_bind(p.tcq, 17, IBV_WC_MW_BIND_ERR, "bind over a region without MW_BIND");
+  {
+    struct ibv_sge sge = {.addr = (uintptr_t)src_buf, .length = 8, .lkey = src_mr->lkey};
+    struct ibv_send_wr w, *bad = NULL;
+    memset(&w, 0, sizeof w);
+    w.wr_id = 18;
+    w.sg_list = &sge;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    CHECK(ibv_post_send(p.t, &w, &bad) == 0, "post after the bind error");
+    wc = next_wc(p.tcq, "after the bind error");
+    CHECK(wc.wr_id == 18 && wc.status == IBV_WC_WR_FLUSH_ERR,
+          "a WR after a bind error: status %s, want a flush", ibv_wc_status_str(wc.status));
+  }
+  free_pair(&p);
+  p = make_pair();
+  post_bind(p.t, mw, win_mr, sizeof win_buf - 512, 1024, IBV_ACCESS_REMOTE_READ, 19);
+  expect_bind(p.tcq, 19, IBV_WC_MW_BIND_ERR, "bind past the region's end");
+  free_pair(&p);
+
+  /* 7. A bind takes its turn after the WRs posted before it: a SEND waiting for a receive
+   * (RNR) holds the bind's completion back. */
+  p = make_pair();
+  {
+    struct ibv_sge sge = {.addr = (uintptr_t)src_buf, .length = 8, .lkey = src_mr->lkey};
+    struct ibv_send_wr w, *bad = NULL;
+    memset(&w, 0, sizeof w);
+    w.wr_id = 20;
+    w.sg_list = &sge;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    CHECK(ibv_post_send(p.t, &w, &bad) == 0, "post SEND");
+    rkey = post_bind(p.t, mw, win_mr, WIN_OFF, WIN_LEN, IBV_ACCESS_REMOTE_READ, 21);
+    no_wc(p.tcq, 200, "the bind completed before the SEND posted ahead of it");
+    struct ibv_sge rs = {.addr = (uintptr_t)src_buf + 2048, .length = 64, .lkey = src_mr->lkey};
+    struct ibv_recv_wr r, *rbad = NULL;
+    memset(&r, 0, sizeof r);
+    r.wr_id = 22;
+    r.sg_list = &rs;
+    r.num_sge = 1;
+    CHECK(ibv_post_recv(p.i, &r, &rbad) == 0, "post_recv");
+    wc = next_wc(p.tcq, "SEND");
+    CHECK(wc.wr_id == 20 && wc.status == IBV_WC_SUCCESS, "the SEND first: wr_id %llu",
+          (unsigned long long)wc.wr_id);
+    expect_bind(p.tcq, 21, IBV_WC_SUCCESS, "then the bind");
+    wc = next_wc(p.rcq, "receive");
+    CHECK(wc.wr_id == 22 && wc.status == IBV_WC_SUCCESS, "receive");
+  }
+
+  /* 8. Deallocating a bound window ends it; the region may then go. */
+  CHECK(ibv_dealloc_mw(mw) == 0, "ibv_dealloc_mw of a bound window");
+  CHECK(rdma(&p, IBV_WR_RDMA_READ, rkey, WIN_OFF, 8, 23) == IBV_WC_REM_ACCESS_ERR,
+        "a READ through a deallocated window");
+  free_pair(&p);
+
+  /* 9. Type 1 (ibv_bind_mw): bound to every QP; unbound by a bind of length 0; a local
+   * invalidate may not end it. */
+  p = make_pair();
+  other = make_pair();
+  struct ibv_mw *mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+  CHECK(mw1 != NULL && mw1->type == IBV_MW_TYPE_1, "ibv_alloc_mw(type 1)");
+  uint32_t before = mw1->rkey;
+  struct ibv_mw_bind b;
+  memset(&b, 0, sizeof b);
+  b.wr_id = 24;
+  b.send_flags = IBV_SEND_SIGNALED;
+  b.bind_info.mr = win_mr;
+  b.bind_info.addr = (uintptr_t)win_buf + WIN_OFF;
+  b.bind_info.length = WIN_LEN;
+  b.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+  CHECK(ibv_bind_mw(p.t, mw1, &b) == 0, "ibv_bind_mw");
+  CHECK(mw1->rkey == ibv_inc_rkey(before), "ibv_bind_mw sets the next key");
+  expect_bind(p.tcq, 24, IBV_WC_SUCCESS, "type-1 bind");
+  CHECK(rdma(&p, IBV_WR_RDMA_READ, mw1->rkey, WIN_OFF, 8, 25) == IBV_WC_SUCCESS, "type-1 READ");
+  CHECK(rdma(&other, IBV_WR_RDMA_READ, mw1->rkey, WIN_OFF, 8, 26) == IBV_WC_SUCCESS,
+        "type-1 READ on another QP");
+  b.wr_id = 27;
+  b.bind_info.length = 0;
+  b.bind_info.mw_access_flags = 0;
+  uint32_t bound1 = mw1->rkey;
+  CHECK(ibv_bind_mw(p.t, mw1, &b) == 0, "ibv_bind_mw (length 0)");
+  expect_bind(p.tcq, 27, IBV_WC_SUCCESS, "type-1 unbind");
+  CHECK(rdma(&p, IBV_WR_RDMA_READ, bound1, WIN_OFF, 8, 28) == IBV_WC_REM_ACCESS_ERR,
+        "a READ through an unbound type-1 window");
+  free_pair(&p);
+  b.wr_id = 29;
+  b.bind_info.length = WIN_LEN;
+  b.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+  CHECK(ibv_bind_mw(other.t, mw1, &b) == 0, "ibv_bind_mw again");
+  expect_bind(other.tcq, 29, IBV_WC_SUCCESS, "type-1 bind 2");
+  post_local_inv(other.t, mw1->rkey, 30);
+  wc = next_wc(other.tcq, "LOCAL_INV of a type-1 window");
+  CHECK(wc.wr_id == 30 && wc.status == IBV_WC_LOC_QP_OP_ERR,
+        "LOCAL_INV of a type-1 window: %s, want LOC_QP_OP_ERR", ibv_wc_status_str(wc.status));
+  free_pair(&other);
+  CHECK(ibv_dealloc_mw(mw1) == 0, "ibv_dealloc_mw(type 1)");
+
+  /* 10. SEND_WITH_INV is not offered (the transport sends no IETH). */
+  p = make_pair();
+  {
+    struct ibv_send_wr w, *bad = NULL;
+    memset(&w, 0, sizeof w);
+    w.wr_id = 31;
+    w.opcode = IBV_WR_SEND_WITH_INV;
+    w.invalidate_rkey = 1;
+    CHECK(ibv_post_send(p.t, &w, &bad) == EOPNOTSUPP && bad == &w,
+          "IBV_WR_SEND_WITH_INV must be refused with EOPNOTSUPP");
+  }
+  free_pair(&p);
+
+  /* 11. In one chain: a bind between two SENDs completes between them; a failing bind
+   * in a chain: the SEND before it completes (or is flushed), the bind fails, the SEND
+   * after it is flushed, in that order. */
+  p = make_pair();
+  {
+    struct ibv_mw *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+    CHECK(mw2 != NULL, "ibv_alloc_mw (chain)");
+    struct ibv_sge sge = {.addr = (uintptr_t)src_buf, .length = 8, .lkey = src_mr->lkey};
+    for (int k = 0; k < 2; k++) {
+      struct ibv_sge rs = {.addr = (uintptr_t)src_buf + 2048, .length = 64, .lkey = src_mr->lkey};
+      struct ibv_recv_wr r, *rbad = NULL;
+      memset(&r, 0, sizeof r);
+      r.wr_id = 70 + k;
+      r.sg_list = &rs;
+      r.num_sge = 1;
+      CHECK(ibv_post_recv(p.i, &r, &rbad) == 0, "post_recv (chain)");
+    }
+    struct ibv_send_wr w[3], *bad = NULL;
+    memset(w, 0, sizeof w);
+    for (int k = 0; k < 3; k++) {
+      w[k].wr_id = 50 + k;
+      w[k].send_flags = IBV_SEND_SIGNALED;
+      w[k].next = k < 2 ? &w[k + 1] : NULL;
+    }
+    w[0].opcode = IBV_WR_SEND;
+    w[0].sg_list = &sge;
+    w[0].num_sge = 1;
+    w[1].opcode = IBV_WR_BIND_MW;
+    w[1].bind_mw.mw = mw2;
+    w[1].bind_mw.rkey = ibv_inc_rkey(mw2->rkey);
+    w[1].bind_mw.bind_info.mr = win_mr;
+    w[1].bind_mw.bind_info.addr = (uintptr_t)win_buf;
+    w[1].bind_mw.bind_info.length = 64;
+    w[1].bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+    w[2] = w[0];
+    w[2].wr_id = 52;
+    w[2].next = NULL;
+    CHECK(ibv_post_send(p.t, w, &bad) == 0, "post a chain with a bind");
+    for (int k = 0; k < 3; k++) {
+      wc = next_wc(p.tcq, "chain");
+      CHECK(wc.wr_id == (uint64_t)(50 + k) && wc.status == IBV_WC_SUCCESS,
+            "chain: completion %d is wr_id %llu status %s", k, (unsigned long long)wc.wr_id,
+            ibv_wc_status_str(wc.status));
+      CHECK(wc.opcode == (k == 1 ? IBV_WC_BIND_MW : IBV_WC_SEND), "chain: opcode %d", wc.opcode);
+    }
+    uint32_t k2 = w[1].bind_mw.rkey;
+    CHECK(rdma(&p, IBV_WR_RDMA_READ, k2, 0, 8, 53) == IBV_WC_SUCCESS, "READ through the chained bind");
+    free_pair(&p);
+    p = make_pair();
+    w[1].bind_mw.bind_info.mr = plain_mr;
+    w[1].bind_mw.bind_info.addr = (uintptr_t)plain_buf;
+    w[1].bind_mw.rkey = ibv_inc_rkey(k2);
+    CHECK(ibv_post_send(p.t, w, &bad) == 0, "post a chain with a failing bind");
+    wc = next_wc(p.tcq, "chain 2: the SEND before");
+    CHECK(wc.wr_id == 50 && (wc.status == IBV_WC_SUCCESS || wc.status == IBV_WC_WR_FLUSH_ERR),
+          "chain 2: first wr_id %llu status %s", (unsigned long long)wc.wr_id,
+          ibv_wc_status_str(wc.status));
+    expect_bind(p.tcq, 51, IBV_WC_MW_BIND_ERR, "chain 2: the failing bind");
+    wc = next_wc(p.tcq, "chain 2: the SEND after");
+    CHECK(wc.wr_id == 52 && wc.status == IBV_WC_WR_FLUSH_ERR,
+          "chain 2: last wr_id %llu status %s, want a flush", (unsigned long long)wc.wr_id,
+          ibv_wc_status_str(wc.status));
+    CHECK(ibv_dealloc_mw(mw2) == 0, "ibv_dealloc_mw (chain)");
+  }
+  free_pair(&p);
+
+  CHECK(ibv_dereg_mr(win_mr) == 0 && ibv_dereg_mr(src_mr) == 0 && ibv_dereg_mr(plain_mr) == 0,
+        "ibv_dereg_mr");
+  CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+  CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+  printf("ibv_mw: all passed\n");
+  return 0;
+}
