@@ -17,6 +17,11 @@
 //! A refusal is a remote access error on the rogue's QP. Before the scoping, the pool's
 //! rkey (one for all sessions, with remote read and write) came in every grant and
 //! descriptor, and every one of these accesses succeeded. Every wait is bounded.
+//!
+//! On the soft provider (memory windows of its window table), and again on the verbs
+//! provider under `rdmx-ibv exec` (`scoping_holds_on_verbs_under_rdmx_ibv`: windows bound
+//! with IBV_WR_BIND_MW on the peer's QP and ended with IBV_WR_LOCAL_INV, through
+//! libibverbs and rdmx's device `rdmx0`).
 
 use rdmx::config::Config;
 use rdmx::msgr::messenger::wire::{self, Grant, HDR_LEN, Header, Kind, Part, SLOT};
@@ -33,6 +38,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod support;
+
 const T: Duration = Duration::from_secs(10);
 const ECHO: u16 = 2;
 const CANARY: u16 = 3;
@@ -47,6 +54,8 @@ fn config(kv: &[(&str, &str)]) -> Config {
     c.set("provider", "soft").unwrap();
     c.set("soft_port", "0").unwrap();
     c.set("timeout", "17").unwrap();
+    // Under `rdmx-ibv exec` (the verbs rerun below): provider=verbs.
+    support::apply_provider(&mut c);
     for (k, v) in kv {
         c.set(k, v).unwrap();
     }
@@ -442,6 +451,23 @@ fn neighbour(addr: u64) -> u64 {
     }
 }
 
+/// Whether S refused a rogue's access. The refusal is the rogue's REM_ACCESS_ERR; S's
+/// QP, the responder, goes to error too (verbs), so S ends that link and closes its side
+/// channel, and a rogue that learns of the closed side channel before it has processed
+/// the NAK sees its WR flushed instead (the provider moves a QP whose peer is gone to
+/// ERR): the race is the verbs provider's (its watcher thread reads the EOF at once),
+/// and either way the access did not complete. A success is never a refusal.
+fn refused(st: WcStatus) -> bool {
+    matches!(st, WcStatus::RemAccessErr | WcStatus::WrFlushErr)
+}
+
+fn assert_refused(st: WcStatus, what: &str) {
+    assert!(
+        refused(st),
+        "{what}: {st:?}, want a refusal (REM_ACCESS_ERR)"
+    );
+}
+
 #[test]
 fn a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted() {
     let mut w = World::new();
@@ -466,7 +492,7 @@ fn a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted() {
     // Another session's QP with r1's (valid) rendezvous rkey: refused; r1 still reads.
     let mut r2 = Rogue::new(&mut w);
     let st = r2.rdma(&mut w, WrOpcode::RdmaRead, p1.addr, p1.rkey, n);
-    assert_eq!(st, WcStatus::RemAccessErr, "r1's rkey on r2's QP");
+    assert_refused(st, "r1's rkey on r2's QP");
     drop(r2);
     let st = r1.rdma(&mut w, WrOpcode::RdmaRead, p1.addr, p1.rkey, n);
     assert_eq!(st, WcStatus::Success, "still r1's while granted");
@@ -474,7 +500,7 @@ fn a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted() {
     // Just outside the rendezvous part: refused.
     let past = p1.addr + u64::from(p1.len);
     let st = r1.rdma(&mut w, WrOpcode::RdmaRead, past, p1.rkey, 64);
-    assert_eq!(st, WcStatus::RemAccessErr, "READ past its part");
+    assert_refused(st, "READ past its part");
     drop(r1);
 
     // A's data, with each kind of rkey a peer is given, READ and WRITE: refused.
@@ -495,7 +521,7 @@ fn a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted() {
         let (_, p) = r.ask(&mut w);
         let g = r.next_grant();
         let st = r.rdma(&mut w, op, a_chunk, pick(&p, &g), 4096);
-        assert_eq!(st, WcStatus::RemAccessErr, "A's chunk: {what}");
+        assert_refused(st, &format!("A's chunk: {what}"));
         w.canary_intact(&a_data);
     }
 
@@ -503,7 +529,7 @@ fn a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted() {
     let mut r3 = Rogue::new(&mut w);
     let g = r3.next_grant();
     let st = r3.rdma(&mut w, WrOpcode::RdmaWrite, neighbour(g.addr), g.rkey, 4096);
-    assert_eq!(st, WcStatus::RemAccessErr, "WRITE next to its grant");
+    assert_refused(st, "WRITE next to its grant");
     drop(r3);
 
     // After the grant ended. The rendezvous part: once r4 acknowledged the answer, its
@@ -516,7 +542,7 @@ fn a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted() {
     let end = Instant::now() + T;
     loop {
         let st = r4.rdma(&mut w, WrOpcode::RdmaRead, p.addr, p.rkey, 64);
-        if st == WcStatus::RemAccessErr {
+        if refused(st) {
             break;
         }
         assert_eq!(st, WcStatus::Success);
@@ -536,7 +562,7 @@ fn a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted() {
     let end = Instant::now() + T;
     loop {
         let st = r5.rdma(&mut w, WrOpcode::RdmaWrite, g.addr, g.rkey, 64);
-        if st == WcStatus::RemAccessErr {
+        if refused(st) {
             break;
         }
         assert_eq!(st, WcStatus::Success);
@@ -613,5 +639,23 @@ fn without_scoping_the_pool_rkey_reaches_another_sessions_chunk() {
         st,
         WcStatus::Success,
         "the pool rkey covers the whole arena"
+    );
+}
+
+/// The two tests above on the verbs provider: this binary again under `rdmx-ibv exec`
+/// (rdmx's verbs provider -> libibverbs -> `rdmx0` -> the soft transport), where the
+/// windows are type-2 memory windows bound with IBV_WR_BIND_MW on the peer's QP and ended
+/// with IBV_WR_LOCAL_INV. The same refusals hold (another session's chunk, one byte past
+/// a part, another peer's rkey, after the grant ended), and without scoping the same
+/// accesses succeed.
+#[test]
+fn scoping_holds_on_verbs_under_rdmx_ibv() {
+    support::rerun_under_rdmx_ibv(
+        "127.0.93.10",
+        &[
+            "a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted",
+            "without_scoping_the_pool_rkey_reaches_another_sessions_chunk",
+        ],
+        Duration::from_secs(180),
     );
 }

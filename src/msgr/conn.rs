@@ -805,17 +805,17 @@ impl Connection {
         Ok(())
     }
 
-    /// Posts a chain of send-queue WRs (SEND, WRITE, READ, with or without immediate).
-    /// Returns how many were posted; `Full` when the send queue has no room at all.
-    /// The local QP's number (what a memory window bound for this peer names).
-    pub(crate) fn qp_num(&self) -> u32 {
-        self.qp.qpn()
+    /// The provider's QP (what memory windows for this peer are bound on).
+    pub(crate) fn provider_qp(&self) -> &crate::provider::dev::Qp {
+        &self.qp
     }
 
     pub(crate) fn context(&self) -> &Context {
         &self.ctx
     }
 
+    /// Posts a chain of send-queue WRs (SEND, WRITE, READ, with or without immediate).
+    /// Returns how many were posted; `Full` when the send queue has no room at all.
     pub fn post_send(&self, wrs: &[SendReq]) -> Result<usize> {
         self.check_open("post_send")?;
         let (n, err) = self.qp.post_send(&self.ctx.shared.dev, wrs);

@@ -80,7 +80,7 @@ impl Context {
         // with remote access are offered to peers.
         let mut opts = RegCacheOptions::new(settings.rcache_entries as usize);
         opts.merge = false;
-        let scoped_rkeys = config.get_bool("msgr_scoped_rkeys")? && dev.windows().is_some();
+        let scoped_rkeys = config.get_bool("msgr_scoped_rkeys")? && scoped_on(&dev);
         let registrar: Arc<dyn Registrar> = dev.registrar();
         let rcache = RegCache::with_options(registrar, opts)?;
         Ok(Context {
@@ -101,8 +101,8 @@ impl Context {
     }
 
     /// Whether a messenger on this context exposes its memory to a peer only through
-    /// memory windows bound to that peer's QP (`msgr_scoped_rkeys`, soft provider): see
-    /// docs/security.md.
+    /// memory windows bound to that peer's QP (`msgr_scoped_rkeys`, on the soft provider
+    /// and on a verbs device with type-2 windows): see docs/security.md.
     pub fn scoped_rkeys(&self) -> bool {
         self.shared.scoped_rkeys
     }
@@ -292,4 +292,23 @@ impl Context {
 
 pub(crate) fn closed(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Closed, msg)
+}
+
+/// Whether `dev` binds the memory windows scoped rkeys need; when it does not (a verbs
+/// device without type-2 windows), says so once per process: the messenger then gives
+/// peers its registrations' rkeys (unscoped), as before issue 27.
+fn scoped_on(dev: &crate::provider::Device) -> bool {
+    if dev.binds_windows() {
+        return true;
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::warn!(
+            target: "rdmx::msgr",
+            "msgr_scoped_rkeys: the RDMA device has no type-2 memory windows (max_mw 0 or no \
+             MEM_WINDOW_TYPE_2A/2B): the messenger's pools are exposed through their own \
+             rkeys, not per-peer windows (unscoped; see docs/security.md)"
+        );
+    });
+    false
 }

@@ -133,14 +133,34 @@ impl Device {
         }
     }
 
-    /// The soft device's region table, which binds memory windows (per-QP rkeys over a
-    /// byte range, `soft/window.rs`); None on verbs, whose windows rdmx does not bind
-    /// (see docs/security.md).
-    pub fn windows(&self) -> Option<Arc<super::soft::mr::MrTable>> {
+    /// Whether the device binds memory windows (the messenger's scoped rkeys): the soft
+    /// device always; a verbs device when it has type-2 windows (rdmx-ibv's `rdmx0`
+    /// does; a NIC without them does not, see docs/security.md).
+    pub fn binds_windows(&self) -> bool {
         match self {
-            Device::Soft(d) => Some(d.mrs_arc()),
+            Device::Soft(_) => true,
             #[cfg(feature = "verbs")]
-            Device::Verbs(_) => None,
+            Device::Verbs(d) => d.windows().is_some(),
+        }
+    }
+
+    /// The memory windows of `qp`'s peer (`provider/windows.rs`); None when the device
+    /// binds none.
+    pub fn windows(&self, qp: &Qp) -> Option<Arc<dyn super::windows::QpWindows>> {
+        match (self, qp) {
+            (Device::Soft(d), Qp::Soft(q)) => Some(Arc::new(super::soft::window::SoftQpWindows {
+                mrs: d.mrs_arc(),
+                qpn: q.qp.qpn(),
+            })),
+            #[cfg(feature = "verbs")]
+            (Device::Verbs(d), Qp::Verbs(q)) => {
+                Some(Arc::new(super::verbs::window::VerbsQpWindows {
+                    windows: d.windows()?,
+                    qp: Arc::downgrade(q),
+                }))
+            }
+            #[cfg(feature = "verbs")]
+            _ => None,
         }
     }
 

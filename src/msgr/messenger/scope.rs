@@ -1,10 +1,12 @@
 //! Remote access to the messenger's memory, scoped to one peer (issue 27: buffers that
 //! carried one session's data are not readable or writable by another session).
 //!
-//! With `msgr_scoped_rkeys` (soft provider), the pools and the buffers the messenger sends
-//! from are registered without any remote right, so their rkeys open nothing. What a peer
-//! must reach remotely gets a memory window bound to the local QP of that peer's link, over
-//! exactly those bytes (`provider/soft/window.rs`):
+//! With `msgr_scoped_rkeys` (soft provider, and verbs devices with type-2 windows), the
+//! pools and the buffers the messenger sends from are registered without any remote right,
+//! so their rkeys open nothing. What a peer must reach remotely gets a memory window bound
+//! to the local QP of that peer's link, over exactly those bytes (`provider/windows.rs`:
+//! the soft provider's window table, or `IBV_WR_BIND_MW` on the verbs QP, posted before
+//! the SEND that advertises the rkey):
 //! - a rendezvous segment: REMOTE_READ over each part, bound when the message is queued on
 //!   a link, invalidated when the peer acknowledges it (it has READ everything by then), or
 //!   when the link ends (a replay binds new windows on the next link);
@@ -12,14 +14,15 @@
 //!   chunk, bound when the grant is announced, invalidated when the receive completes (the
 //!   chunk is then this side's to deliver or reuse) or the link ends.
 //!
-//! Invalidation is synchronous (no access is in progress when it returns), so a chunk is
-//! never returned to the pool, and so never handed to another session, while a window over
-//! it is bound.
+//! Invalidation is synchronous (no access is in progress when it returns: the soft table's
+//! reader count, or the verbs `IBV_WR_LOCAL_INV`'s completion, waited for; a window whose
+//! QP is gone is deallocated instead), so a chunk is never returned to the pool, and so
+//! never handed to another session, while a window over it is bound.
 
 use crate::error::Result;
 use crate::mem::pool::Chunk;
 use crate::msgr::Connection;
-use crate::provider::soft::mr::MrTable;
+use crate::provider::windows::QpWindows;
 use crate::rc::verbs::access;
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -28,8 +31,7 @@ use super::buffers::TxSeg;
 
 /// Binds windows for the peer of one link (its local QP).
 pub struct Scope {
-    mrs: Arc<MrTable>,
-    qpn: u32,
+    win: Arc<dyn QpWindows>,
 }
 
 impl Scope {
@@ -41,28 +43,22 @@ impl Scope {
             return None;
         }
         Some(Scope {
-            mrs: ctx.shared.dev.windows()?,
-            qpn: conn.qp_num(),
+            win: ctx.shared.dev.windows(conn.provider_qp())?,
         })
     }
 
     /// Binds a window over a receive's data chunk that the peer may RDMA WRITE (its
     /// grant); returns its rkey. End it with [`Scope::end`].
     pub fn grant(&self, c: &Chunk) -> Result<u32> {
-        self.mrs.bind_window(
-            self.qpn,
-            c.lkey,
-            c.addr_u64(),
-            c.len as u64,
-            access::REMOTE_WRITE,
-        )
+        self.win
+            .bind(c.lkey, c.addr_u64(), c.len as u64, access::REMOTE_WRITE)
     }
 
     /// Ends a window of [`Scope::grant`] (0: none). Returns at once when it was bound;
     /// no remote access through it is in progress then.
     pub fn end(&self, rkey: u32) {
         if rkey != 0 {
-            self.mrs.invalidate_window(rkey);
+            self.win.invalidate(rkey);
         }
     }
 
@@ -70,15 +66,11 @@ impl Scope {
     /// descriptor block then tells the peer). The windows of an earlier exposure end first.
     pub fn expose(&self, seg: &mut TxSeg) -> Result<()> {
         seg.windows.clear();
-        seg.windows.mrs = Some(Arc::clone(&self.mrs));
+        seg.windows.win = Some(Arc::clone(&self.win));
         for (p, &lkey) in seg.parts.iter_mut().zip(&seg.lkeys) {
-            let k = self.mrs.bind_window(
-                self.qpn,
-                lkey,
-                p.addr,
-                u64::from(p.len),
-                access::REMOTE_READ,
-            )?;
+            let k = self
+                .win
+                .bind(lkey, p.addr, u64::from(p.len), access::REMOTE_READ)?;
             seg.windows.keys.push(k);
             p.rkey = k;
         }
@@ -101,16 +93,16 @@ pub fn expose_all(scope: Option<&Scope>, segs: &mut [TxSeg]) -> Result<()> {
 /// the segment's memory is released: `TxSeg` declares it first).
 #[derive(Default)]
 pub struct Windows {
-    mrs: Option<Arc<MrTable>>,
+    win: Option<Arc<dyn QpWindows>>,
     keys: SmallVec<[u32; 2]>,
 }
 
 impl Windows {
     /// Ends every window (the link they were bound for is gone, or they are rebound).
     pub fn clear(&mut self) {
-        if let Some(m) = &self.mrs {
+        if let Some(w) = &self.win {
             for k in self.keys.drain(..) {
-                m.invalidate_window(k);
+                w.invalidate(k);
             }
         }
     }

@@ -27,6 +27,9 @@ pub struct Limits {
     pub max_qp_rd_atom: u8,
     /// READs/atomics a QP may have outstanding as initiator (max_rd_atomic).
     pub max_qp_init_rd_atom: u8,
+    /// The device binds type-2 memory windows (`max_mw` > 0 and MEM_WINDOW_TYPE_2A or
+    /// 2B in `device_cap_flags`): the messenger's scoped rkeys work on it.
+    pub mw_type2: bool,
 }
 
 /// The device context and the protection domain, released when the last user (device,
@@ -331,6 +334,11 @@ pub fn open(s: &Settings) -> Result<Opened> {
         max_cqe: da.max_cqe.max(0) as u32,
         max_qp_rd_atom: clamp8(da.max_qp_rd_atom),
         max_qp_init_rd_atom: clamp8(da.max_qp_init_rd_atom),
+        mw_type2: da.max_mw > 0
+            && da.device_cap_flags
+                & (ib::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
+                    | ib::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0)
+                != 0,
     };
     check_limits(s, &name, &limits)?;
     // SAFETY: open context.
@@ -411,6 +419,7 @@ mod tests {
             max_cqe: 1 << 20,
             max_qp_rd_atom: 16,
             max_qp_init_rd_atom: 16,
+            mw_type2: false,
         };
         let e = check_limits(&s, "mlx5_0", &l).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);

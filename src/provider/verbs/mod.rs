@@ -6,6 +6,8 @@
 //! - [`mr`]: `ibv_reg_mr` registrations (pools register each arena once);
 //! - [`qp`]: a connection's channel, CQs and RC QP, post chains, batched polling;
 //! - [`events`]: the device's async events;
+//! - [`window`]: type-2 memory windows for the messenger's scoped rkeys (`qp/local.rs`
+//!   posts their binds and invalidations);
 //! - here: [`VerbsDevice`] and its watcher thread: side channels (TCP EOF -> QP to ERR, as
 //!   the soft provider's progress thread does) and the async event fd.
 //!
@@ -22,6 +24,7 @@ pub(crate) mod events;
 mod layout;
 pub mod mr;
 pub mod qp;
+pub mod window;
 
 use crate::config::Settings;
 use crate::error::{Error, ErrorKind, Result};
@@ -44,6 +47,8 @@ pub use device::ROCEV2_PORT;
 pub struct VerbsDevice {
     opened: Opened,
     mrs: Arc<VerbsMrs>,
+    /// The device's type-2 memory windows (None: it has none), for scoped rkeys.
+    windows: Option<Arc<window::VerbsWindows>>,
     watch: Watcher,
     settings: Settings,
 }
@@ -51,14 +56,27 @@ pub struct VerbsDevice {
 impl VerbsDevice {
     pub fn open(s: &Settings) -> Result<VerbsDevice> {
         let opened = device::open(s)?;
-        let mrs = Arc::new(VerbsMrs::new(Arc::clone(&opened.pd)));
+        let mw = opened.limits.mw_type2;
+        let mrs = Arc::new(VerbsMrs::new(Arc::clone(&opened.pd), mw));
+        let windows = mw.then(|| {
+            Arc::new(window::VerbsWindows::new(
+                Arc::clone(&opened.pd),
+                Arc::clone(&mrs),
+            ))
+        });
         let watch = Watcher::start(Arc::clone(&opened.pd), opened.port, opened.name.clone())?;
         Ok(VerbsDevice {
             opened,
             mrs,
+            windows,
             watch,
             settings: s.clone(),
         })
+    }
+
+    /// The device's memory windows (None when it has no type-2 windows).
+    pub fn windows(&self) -> Option<Arc<window::VerbsWindows>> {
+        self.windows.clone()
     }
 
     pub fn describe(&self) -> String {

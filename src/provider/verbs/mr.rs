@@ -36,14 +36,27 @@ unsafe impl Sync for VRegion {}
 pub struct VerbsMrs {
     pd: Arc<Pd>,
     by_lkey: RwLock<HashMap<u32, Arc<VRegion>>>,
+    /// Registrations also carry IBV_ACCESS_MW_BIND (the device binds type-2 windows,
+    /// which the messenger uses for scoped rkeys: `window.rs`).
+    mw_bind: bool,
 }
 
+/// `IBV_ACCESS_MW_BIND`.
+const ACCESS_MW_BIND: u32 = 1 << 4;
+
 impl VerbsMrs {
-    pub fn new(pd: Arc<Pd>) -> VerbsMrs {
+    /// The regions of `pd`; with `mw_bind`, every registration allows memory windows.
+    pub fn new(pd: Arc<Pd>, mw_bind: bool) -> VerbsMrs {
         VerbsMrs {
             pd,
             by_lkey: RwLock::new(HashMap::default()),
+            mw_bind,
         }
+    }
+
+    /// The `struct ibv_mr *` of the region with `lkey` (what a bind names).
+    pub(crate) fn raw_mr(&self, lkey: u32) -> Option<*mut ib::ibv_mr> {
+        self.by_lkey.read().get(&lkey).map(|r| r.mr)
     }
 
     /// Registers `[addr, addr + len)` with `access_flags` (checked as the soft provider
@@ -58,10 +71,14 @@ impl VerbsMrs {
         access_flags: u32,
     ) -> Result<Arc<VRegion>> {
         crate::provider::region::check_region(addr, len, access_flags)?;
+        let flags = if self.mw_bind {
+            access_flags | ACCESS_MW_BIND
+        } else {
+            access_flags
+        };
         // SAFETY: the PD is live (held by `self`); the caller keeps the range mapped until
         // deregistration; the access bits are the ibv_access_flags values.
-        let mr =
-            unsafe { ib::ibv_reg_mr(self.pd.pd, addr.cast(), len, access_flags as libc::c_int) };
+        let mr = unsafe { ib::ibv_reg_mr(self.pd.pd, addr.cast(), len, flags as libc::c_int) };
         if mr.is_null() {
             let e = std::io::Error::last_os_error();
             return Err(match e.raw_os_error() {

@@ -70,6 +70,9 @@ struct Slot {
     cookie: u64,
     opcode: Option<WrOpcode>,
     caller_signaled: bool,
+    /// A memory window bind ([`local::BIND`]) or local invalidate ([`local::INV`])
+    /// (`qp/local.rs`), never the caller's; 0 for the caller's WRs.
+    local: u8,
     lkeys: SmallVec<[u32; 2]>,
 }
 
@@ -163,7 +166,12 @@ pub struct VerbsQp {
     /// WR-level counters (`provider::dev` counts posts and polls; the device's async
     /// event reader counts events).
     stats: WrStats,
+    /// Local invalidates completed and not yet collected by their waiter: (send-queue
+    /// sequence, succeeded) (`qp/local.rs`).
+    local_done: Mutex<SmallVec<[(u64, bool); 4]>>,
 }
+
+mod local;
 
 // SAFETY: the raw pointers are libibverbs objects, usable from any thread (the provider
 // locks its queues); the rings, stash and note are behind mutexes.
@@ -233,6 +241,7 @@ fn status_of(s: u32) -> WcStatus {
         2 => WcStatus::LocQpOpErr,
         4 => WcStatus::LocProtErr,
         5 => WcStatus::WrFlushErr,
+        6 => WcStatus::MwBindErr,
         7 => WcStatus::BadRespErr,
         8 => WcStatus::LocAccessErr,
         9 => WcStatus::RemInvReqErr,
@@ -409,6 +418,7 @@ impl VerbsQp {
             peer_gone: AtomicBool::new(false),
             failure: Mutex::new(None),
             stats: WrStats::default(),
+            local_done: Mutex::new(SmallVec::new()),
         })
     }
 
@@ -710,6 +720,7 @@ impl VerbsQp {
             slot.cookie = r.cookie;
             slot.opcode = Some(r.opcode);
             slot.caller_signaled = caller_signaled;
+            slot.local = 0;
             slot.lkeys.clear();
             if !inline {
                 slot.lkeys.extend(r.sges.iter().map(|s| s.lkey));
@@ -932,7 +943,7 @@ impl VerbsQp {
             log::warn!(target: "rdmx::verbs", "QP {:#x}: send completion for unknown WR {seq}", self.qpn);
             return None;
         }
-        let (mut cookie, mut opcode, mut asked) = (0, WrOpcode::Send, false);
+        let (mut cookie, mut opcode, mut asked, mut local) = (0, WrOpcode::Send, false, 0);
         for s in sq.head..=seq {
             let slot = sq.slot(s);
             self.mrs.hold(&slot.lkeys, false);
@@ -940,8 +951,24 @@ impl VerbsQp {
             cookie = slot.cookie;
             opcode = slot.opcode.unwrap_or(WrOpcode::Send);
             asked = slot.caller_signaled;
+            local = std::mem::take(&mut slot.local);
         }
         sq.head = seq + 1;
+        if local != 0 {
+            // A window bind or invalidate (`qp/local.rs`): its waiter learns the outcome;
+            // the caller never sees it (a failed bind ends the QP, which its own WRs'
+            // flushes report).
+            drop(sq);
+            if status != WcStatus::Success && status != WcStatus::WrFlushErr {
+                log::warn!(target: "rdmx::verbs", "QP {:#x}: memory window operation failed: {status:?}", self.qpn);
+            }
+            if local == local::INV {
+                self.local_done
+                    .lock()
+                    .push((seq, status == WcStatus::Success));
+            }
+            return None;
+        }
         if status == WcStatus::Success && !asked {
             return None;
         }
