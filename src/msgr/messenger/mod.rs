@@ -11,7 +11,8 @@
 //! as the shard drives it: its machine, its link, receiving), `keepalive` (liveness and
 //! reconnect backoff),
 //! `link` (one live connection: posted receives, the send queue, READs), `buffers` (pools
-//! and payload preparation), `shard` (progress passes, worker threads, callback dispatch),
+//! and payload preparation), `shard/` (the driver, one job per file: progress passes and
+//! worker threads, sleeping, connecting, accepting, the public calls, stats),
 //! `settings` (the `msgr_*` knobs), `types` (the public types), `machine` (every rule of a
 //! session: sequence numbers, acknowledgements, replay, credits, keepalive, faults,
 //! reconnects, close, as a sans-IO state machine with its seeded simulator;
@@ -23,7 +24,7 @@ mod credits;
 mod guard;
 mod keepalive;
 mod link;
-// The session machine drives every session (`session.rs`, `shard.rs`).
+// The session machine drives every session (`session.rs`, `shard/`).
 pub(crate) mod machine;
 mod park;
 mod scope;
