@@ -12,7 +12,8 @@
 //! reconnect backoff),
 //! `link` (one live connection: posted receives, the send queue, READs), `buffers` (pools
 //! and payload preparation), `shard/` (the driver, one job per file: progress passes and
-//! worker threads, sleeping, connecting, accepting, the public calls, stats),
+//! worker threads, sleeping, connecting, accepting, the public calls, stats), `submit`
+//! (the per-session gate where `send` queues for the next pass without waiting for it),
 //! `settings` (the `msgr_*` knobs), `types` (the public types), `machine` (every rule of a
 //! session: sequence numbers, acknowledgements, replay, credits, keepalive, faults,
 //! reconnects, close, as a sans-IO state machine with its seeded simulator;
@@ -24,13 +25,14 @@ mod credits;
 mod guard;
 mod keepalive;
 mod link;
-// The session machine drives every session (`session.rs`, `shard/`).
+// The session machine drives every session (`session.rs`, `shard.rs`).
 pub(crate) mod machine;
 mod park;
 mod scope;
 mod session;
 mod settings;
 mod shard;
+mod submit;
 mod types;
 pub mod wire;
 

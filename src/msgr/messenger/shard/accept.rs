@@ -50,11 +50,12 @@ impl Core {
         moves: &mut Vec<(usize, Link, Credits, Header)>,
     ) {
         let pending = std::mem::take(&mut st.pending);
+        // The shard's scratch list of link events, given back at the end.
+        let mut out = std::mem::take(&mut st.link_events);
         for mut p in pending {
-            let mut out = Vec::new();
             let polled = p.link.poll(POLL_BUDGET, POLL_BUDGET, &mut out);
             let mut hello = None;
-            for e in out {
+            for e in out.drain(..) {
                 if !matches!(e, LinkEvent::ReadDone) {
                     p.credits.on_receive();
                 }
@@ -95,6 +96,7 @@ impl Core {
             }
             st.pending.push(p);
         }
+        st.link_events = out;
     }
 
     /// Returns the payload chunk of an event nobody will handle.

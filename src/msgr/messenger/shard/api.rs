@@ -49,7 +49,7 @@ impl Core {
         {
             let mut st = self.shards[shard].st.lock();
             let st = &mut *st;
-            st.sessions.insert(id, s);
+            self.insert_session(st, s);
             st.park.wake(&mut st.sessions, id);
         }
         self.shards[shard].wake.signal();
@@ -70,40 +70,28 @@ impl Core {
         let bytes = (msg.front.len()
             + msg.data.iter().map(Payload::len).sum::<usize>()
             + msg.writes.iter().map(|w| w.data.len()).sum::<usize>()) as u64;
-        {
-            let mut st = shard.st.lock();
-            let Some(sess) = st.sessions.get_mut(&s.0) else {
-                return Err(refuse(closed("send"), msg));
-            };
-            // The machine's checks before the payload is prepared (closed, WRITEs on a
-            // lossless session, the send-queue bound); `enqueue` checks again after.
-            let first = Shape {
-                msg_type: msg.msg_type,
-                imm: msg.imm,
-                bytes,
-                writes: msg.writes.len() as u32,
-                ..Shape::default()
-            };
-            if let Err(e) = sess.m.admit(&first) {
-                return Err(refuse(e, msg));
-            }
-            // The peer's advertised limits (its hello on the current or the last link):
-            // what it would refuse, and end the session for, is refused here.
-            if let Some(l) = sess.link().and_then(|l| l.conn.peer_limits()) {
-                sess.peer_limits = Some(MsgLimits::from_wire(l));
-            }
-            if let Some(peer) = sess.peer_limits {
-                let bytes: u64 = msg.data.iter().map(|p| p.len() as u64).sum();
-                if let Err(e) = peer.check_send(msg.data.len(), bytes) {
-                    let e = Error::new(
-                        e.kind(),
-                        format!("{} (the peer's advertised limit)", e.message()),
-                    );
-                    return Err(refuse(e, msg));
-                }
-            }
+        // The session's gate (`submit.rs`), not the shard's state: a pass may be running.
+        let Some(gate) = shard.gates.read().get(&s.0).map(Arc::clone) else {
+            return Err(refuse(closed("send"), msg));
+        };
+        let data_len = (
+            msg.data.len(),
+            msg.data.iter().map(|p| p.len() as u64).sum::<u64>(),
+        );
+        // The machine's checks before the payload is prepared (closed, WRITEs on a lossless
+        // session, the send-queue bound) and the peer's advertised limits; `submit` checks
+        // again after.
+        let first = Shape {
+            msg_type: msg.msg_type,
+            imm: msg.imm,
+            bytes,
+            writes: msg.writes.len() as u32,
+            ..Shape::default()
+        };
+        if let Err(e) = gate.admit(&self.rules, &first, data_len) {
+            return Err(refuse(e, msg));
         }
-        // Copies and registrations outside the lock.
+        // Copies and registrations with no lock held.
         let OutMessage {
             msg_type,
             front,
@@ -169,22 +157,20 @@ impl Core {
             writes,
         };
         let shape = out.shape(msg_type, imm, bytes, self.settings.eager_max, max_sge);
-        let mut st = shard.st.lock();
-        let Some(sess) = st.sessions.get_mut(&s.0) else {
-            return Err(refuse(closed("send"), back(out.front)));
-        };
-        // Checked again under this lock: another thread's send may have filled the queue
+        // Checked again at the gate: another thread's send may have filled the queue
         // meanwhile (or the session ended).
-        let seq = match sess.m.enqueue(out, shape) {
-            Ok(seq) => seq,
+        let (seq, list) = match gate.submit(&self.rules, out, shape, data_len, copied) {
+            Ok(r) => r,
             Err((out, e)) => return Err(refuse(e, back(out.front))),
         };
-        sess.m.counters.copied_bytes += copied;
-        let g = &mut *st;
-        g.park.wake(&mut g.sessions, s.0);
-        drop(st);
-        if self.settings.threads > 0 && !self.on_worker_of((s.0 & 0xff) as usize) {
-            shard.wake.signal();
+        // The first send since the pass last took the gate puts the session on the shard's
+        // list (the pass wakes it and takes its sends) and wakes the shard's thread, unless
+        // this is that thread (its next pass takes it) or the application polls.
+        if list {
+            shard.submitted.lock().push(s.0);
+            if self.settings.threads > 0 && !self.on_worker_of((s.0 & 0xff) as usize) {
+                shard.wake.signal();
+            }
         }
         Ok(seq)
     }
@@ -270,15 +256,15 @@ impl Core {
     pub(super) fn close_with(&self, s: SessionId, reset: Option<Error>) -> Result<()> {
         let shard = self.shard_of(s.0).ok_or_else(|| closed("close_session"))?;
         let mut st = shard.st.lock();
-        let mut sess = st
-            .sessions
-            .remove(&s.0)
+        let mut ev = Vec::new();
+        // The sends waiting at its gate go to the machine, which fails them with the rest.
+        let mut sess = self
+            .remove_session(&mut st, s.0, &mut ev)
             .ok_or_else(|| closed("close_session"))?;
         match reset {
             Some(e) => sess.m.close_for(e),
             None => sess.m.close(),
         }
-        let mut ev = Vec::new();
         sess.exec(Instant::now(), &mut ev, &mut st.closing);
         sess.link = None;
         st.queued.extend(ev);

@@ -60,6 +60,7 @@ impl Core {
         };
         let lid = sess.m.link_up(now, credits, id);
         sess.link = Some((lid, link));
+        sess.note_peer_limits();
         // The hello goes at once (a link that cannot take it is a failed attempt: the
         // machine's fault before the hello's answer).
         sess.exec(now, ev, closing);

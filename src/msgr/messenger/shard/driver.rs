@@ -159,6 +159,21 @@ impl Core {
             let found = self.accept_new(&mut st, now);
             st.next_accept = (!found).then(|| now + ACCEPT_EVERY);
         }
+        #[cfg(test)]
+        self.run_pass_hook(PassStage::Start, &st);
+        // The sends made since the last pass (`submit.rs`): their sessions wake, and the
+        // machines take them, in order.
+        {
+            let g = &mut *st;
+            std::mem::swap(&mut *shard.submitted.lock(), &mut g.submitted_ids);
+            for &id in &g.submitted_ids {
+                g.park.wake(&mut g.sessions, id);
+                if let Some(sess) = g.sessions.get_mut(&id) {
+                    sess.take_submitted(&mut ev);
+                }
+            }
+            g.submitted_ids.clear();
+        }
         // Answers queued since the last pass (sent from its callbacks) go first: the
         // provider may hold the ACKs of the requests they answer (soft, progress=inline),
         // and then one post sends both. Then one progress pass of the device for every
@@ -197,7 +212,7 @@ impl Core {
             };
             if !sess.quiet(now) {
                 sess.quiet_since = None;
-                self.drive_session(sess, now, &mut ev, &mut g.closing);
+                self.drive_session(sess, now, &mut ev, &mut g.closing, &mut g.link_events);
             } else if sess.link().is_some_and(|l| l.parkable) {
                 // Quiet for PARK_AFTER: passes skip it until a completion, its keepalive
                 // or a call wakes it.
@@ -211,6 +226,8 @@ impl Core {
             ended |= sess.m.state == SessionState::Closed;
             k += 1;
         }
+        #[cfg(test)]
+        self.run_pass_hook(PassStage::Driven, &st);
         if ended {
             let gone: Vec<u64> = st
                 .sessions
@@ -219,15 +236,21 @@ impl Core {
                 .map(|(&id, _)| id)
                 .collect();
             for id in gone {
-                if let Some(sess) = st.sessions.remove(&id) {
+                // Sends that reached its gate after the machine ended fail before its
+                // on_reset; later ones are refused.
+                if let Some(sess) = self.remove_session(&mut st, id, &mut ev) {
                     self.forget(&sess);
                 }
             }
         }
-        st.closing.retain_mut(|(l, until)| {
+        let g = &mut *st;
+        let sink = &mut g.link_events;
+        g.closing.retain_mut(|(l, until)| {
             now < *until && l.sq_room() < self.settings.max_send_wr as usize && {
-                let mut sink = Vec::new();
-                l.poll(POLL_BUDGET, POLL_BUDGET, &mut sink).is_ok()
+                // What a closing link still receives is dropped (its chunks go back).
+                let ok = l.poll(POLL_BUDGET, POLL_BUDGET, sink).is_ok();
+                sink.clear();
+                ok
             }
         });
         drop(st);
@@ -276,6 +299,7 @@ impl Core {
         now: Instant,
         ev: &mut Vec<Event>,
         closing: &mut Vec<(Link, Instant)>,
+        out: &mut Vec<LinkEvent>,
     ) {
         if sess.m.state == SessionState::Closed {
             return;
@@ -284,16 +308,26 @@ impl Core {
             return;
         };
         let lid = *lid;
-        let mut out = Vec::new();
-        if let Err(e) = link.poll(POLL_BUDGET, self.settings.rx_batch, &mut out) {
+        // `out` is the shard's scratch (empty between uses): no list per session per pass.
+        if let Err(e) = link.poll(POLL_BUDGET, self.settings.rx_batch, out) {
             // The link faults: what came with it is stale to the machine (dropped here,
             // replayed by the peer).
             sess.m.on_link_error(now, lid, e);
         }
-        for e in out {
+        for e in out.drain(..) {
             sess.on_link_event(now, lid, e, &self.settings, &self.bufs.data);
         }
         sess.exec(now, ev, closing);
         sess.step(now, &self.bufs.data, ev, closing);
+        // Acknowledgements may have freed room: a send refused at the gate is owed a Ready.
+        sess.sync_gate(ev);
+    }
+
+    #[cfg(test)]
+    fn run_pass_hook(&self, stage: PassStage, st: &ShardState) {
+        let hook = self.pass_hook.lock().clone();
+        if let Some(hook) = hook {
+            hook(stage, st);
+        }
     }
 }

@@ -14,13 +14,15 @@
 //!   incarnation (resume, new session, a restarted peer's sessions reset);
 //! - `stats.rs`: the messenger-wide figures.
 //!
-//! Locks: a shard's state, then (inside it) the listener, the peer index and the hook's
-//! table. Callbacks run with no lock held, so they may call back into the messenger.
+//! Locks (docs/locking.md): a shard's state, then (inside it) a session's submit gate, the
+//! listener, the peer index and the hook's table. `send` takes no shard's state, only its
+//! session's gate (`submit.rs`). Callbacks run with no lock held, so they may call back
+//! into the messenger.
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::msgr::spin::Spinner;
 use crate::msgr::{ConnectCancel, Connection, Context, Listener};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 use std::cell::Cell;
@@ -39,8 +41,8 @@ use super::link::{Link, LinkEvent, RecvSlot};
 use super::machine::{HelloId, Machine, Rules, Shape};
 use super::park::{PARK_AFTER, Parking, ReadyList};
 use super::session::{CLOSE_DRAIN, Event, OutMsg, Session};
-use super::settings::MsgLimits;
 use super::settings::{MsgrSettings, adjust};
+use super::submit::Gate;
 use super::types::*;
 use super::wire::{self, FRONT_MAX, Header, Kind, MAX_SEGS, PAYLOAD_MAX, flags};
 use super::{Messenger, Owner};
@@ -112,7 +114,7 @@ struct Pending {
 
 #[derive(Default)]
 struct ShardState {
-    /// By our session id (FxHash: looked up per send; the ids are ours, not a peer's).
+    /// By our session id (FxHash: looked up per pass; the ids are ours, not a peer's).
     sessions: FxHashMap<u64, Session>,
     pending: Vec<Pending>,
     closing: Vec<(Link, Instant)>,
@@ -128,10 +130,23 @@ struct ShardState {
     restarts_seen: u64,
     /// Which sessions a pass looks at (the others are parked).
     park: Parking,
+    /// Scratch of a pass, kept to be reused: the ids taken from [`Shard::submitted`], and
+    /// what a link's poll found.
+    submitted_ids: Vec<u64>,
+    link_events: Vec<LinkEvent>,
 }
 
 struct Shard {
+    /// Held by the pass for its whole run, and by the calls that change sessions (connect,
+    /// close, info): never by `send`.
     st: Mutex<ShardState>,
+    /// The submit gates of this shard's sessions, by session id: `send` looks its session
+    /// up here (a read lock held for the lookup only), never in `st`. Written with `st`
+    /// held, when a session is added or removed.
+    gates: RwLock<FxHashMap<u64, Arc<Gate>>>,
+    /// Sessions with sends at their gate since the pass last looked (a leaf lock, held for
+    /// a push or a swap).
+    submitted: Mutex<Vec<u64>>,
     wake: Wake,
     /// When a pass of this shard last found something to do (ns since the core's epoch).
     last_event: AtomicU64,
@@ -217,7 +232,26 @@ pub(crate) struct Core {
     poll_spin: Mutex<Spinner>,
     next_shard: AtomicUsize,
     epoch: Instant,
+    /// Tests only: runs twice in every pass, with the shard's state locked (`tests.rs`: a
+    /// pass held up there must not hold up `send`).
+    #[cfg(test)]
+    pass_hook: Mutex<Option<PassHook>>,
 }
+
+/// Where in a pass the test hook runs: at its start (before the sends at the gates are
+/// taken), and after its sessions were driven (before the ended ones are removed).
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PassStage {
+    Start,
+    Driven,
+}
+
+#[cfg(test)]
+type PassHook = Arc<dyn Fn(PassStage, &ShardState) + Send + Sync>;
+
+#[cfg(test)]
+mod tests;
 
 fn random_u64() -> u64 {
     let mut v = 0u64;
@@ -259,6 +293,8 @@ impl Core {
         for _ in 0..nshards {
             shards.push(Shard {
                 st: Mutex::new(ShardState::default()),
+                gates: RwLock::default(),
+                submitted: Mutex::default(),
                 wake: Wake::new()?,
                 last_event: AtomicU64::new(0),
                 ready: Arc::default(),
@@ -299,6 +335,8 @@ impl Core {
             poll_spin: Mutex::new(Spinner::new(spin)),
             next_shard: AtomicUsize::new(0),
             epoch: Instant::now(),
+            #[cfg(test)]
+            pass_hook: Mutex::new(None),
         });
         let _ = core.me.set(Arc::downgrade(&core));
         Ok(core)
@@ -345,7 +383,11 @@ impl Core {
         }
         for s in &self.shards {
             let mut st = s.st.lock();
+            s.gates.write().clear();
             for (_, mut sess) in st.sessions.drain() {
+                // No callbacks run now: what waited at the gate is released with it.
+                let mut ev = Vec::new();
+                sess.close_gate(&mut ev);
                 sess.link = None;
                 self.add_totals(&sess);
             }
@@ -360,6 +402,27 @@ impl Core {
 
     fn shard_of(&self, id: u64) -> Option<&Shard> {
         self.shards.get((id & 0xff) as usize)
+    }
+
+    /// Adds session `s` to its shard, whose state `st` the caller holds locked: sends find
+    /// it from now on.
+    fn insert_session(&self, st: &mut ShardState, s: Session) {
+        let id = s.id();
+        if let Some(shard) = self.shard_of(id) {
+            shard.gates.write().insert(id, Arc::clone(&s.gate));
+        }
+        st.sessions.insert(id, s);
+    }
+
+    /// Takes session `id` out of its shard (state `st` locked): sends find it no more; its
+    /// gate is closed into `ev` (see `Session::close_gate`).
+    fn remove_session(&self, st: &mut ShardState, id: u64, ev: &mut Vec<Event>) -> Option<Session> {
+        if let Some(shard) = self.shard_of(id) {
+            shard.gates.write().remove(&id);
+        }
+        let mut sess = st.sessions.remove(&id)?;
+        sess.close_gate(ev);
+        Some(sess)
     }
 
     fn new_id(&self, shard: usize) -> u64 {

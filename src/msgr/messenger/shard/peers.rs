@@ -80,7 +80,7 @@ impl Core {
                 };
                 let mut s = Session::new(Machine::new(self.rules, id, policy, true, now));
                 s.peer = Some(link.conn.peer());
-                st.sessions.insert(id, s);
+                self.insert_session(st, s);
                 self.by_peer.lock().insert(h.aux, id);
                 id
             }
@@ -101,8 +101,11 @@ impl Core {
         self.hook_link(&mut link, id);
         let lid = sess.m.accept_link(now, credits, h);
         sess.link = Some((lid, link));
+        sess.note_peer_limits();
         sess.exec(now, ev, &mut g.closing);
         sess.flush(now, ev, &mut g.closing);
+        // Its hello may have acknowledged sends (room for a refused one).
+        sess.sync_gate(ev);
         // A parked session whose peer reconnected first.
         g.park.wake(&mut g.sessions, id);
     }

@@ -20,7 +20,11 @@ impl Core {
         let now = Instant::now();
         {
             let st = shard.st.lock();
-            if !st.queued.is_empty() || !st.incoming.is_empty() || !shard.ready.is_empty() {
+            if !st.queued.is_empty()
+                || !st.incoming.is_empty()
+                || !shard.ready.is_empty()
+                || !shard.submitted.lock().is_empty()
+            {
                 return;
             }
             let since = Duration::from_nanos(

@@ -17,6 +17,8 @@ impl Core {
             missed += st.park.missed_wakes;
             for sess in st.sessions.values() {
                 add_counters(&mut totals, &sess.m.counters);
+                // Refusals at the gate the pass has not counted yet.
+                totals.full_refusals += sess.gate.pending().1;
             }
         }
         let hs = self
