@@ -8,6 +8,12 @@ use super::*;
 impl Core {
     pub(super) fn worker(&self, i: usize) {
         WORKER_OF.with(|w| w.set((self as *const Core as usize, i)));
+        // A short slice: on a busy host, woken by its work, it runs at once (`msgr::spin`).
+        if let Some(slice) = self.settings.worker_slice
+            && let Err(e) = crate::msgr::spin::set_thread_slice(slice)
+        {
+            log::debug!(target: "rdmx::msgr", "messenger worker {i}: time slice of {slice:?} refused: {e}");
+        }
         let mut spin = Spinner::new(self.settings.spin);
         while !self.stopping.load(Ordering::Acquire) {
             let ev = self.pass(i);
