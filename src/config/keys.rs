@@ -420,6 +420,12 @@ pub static KEYS: &[KeySpec] = &[
         "messages a session takes from its connection per progress pass: the answers its callbacks send leave before the next ones are taken, so a peer with many requests outstanding gets the first replies while the rest are served and both sides work at once, instead of one batch of every request going back and forth between sides that take turns",
     ),
     key(
+        "msgr_worker_slice_us",
+        uint_note(0, 100_000, "0 = the kernel's default slice"),
+        "100",
+        "the CPU time slice each messenger worker thread asks the kernel for (sched_setattr, Linux 6.12+; ignored before). Its share of the CPU is unchanged; a shorter slice than the other threads' lets a worker woken by a message run at once instead of waiting for a busy thread's slice to end (EEVDF). The kernel keeps it within 100-100000 us (docs/busy-hosts.md)",
+    ),
+    key(
         "msgr_max_message_bytes",
         uint(4096, 1 << 30),
         "16777216",

@@ -58,6 +58,7 @@ msgr_eager_max = 4096  # default
 msgr_eager_write = true  # default
 msgr_scoped_rkeys = true  # default
 msgr_rx_batch = 16  # default
+msgr_worker_slice_us = 100  # default
 msgr_max_message_bytes = 16777216  # default
 msgr_max_segments = 64  # default
 auth = auto  # default

@@ -76,6 +76,13 @@ const UINT_KEYS: &[(&str, &str, u64, u64, &str)] = &[
     ("msgr_pool_chunks", "16384", 64, 16777216, ""),
     ("msgr_eager_max", "4096", 0, 4096, ""),
     ("msgr_rx_batch", "16", 0, 65536, "0 = no limit"),
+    (
+        "msgr_worker_slice_us",
+        "100",
+        0,
+        100000,
+        "0 = the kernel's default slice",
+    ),
     ("msgr_max_message_bytes", "16777216", 4096, 1073741824, ""),
     ("msgr_max_segments", "64", 1, 64, ""),
     ("handshake_first_bytes_ms", "500", 1, 60000, ""),

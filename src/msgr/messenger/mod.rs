@@ -11,7 +11,9 @@
 //! as the shard drives it: its machine, its link, receiving), `keepalive` (liveness and
 //! reconnect backoff),
 //! `link` (one live connection: posted receives, the send queue, READs), `buffers` (pools
-//! and payload preparation), `shard` (progress passes, worker threads, callback dispatch),
+//! and payload preparation), `shard/` (the driver, one job per file: progress passes and
+//! worker threads, sleeping, connecting, accepting, the public calls, stats), `submit`
+//! (the per-session gate where `send` queues for the next pass without waiting for it),
 //! `settings` (the `msgr_*` knobs), `types` (the public types), `machine` (every rule of a
 //! session: sequence numbers, acknowledgements, replay, credits, keepalive, faults,
 //! reconnects, close, as a sans-IO state machine with its seeded simulator;
@@ -30,6 +32,7 @@ mod scope;
 mod session;
 mod settings;
 mod shard;
+mod submit;
 mod types;
 pub mod wire;
 

@@ -12,6 +12,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::mem::pool::{Chunk, Pool};
 use crate::msgr::Connection;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
@@ -23,7 +24,8 @@ use super::link::{
 };
 use super::machine::{Action, Machine, Notice, Shape, SqRoom, Verdict};
 use super::settings::{MsgLimits, MsgrSettings};
-use super::types::{InMessage, MSG_TYPE_IMM, RxSeg, SendId, SessionId, SessionInfo};
+use super::submit::{Gate, Submitted};
+use super::types::{InMessage, MSG_TYPE_IMM, RxSeg, SendId, SessionId, SessionInfo, SessionState};
 use super::wire::{self, FRONT_INLINE_MAX, Header, PAYLOAD_MAX, SegDesc, flags};
 
 /// A link being closed may drain its last sends (a bye, a refusing hello) this long.
@@ -110,8 +112,13 @@ pub struct Session {
     /// The machine asked for a connection attempt ([`Action::Connect`]): the shard starts it.
     pub want_connect: bool,
     pub peer: Option<SocketAddr>,
-    /// The message limits the peer advertised in its last hello (None: not known yet).
-    pub peer_limits: Option<MsgLimits>,
+    /// Where the application's sends wait for the next pass (`submit.rs`): shared with
+    /// the shard's gate index, which `send` looks it up in.
+    pub gate: Arc<Gate>,
+    /// The sends taken from the gate by this pass (scratch, reused).
+    submits: VecDeque<Submitted>,
+    /// What the machine held (messages, bytes) when the gate was last told.
+    gate_seen: (usize, u64),
     /// Looked at by every pass of its shard (not parked: see `park.rs`).
     pub active: bool,
     /// Active and found quiet by every pass since then (parked after `PARK_AFTER`).
@@ -123,16 +130,18 @@ pub struct Session {
 impl Session {
     pub fn new(m: Machine<OutMsg>) -> Session {
         Session {
-            m,
             link: None,
             addr: None,
             attempt: None,
             want_connect: false,
             peer: None,
-            peer_limits: None,
+            gate: Arc::new(Gate::new(m.policy)),
+            submits: VecDeque::new(),
+            gate_seen: (0, 0),
             active: false,
             quiet_since: None,
             keepalive_queued: None,
+            m,
         }
     }
 
@@ -151,6 +160,10 @@ impl Session {
 
     pub fn info(&self) -> SessionInfo {
         let l = self.m.link();
+        // Sends at the gate are queued too, and its refusals counted.
+        let (at_gate, refusals) = self.gate.pending();
+        let mut counters = self.m.counters;
+        counters.full_refusals += refusals;
         SessionInfo {
             state: self.m.state,
             policy: self.m.policy,
@@ -158,11 +171,70 @@ impl Session {
             incoming: self.m.incoming,
             local_id: self.m.id,
             peer_id: self.m.peer_id,
-            queued: self.m.queued(),
+            queued: self.m.queued() + at_gate,
             unacked: self.m.unacked_len(),
             credits: l.map_or(0, |l| l.credits.tx),
             recv_window: l.map_or(0, |l| l.credits.window),
-            counters: self.m.counters,
+            counters,
+        }
+    }
+
+    /// Gives the machine the sends queued at the gate since the last pass, in order (the
+    /// sequence numbers the application was given are the machine's).
+    pub fn take_submitted(&mut self, ev: &mut Vec<Event>) {
+        let mut q = std::mem::take(&mut self.submits);
+        self.gate
+            .take(&mut q, (self.m.held_msgs(), self.m.held_bytes()));
+        self.enqueue_submitted(&mut q, ev);
+        self.submits = q;
+        self.gate_seen = (self.m.held_msgs(), self.m.held_bytes());
+    }
+
+    /// After a step that may have freed room (acknowledgements): tells the gate what the
+    /// machine holds, and queues the `on_send_ready` owed to a send the gate refused.
+    pub fn sync_gate(&mut self, ev: &mut Vec<Event>) {
+        let held = (self.m.held_msgs(), self.m.held_bytes());
+        if held == self.gate_seen {
+            return;
+        }
+        self.gate_seen = held;
+        let s = self.gate.sync(self.m.rules(), held);
+        self.m.counters.full_refusals += s.refusals;
+        if s.ready && self.m.state != SessionState::Closed {
+            ev.push(Event::Ready(self.sid()));
+        }
+    }
+
+    /// The session ends, or the application closes it: the gate refuses every later send,
+    /// and the sends it held go to the machine. An open machine then fails them with the
+    /// rest when it closes; one that ended already fails them here, before its `on_reset`.
+    pub fn close_gate(&mut self, ev: &mut Vec<Event>) {
+        let mut q = std::mem::take(&mut self.submits);
+        self.m.counters.full_refusals += self.gate.close(&mut q);
+        self.enqueue_submitted(&mut q, ev);
+        self.submits = q;
+    }
+
+    /// The peer's advertised limits on the current link (its hello) go to the gate: a send
+    /// the peer would refuse, and end the session for, is refused at `send`.
+    pub fn note_peer_limits(&mut self) {
+        if let Some(l) = self.link().and_then(|l| l.conn.peer_limits()) {
+            self.gate.set_peer_limits(MsgLimits::from_wire(l));
+        }
+    }
+
+    fn enqueue_submitted(&mut self, q: &mut VecDeque<Submitted>, ev: &mut Vec<Event>) {
+        let sid = self.sid();
+        for s in q.drain(..) {
+            match self.m.enqueue(s.out, s.shape) {
+                Ok(seq) => {
+                    debug_assert_eq!(seq, s.seq, "the gate's sequence numbers are the machine's");
+                    self.m.counters.copied_bytes += s.copied;
+                }
+                // The machine ended in this pass before the gate closed: the send fails with
+                // the session's error, before its on_reset (the last callback).
+                Err((_, e)) => fail_before_reset(ev, sid, s.seq, e),
+            }
         }
     }
 
@@ -507,6 +579,24 @@ impl Session {
                 format!("messenger: post of immediate {seq}, which the session does not hold"),
             )),
         }
+    }
+}
+
+/// Completes send `seq` of session `sid` with an error, before the session's `on_reset` in
+/// `ev` if it is there (then with its error), else last.
+fn fail_before_reset(ev: &mut Vec<Event>, sid: SessionId, seq: u64, e: Error) {
+    let reset = ev
+        .iter()
+        .rposition(|x| matches!(x, Event::Reset(s, _) if *s == sid));
+    match reset {
+        Some(i) => {
+            let err = match &ev[i] {
+                Event::Reset(_, why) => why.clone(),
+                _ => e,
+            };
+            ev.insert(i, Event::SendDone(sid, seq, Err(err)));
+        }
+        None => ev.push(Event::SendDone(sid, seq, Err(e))),
     }
 }
 

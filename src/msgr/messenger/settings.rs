@@ -126,6 +126,9 @@ pub struct MsgrSettings {
     /// the event fds (`poll_mode` busy: None = never sleeps; event: zero; adaptive:
     /// `polling_us`).
     pub spin: Option<Duration>,
+    /// The time slice a worker thread asks the kernel for (`msgr_worker_slice_us`; None:
+    /// the kernel's default): see `msgr::spin::set_thread_slice`.
+    pub worker_slice: Option<Duration>,
 }
 
 fn ms(c: &Config, key: &str) -> Result<Duration> {
@@ -164,6 +167,10 @@ impl MsgrSettings {
             max_send_wr: c.get_u64("max_send_wr")? as u32,
             max_send_sge: c.get_u64("max_send_sge")? as u32,
             spin: spin(c)?,
+            worker_slice: match c.get_u64("msgr_worker_slice_us")? {
+                0 => None,
+                us => Some(Duration::from_micros(us)),
+            },
             limits: MsgLimits {
                 max_message_bytes: c.get_u64("msgr_max_message_bytes")?,
                 max_segments: c.get_u64("msgr_max_segments")? as usize,

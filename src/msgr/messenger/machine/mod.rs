@@ -33,6 +33,7 @@ mod sim;
 mod tests;
 
 pub use action::{Action, HelloId, Notice, SqRoom, Verdict};
+pub use send::{check_send, has_room};
 
 use super::credits::Credits;
 use super::keepalive::{Backoff, Liveness};
@@ -260,7 +261,8 @@ impl<M> Machine<M> {
         self.waiting.len() + self.unacked.len()
     }
 
-    #[cfg(test)]
+    /// The bytes of the messages held (the send-queue bound counts them; the driver's
+    /// submit gate is told them).
     pub fn held_bytes(&self) -> u64 {
         self.held_bytes
     }

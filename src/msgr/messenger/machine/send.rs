@@ -1,55 +1,84 @@
 //! The application's side: sends (sequence numbers, the queue bound), acknowledgements
 //! completing them, failing them, and closing the session.
 
-use super::{Action, Machine, Notice, Out, Shape};
+use super::{Action, Machine, Notice, Out, Rules, Shape};
 use crate::error::{Error, ErrorKind, Result};
 use crate::msgr::messenger::types::{Policy, SessionState};
 use crate::msgr::messenger::wire::{Header, Kind};
 
-fn closed(what: &str) -> Error {
+fn closed_error(what: &str) -> Error {
     Error::new(ErrorKind::Closed, format!("{what}: the session is closed"))
 }
 
+/// The send-queue bound (`msgr_send_queue_msgs`/`_bytes`): whether a new message of `bytes`
+/// fits beside `held_msgs` messages of `held_bytes` (a single message larger than the byte
+/// bound still goes when nothing is held).
+pub fn has_room(rules: &Rules, held_msgs: usize, held_bytes: u64, bytes: u64) -> bool {
+    held_msgs < rules.send_queue_msgs
+        && (held_bytes == 0 || held_bytes + bytes <= rules.send_queue_bytes)
+}
+
+/// The checks of a send of `shape` to a session with `policy` (`closed`: it ended) that
+/// holds `held_msgs` messages of `held_bytes`: `Closed`, `InvalidArgument` (WRITEs on a
+/// lossless session), `Full`. [`Machine::admit`] applies them to what the machine holds;
+/// the driver's submit gate (`submit.rs`) to what the machine held at its last pass plus
+/// the sends queued for the next, so that a send it accepts is one the machine accepts.
+pub fn check_send(
+    rules: &Rules,
+    policy: Policy,
+    closed: bool,
+    held_msgs: usize,
+    held_bytes: u64,
+    shape: &Shape,
+) -> Result<()> {
+    if closed {
+        return Err(closed_error("send"));
+    }
+    if shape.writes > 0 && policy == Policy::Lossless {
+        return Err(Error::fixed(
+            ErrorKind::InvalidArgument,
+            "send: RDMA WRITEs before a message (OutMessage::writes) need a lossy \
+             session: a lossless one would replay the message on a new connection \
+             without them",
+        ));
+    }
+    if !has_room(rules, held_msgs, held_bytes, shape.bytes) {
+        return Err(Error::new(
+            ErrorKind::Full,
+            format!(
+                "send: the session holds {held_msgs} messages / {held_bytes} bytes (bounds \
+                 msgr_send_queue_msgs {}, msgr_send_queue_bytes {}); retry after \
+                 on_send_ready",
+                rules.send_queue_msgs, rules.send_queue_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl<M> Machine<M> {
-    /// Whether a new message of `bytes` fits the bounds (`msgr_send_queue_msgs`/`_bytes`;
-    /// a single message larger than the byte bound still goes when nothing is held).
+    /// Whether a new message of `bytes` fits the bounds ([`has_room`]).
     pub fn has_room(&self, bytes: u64) -> bool {
-        self.held_msgs() < self.rules.send_queue_msgs
-            && (self.held_bytes == 0 || self.held_bytes + bytes <= self.rules.send_queue_bytes)
+        has_room(&self.rules, self.held_msgs(), self.held_bytes, bytes)
     }
 
-    /// Checks a send of `shape` before the driver prepares its payload: `Closed`,
-    /// `InvalidArgument` (WRITEs on a lossless session), `Full` (counted; `Ready` follows
-    /// when there is room).
+    /// Checks a send of `shape` before the driver prepares its payload ([`check_send`]);
+    /// `Full` is counted, and `Ready` follows when there is room.
     pub fn admit(&mut self, shape: &Shape) -> Result<()> {
-        if self.state == SessionState::Closed {
-            return Err(closed("send"));
-        }
-        if shape.writes > 0 && self.policy == Policy::Lossless {
-            return Err(Error::fixed(
-                ErrorKind::InvalidArgument,
-                "send: RDMA WRITEs before a message (OutMessage::writes) need a lossy \
-                 session: a lossless one would replay the message on a new connection \
-                 without them",
-            ));
-        }
-        if !self.has_room(shape.bytes) {
+        let closed = self.state == SessionState::Closed;
+        let r = check_send(
+            &self.rules,
+            self.policy,
+            closed,
+            self.held_msgs(),
+            self.held_bytes,
+            shape,
+        );
+        if r.as_ref().is_err_and(|e| e.kind() == ErrorKind::Full) {
             self.refused = true;
             self.counters.full_refusals += 1;
-            return Err(Error::new(
-                ErrorKind::Full,
-                format!(
-                    "send: the session holds {} messages / {} bytes (bounds \
-                     msgr_send_queue_msgs {}, msgr_send_queue_bytes {}); retry after \
-                     on_send_ready",
-                    self.held_msgs(),
-                    self.held_bytes,
-                    self.rules.send_queue_msgs,
-                    self.rules.send_queue_bytes
-                ),
-            ));
         }
-        Ok(())
+        r
     }
 
     /// Queues an admitted message (the driver prepared its body meanwhile, so the bound is
