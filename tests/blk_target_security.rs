@@ -14,8 +14,8 @@ use rdmx::msgr::messenger::{
     Dispatcher, InMessage, Messenger, OutMessage, Payload, Policy, SessionId,
 };
 use rdmx::msgr::{Connection, Context};
-use rdmx::provider::soft::cq::Wc;
-use rdmx::provider::soft::qp::SendReq;
+use rdmx::provider::SendReq;
+use rdmx::provider::Wc;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{Sge, WcStatus, WrOpcode, smallvec};
 use std::sync::Arc;

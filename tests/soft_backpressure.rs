@@ -22,7 +22,7 @@ mod require;
 mod support;
 
 use rdmx::msgr::{Connection, Context, MrInfo};
-use rdmx::provider::soft::qp::SendReq;
+use rdmx::provider::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::time::{Duration, Instant};

@@ -11,8 +11,8 @@ mod require;
 mod support;
 
 use rdmx::msgr::{Connection, Context};
-use rdmx::provider::soft::cq::Wc;
-use rdmx::provider::soft::qp::SendReq;
+use rdmx::provider::SendReq;
+use rdmx::provider::Wc;
 use rdmx::rc::verbs::send_flags;
 use rdmx::rc::{Sge, SgeList, WcOpcode, WcStatus, WrOpcode, smallvec};
 use rdmx::wire::icrc;

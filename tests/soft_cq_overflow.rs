@@ -7,7 +7,7 @@
 
 use rdmx::config::Config;
 use rdmx::msgr::{Connection, Context};
-use rdmx::provider::soft::qp::SendReq;
+use rdmx::provider::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{QpState, Sge, WrOpcode, smallvec};
 use std::time::{Duration, Instant};

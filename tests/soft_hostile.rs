@@ -14,7 +14,7 @@ mod require;
 mod support;
 
 use rdmx::msgr::{Connection, Context};
-use rdmx::provider::soft::qp::SendReq;
+use rdmx::provider::SendReq;
 use rdmx::rc::verbs::send_flags;
 use rdmx::rc::{Sge, WcStatus, WrOpcode, smallvec};
 use rdmx::wire::{AethRepr, BthRepr, NakCode, Opcode, PacketRepr, RethRepr, Syndrome, icrc};
@@ -220,7 +220,7 @@ fn attack(fd: &OwnedFd, client_udp: SocketAddr, server_udp: SocketAddr, stop: &A
     loot
 }
 
-fn wait_one(c: &Connection) -> rdmx::provider::soft::cq::Wc {
+fn wait_one(c: &Connection) -> rdmx::provider::Wc {
     let mut wc = [empty_wc()];
     let end = Instant::now() + Duration::from_secs(5);
     while Instant::now() < end {

@@ -3,8 +3,8 @@
 
 use rdmx::config::Config;
 use rdmx::msgr::{Connection, Context, MrInfo};
-use rdmx::provider::soft::cq::Wc;
-use rdmx::provider::soft::qp::SendReq;
+use rdmx::provider::SendReq;
+use rdmx::provider::Wc;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::time::{Duration, Instant};

@@ -21,8 +21,8 @@ mod support;
 
 use rdmx::msgr::MrInfo;
 use rdmx::msgr::{Connection, Context};
-use rdmx::provider::soft::cq::Wc;
-use rdmx::provider::soft::qp::SendReq;
+use rdmx::provider::SendReq;
+use rdmx::provider::Wc;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::sync::{Arc, Mutex, OnceLock};

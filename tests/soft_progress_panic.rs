@@ -9,8 +9,8 @@
 
 use rdmx::config::Config;
 use rdmx::msgr::{Connection, Context};
-use rdmx::provider::soft::cq::Wc;
-use rdmx::provider::soft::qp::SendReq;
+use rdmx::provider::SendReq;
+use rdmx::provider::Wc;
 use rdmx::rc::verbs::send_flags;
 use rdmx::rc::{Sge, WcStatus, WrOpcode, smallvec};
 use std::sync::Arc;

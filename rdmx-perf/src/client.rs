@@ -17,7 +17,7 @@
 use rdmx::Config;
 use rdmx::config::Settings;
 use rdmx::msgr::{Connection, Context};
-use rdmx::provider::soft::qp::SendReq;
+use rdmx::provider::SendReq;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{Sge, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::process::ExitCode;
@@ -1011,7 +1011,7 @@ impl LatStream {
         }
     }
 
-    fn completed(&mut self, wc: &rdmx::provider::soft::cq::Wc, now: u64) -> Result<(), String> {
+    fn completed(&mut self, wc: &rdmx::provider::Wc, now: u64) -> Result<(), String> {
         if wc.status != WcStatus::Success {
             return Err(format!(
                 "latency stream: {:?} completed with {:?}",

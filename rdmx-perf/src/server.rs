@@ -18,8 +18,8 @@
 //! path_mtu = 4096); any user value wins.
 
 use rdmx::msgr::{Connection, Context};
-use rdmx::provider::soft::cq::Wc;
-use rdmx::provider::soft::qp::SendReq;
+use rdmx::provider::SendReq;
+use rdmx::provider::Wc;
 use rdmx::rc::verbs::{access, send_flags};
 use rdmx::rc::{QpState, Sge, SgeList, WcOpcode, WcStatus, WrOpcode, smallvec};
 use std::io::Write;

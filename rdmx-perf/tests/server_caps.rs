@@ -4,7 +4,7 @@
 
 use rdmx::config::Config;
 use rdmx::msgr::{Connection, Context};
-use rdmx::provider::soft::cq::Wc;
+use rdmx::provider::Wc;
 use rdmx::rc::verbs::access;
 use rdmx::rc::{QpState, Sge, WcStatus, smallvec};
 use std::io::{BufRead, BufReader, Read};

@@ -25,9 +25,8 @@ use crate::msgr::messenger::{
     Dispatcher, InMessage, MSG_TYPE_IMM, Messenger, OutMessage, Payload, Policy, SendId, SessionId,
 };
 use crate::msgr::{Connection, Context};
-use crate::provider::soft::cq::Wc;
-use crate::provider::soft::qp::SendReq;
-use crate::provider::soft::sys::EventFd;
+use crate::provider::sys::EventFd;
+use crate::provider::types::{SendReq, Wc};
 use crate::rc::memory::Sge;
 use crate::rc::verbs::{WcStatus, WrOpcode, access, send_flags};
 use parking_lot::Mutex;

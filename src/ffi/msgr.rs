@@ -29,7 +29,7 @@ use crate::mem::rcache::Handle;
 use crate::msgr::messenger::{
     Dispatcher, InMessage, Messenger, Policy, SendId, SessionCounters, SessionId, TxChunk,
 };
-use crate::provider::soft::sys::EventFd;
+use crate::provider::sys::EventFd;
 use crate::rc::verbs::access;
 use parking_lot::{Condvar, Mutex};
 use std::cell::{Cell, RefCell};

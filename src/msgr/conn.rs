@@ -6,10 +6,8 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::provider::dev::Qp;
-use crate::provider::soft::cq::Wc;
-use crate::provider::soft::device::ProgressStats;
-use crate::provider::soft::qp::SendReq;
-use crate::provider::soft::sys::{self, EventFd};
+use crate::provider::sys::{self, EventFd};
+use crate::provider::types::{ProgressStats, SendReq, Wc};
 use crate::rc::verbs::QpState;
 use crate::rc::{Counters, SgeList};
 use parking_lot::Mutex;
@@ -23,7 +21,7 @@ use super::auth::gate::{Gate, HandshakeCounters, Passed};
 use super::auth::{self, Authenticated};
 use super::context::{Context, closed};
 use super::setup::{self, Hello, Region};
-use crate::provider::soft::mtu::PathMtu;
+use crate::provider::mtu::PathMtu;
 
 /// New TCP connections one accept pass takes from the backlog (the rest wait for the next
 /// pass, so that a flood does not hold the accepting thread).
@@ -257,8 +255,8 @@ fn tcp_connect(
     // SAFETY: `fd` is a socket just created and owned by nothing else.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: all-zero bytes are a valid sockaddr_in6 (the buffer type).
-    let mut sa: crate::provider::soft::udp::SockAddrBuf = unsafe { std::mem::zeroed() };
-    let len = crate::provider::soft::udp::write_sockaddr(a, &mut sa);
+    let mut sa: sys::SockAddrBuf = unsafe { std::mem::zeroed() };
+    let len = sys::write_sockaddr(a, &mut sa);
     // SAFETY: `sa` holds a sockaddr of `len` bytes; `fd` is our socket.
     let r = unsafe { libc::connect(fd, std::ptr::from_ref(&sa).cast(), len) };
     if r != 0 {
@@ -732,7 +730,7 @@ impl Connection {
             let keys = auth.keys.as_ref().map(|k| (k, client));
             let theirs = setup::exchange_tagged(&mut tcp, &mine, timeout, keys)?;
             let n = setup::negotiate(&mine, &theirs, peer.ip())?;
-            qp.connect(&n, s)?;
+            qp.connect(&n.remote(), s)?;
             Ok((n.peer_regions, theirs.path_mtu, n.path_mtu, theirs.limits))
         })();
         let (peer_regions, peer_mtu, path_mtu, peer_limits) = match result {
@@ -974,7 +972,7 @@ impl Connection {
     }
 
     /// This side's active MTU: the largest IB MTU whose packets fit the MTU of the link
-    /// that routes to the peer (`src/provider/soft/mtu.rs`).
+    /// that routes to the peer (`src/provider/mtu.rs`).
     pub fn active_mtu(&self) -> u32 {
         self.mtu.0.active
     }

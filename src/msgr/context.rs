@@ -5,7 +5,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::mem::Registrar;
 use crate::mem::pool::Pool;
 use crate::mem::rcache::{RegCache, RegCacheOptions};
-use crate::provider::soft::device::{PortCounters, ProgressStats};
+use crate::provider::types::{PortCounters, ProgressStats};
 use crate::provider::{self, Device};
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -48,7 +48,10 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::provider::soft::mtu;
+use crate::provider::mtu;
+/// Memory a hello exposes (provider-neutral: `Device::exposed` lists it).
+pub use crate::provider::region::Region;
+use crate::provider::types::Remote;
 
 /// First bytes of every hello after the length prefix: rejects a peer that is not rdmx (or a
 /// stray connection) before any field is trusted.
@@ -111,19 +114,6 @@ const TAG_IPV6: u8 = 6;
 /// The path MTUs InfiniBand defines (`enum ibv_mtu`).
 const MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
 
-/// Memory the sender exposes for one-sided access by the peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Region {
-    /// Virtual address the peer puts in its RETH.
-    pub addr: u64,
-    /// Length in bytes; `addr + len` must not overflow.
-    pub len: u64,
-    /// Remote key the peer puts in its RETH.
-    pub rkey: u32,
-    /// `ibv_access_flags` bits ([`crate::rc::verbs::access`]: `REMOTE_WRITE`, `REMOTE_READ`, ...).
-    pub access: u32,
-}
-
 /// What each side sends once the TCP side channel is up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
@@ -184,12 +174,28 @@ pub struct Negotiated {
     pub peer_credits: u32,
 }
 
+impl Negotiated {
+    /// What the provider's `connect` takes (the QP's part of the negotiation).
+    pub fn remote(&self) -> Remote {
+        Remote {
+            dest_qpn: self.dest_qpn,
+            peer_udp: self.peer_udp,
+            peer_src_port: self.peer_src_port,
+            sq_psn: self.sq_psn,
+            rq_psn: self.rq_psn,
+            path_mtu: self.path_mtu,
+            max_rd_atomic: self.max_rd_atomic,
+            max_dest_rd_atomic: self.max_dest_rd_atomic,
+        }
+    }
+}
+
 /// A random 24-bit start PSN.
 ///
 /// Random start PSNs (as `ibv_rc_pingpong` and Ceph use) make it unlikely that late packets
 /// of an earlier QP with the same number fall into the new QP's PSN window.
 pub fn random_psn() -> u32 {
-    match crate::provider::soft::sys::try_random_u32() {
+    match crate::provider::sys::try_random_u32() {
         Ok(v) => v & MASK_24,
         // Neither getrandom(2) nor /dev/urandom (the error is logged there): a PSN needs to
         // be unpredictable across QPs, not secret, so std's per-process random hash keys
@@ -595,7 +601,7 @@ fn check_interop(mine: &Hello, peer: &Hello) -> Result<()> {
 
 /// The path MTU this side offers in its hello on the side channel `stream`: the configured
 /// `path_mtu`, capped by the active MTU of the link that routes to the peer (see
-/// [`crate::provider::soft::mtu`]), as a NIC's port caps a QP at its active MTU.
+/// [`crate::provider::mtu`]), as a NIC's port caps a QP at its active MTU.
 ///
 /// The link MTU is the route's (`IP_MTU`/`IPV6_MTU`) of the connected TCP socket: the soft
 /// provider advertises a wildcard UDP address, so RoCE packets go to the IP the side channel

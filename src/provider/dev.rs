@@ -4,17 +4,18 @@
 //! soft provider's public objects (`SoftDevice`, `SoftQp`, `Cq`, `MrTable`) are untouched:
 //! `Soft` wraps them; `rdmx-ibv` builds on them directly.
 
-use super::soft::cq::{Cq, Wc};
-use super::soft::device::{PortCounters, ProgressStats, SoftDevice};
-use super::soft::qp::{Remote, SendReq, SoftQp, Timers};
-use super::soft::sys::EventFd;
+use super::region::Region;
+use super::soft::cq::Cq;
+use super::soft::device::SoftDevice;
+use super::soft::qp::{SoftQp, Timers};
+use super::sys::EventFd;
+use super::types::{PortCounters, ProgressStats, Remote, SendReq, Wc};
 #[cfg(feature = "verbs")]
 use super::verbs::{VerbsDevice, qp::VerbsQp};
 use super::wr_stats::WrStats;
 use crate::config::{CqLayout, PollMode, Progress, Settings};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mem::Registrar;
-use crate::msgr::setup::{Negotiated, Region};
 use crate::rc::verbs::{QpState, access};
 use crate::rc::{Counters, QpCaps, SgeList};
 use std::net::{IpAddr, SocketAddr};
@@ -372,19 +373,10 @@ impl Qp {
     }
 
     /// Brings the QP to RTS with the negotiated values and the config's knobs.
-    pub fn connect(&self, n: &Negotiated, s: &Settings) -> Result<()> {
+    pub fn connect(&self, n: &Remote, s: &Settings) -> Result<()> {
         match self {
             Qp::Soft(q) => q.qp.connect(
-                &Remote {
-                    dest_qpn: n.dest_qpn,
-                    peer_udp: n.peer_udp,
-                    peer_src_port: n.peer_src_port,
-                    sq_psn: n.sq_psn,
-                    rq_psn: n.rq_psn,
-                    path_mtu: n.path_mtu,
-                    max_rd_atomic: n.max_rd_atomic,
-                    max_dest_rd_atomic: n.max_dest_rd_atomic,
-                },
+                n,
                 &Timers {
                     timeout: s.timeout,
                     retry_cnt: s.retry_cnt,

@@ -2,12 +2,21 @@
 //! an RDMA device and soft otherwise; the choice is logged and queryable.
 
 pub(crate) mod dev;
+mod layering;
+pub(crate) mod mtu;
 pub(crate) mod region;
 pub mod soft;
+pub(crate) mod sys;
+pub mod types;
 #[cfg(feature = "verbs")]
 pub(crate) mod verbs;
 pub(crate) mod windows;
 pub(crate) mod wr_stats;
+
+/// The completion channel a CQ signals (`ibv_comp_channel`): an eventfd, readable after
+/// `req_notify` once a completion arrives; the one public piece of the OS layer.
+pub use sys::EventFd;
+pub use types::{PortCounters, ProgressStats, Remote, SendReq, Wc};
 
 use crate::config::{Provider, Settings};
 use crate::error::{Error, Result};

@@ -42,6 +42,19 @@ pub(crate) fn check_region(addr: *const u8, len: usize, access_flags: u32) -> Re
     Ok(())
 }
 
+/// Memory the sender exposes for one-sided access by the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Region {
+    /// Virtual address the peer puts in its RETH.
+    pub addr: u64,
+    /// Length in bytes; `addr + len` must not overflow.
+    pub len: u64,
+    /// Remote key the peer puts in its RETH.
+    pub rkey: u32,
+    /// `ibv_access_flags` bits ([`crate::rc::verbs::access`]: `REMOTE_WRITE`, `REMOTE_READ`, ...).
+    pub access: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

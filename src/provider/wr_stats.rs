@@ -6,8 +6,7 @@
 //! Relaxed atomics, added once per post or poll call (not per WR), so the data path pays
 //! a handful of uncontended `fetch_add`s.
 
-use super::soft::cq::Wc;
-use super::soft::qp::SendReq;
+use super::types::{SendReq, Wc};
 use crate::rc::counters::WC_STATUS_COUNT;
 use crate::rc::{Counters, WcOpcode, WcStatus, WrOpcode};
 use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};

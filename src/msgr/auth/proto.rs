@@ -376,7 +376,7 @@ pub struct Ephemeral {
 impl Ephemeral {
     pub fn new() -> crate::error::Result<Ephemeral> {
         let mut b = Zeroizing::new([0u8; 32]);
-        crate::provider::soft::sys::fill_random(b.as_mut())?;
+        crate::provider::sys::fill_random(b.as_mut())?;
         Ok(Ephemeral::from_bytes(*b))
     }
 
@@ -400,7 +400,7 @@ impl Ephemeral {
 /// 32 random bytes.
 pub fn nonce() -> crate::error::Result<[u8; N]> {
     let mut b = [0u8; N];
-    crate::provider::soft::sys::fill_random(&mut b)?;
+    crate::provider::sys::fill_random(&mut b)?;
     Ok(b)
 }
 

@@ -8,8 +8,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::mem::pool::{Chunk, Pool};
 use crate::msgr::Connection;
-use crate::provider::soft::cq::Wc;
-use crate::provider::soft::qp::SendReq;
+use crate::provider::types::{SendReq, Wc};
 use crate::rc::verbs::send_flags;
 use crate::rc::{Sge, SgeList, WcOpcode, WcStatus, WrOpcode};
 use smallvec::SmallVec;

@@ -1,7 +1,7 @@
 //! Completion queues: bounded FIFOs of work completions, with `req_notify` semantics on a
 //! completion channel (an eventfd a daemon can put in its epoll set).
 
-use crate::rc::{WcOpcode, WcStatus};
+use crate::rc::WcStatus;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use crate::error::Result;
 
-/// The completion channel a [`Cq`] signals (`ibv_comp_channel`): an eventfd, readable
-/// after `req_notify` once a completion arrives; the one public piece of the provider's
-/// OS layer.
-pub use super::sys::EventFd;
+/// The completion channel a [`Cq`] signals (`ibv_comp_channel`; provider-neutral).
+pub use crate::provider::sys::EventFd;
+/// A work completion (provider-neutral, `crate::provider::types`).
+pub use crate::provider::types::Wc;
 
 /// Called when an armed CQ notifies (after its channel is signaled): a verbs completion
 /// channel writes the CQ's handle to its pipe from here. Runs on whichever thread added
@@ -24,34 +24,6 @@ impl std::fmt::Debug for NotifyHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("NotifyHook")
     }
-}
-
-/// A work completion as the provider reports it: the caller's cookie instead of the
-/// engine's internal WR id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Wc {
-    pub cookie: u64,
-    pub status: WcStatus,
-    pub opcode: WcOpcode,
-    pub byte_len: u32,
-    pub imm: Option<u32>,
-    pub qp_num: u32,
-    /// A UD receive: the sending QP's number (the packet's DETH SrcQP); its buffer starts
-    /// with the 40-byte GRH area, as verbs' `IBV_WC_GRH`. None for every other completion.
-    pub src_qp: Option<u32>,
-}
-
-impl Wc {
-    /// A blank completion, to fill a buffer that `poll` writes into.
-    pub const EMPTY: Wc = Wc {
-        cookie: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-        src_qp: None,
-    };
 }
 
 /// Least time between two overflow log lines of one CQ.
@@ -331,7 +303,8 @@ impl Drop for Cq {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::soft::sys::poll_readable;
+    use crate::provider::sys::poll_readable;
+    use crate::rc::WcOpcode;
     use std::cell::RefCell;
     use std::time::Duration;
 

@@ -5,13 +5,15 @@ pub mod cq;
 pub mod device;
 pub(crate) mod diagnose;
 pub mod mr;
-pub(crate) mod mtu;
 pub mod qp;
 pub mod srq;
-pub(crate) mod sys;
 pub mod ud;
 pub(crate) mod udp;
 pub mod window;
+
+// The provider-neutral OS pieces and route MTU (`crate::provider::{sys, mtu}`), under the
+// names the soft provider's files use.
+pub(crate) use super::{mtu, sys};
 
 /// Not part of the API (no stability promise): the soft provider's UDP socket layer
 /// (sendmmsg/recvmmsg batches with GSO/GRO) and its poll(2) wait. Public only with the

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::sys::try_random_u32;
+use super::sys::{memlock_limit, try_random_u32};
 use super::window::{ANY_QP, Held, MwBindError, WINDOW_TAG, WindowTable};
 
 /// One registered region.
@@ -73,21 +73,6 @@ fn runs(pages: &[u64]) -> Vec<(u64, u64)> {
         }
     }
     out
-}
-
-/// The RLIMIT_MEMLOCK soft limit in bytes; None when unlimited.
-pub(crate) fn memlock_limit() -> Option<u64> {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0
-        || r.rlim_cur == libc::RLIM_INFINITY
-    {
-        return None;
-    }
-    Some(r.rlim_cur)
 }
 
 impl Tables {

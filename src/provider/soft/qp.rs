@@ -5,7 +5,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::rc::memory::SgeList;
-use crate::rc::verbs::{QpState, WcStatus, WrOpcode, attr_mask as m, send_flags};
+use crate::rc::verbs::{QpState, WcStatus, attr_mask as m, send_flags};
 use crate::rc::{Counters, PostError, PostQueue, QpAttr, QpCaps, RecvWr, SendWr, max_packet_len};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap as HashMap;
@@ -14,15 +14,18 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use super::cq::{Cq, Wc};
+use super::cq::Cq;
 use super::device::{DeviceTimers, TimerCell};
 use super::diagnose::{HostEvidence, StallLog, describe};
 use super::mr::{MemView, MrTable};
 use super::sys::try_random_u32;
 use super::udp::{self, TxDatagram, UdpPort};
+use crate::provider::types::Wc;
 
 mod local;
 mod verbs;
+/// The provider-neutral work request and connection parameters (`crate::provider::types`).
+pub use crate::provider::types::{Remote, SendReq};
 pub use verbs::QpErrorEvent;
 
 /// Packets sent per sendmmsg call.
@@ -48,33 +51,6 @@ pub struct TxOptions {
     /// `false`: one datagram per packet (a capture on `lo` then shows every packet, where
     /// it otherwise shows a GSO run as one super-frame).
     pub gso: bool,
-}
-
-/// One send work request as the provider takes it (a cookie instead of a WR id).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendReq {
-    pub cookie: u64,
-    pub opcode: WrOpcode,
-    pub flags: u32,
-    pub sges: SgeList,
-    pub remote_addr: u64,
-    pub rkey: u32,
-    pub imm: u32,
-}
-
-/// The connection parameters `connect` needs (from the handshake).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Remote {
-    pub dest_qpn: u32,
-    pub peer_udp: SocketAddr,
-    /// The UDP source port of the peer QP's packets, if the handshake said (else learnt
-    /// from its first packet).
-    pub peer_src_port: Option<u16>,
-    pub sq_psn: u32,
-    pub rq_psn: u32,
-    pub path_mtu: u32,
-    pub max_rd_atomic: u8,
-    pub max_dest_rd_atomic: u8,
 }
 
 /// The QP's timer and retry knobs (from the config).
@@ -909,7 +885,8 @@ impl SoftQp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::soft::sys::EventFd;
+    use crate::provider::sys::EventFd;
+    use crate::rc::verbs::WrOpcode;
     use std::net::Ipv4Addr;
 
     fn cq() -> Arc<Cq> {

@@ -28,7 +28,7 @@ pub mod window;
 
 use crate::config::Settings;
 use crate::error::{Error, ErrorKind, Result};
-use crate::provider::soft::sys::EventFd;
+use crate::provider::sys::EventFd;
 use device::{Opened, Pd};
 use events::{Event, Subject, kind};
 use mr::VerbsMrs;

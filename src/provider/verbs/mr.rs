@@ -85,7 +85,7 @@ impl VerbsMrs {
                 // The driver pins the pages: the kernel charges them to RLIMIT_MEMLOCK
                 // (unless CAP_IPC_LOCK) and refuses with ENOMEM or EPERM/EAGAIN above it.
                 Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN) => {
-                    let limit = crate::provider::soft::mr::memlock_limit()
+                    let limit = crate::provider::sys::memlock_limit()
                         .map_or("unlimited".to_string(), |l| format!("{l} bytes"));
                     Error::new(
                         ErrorKind::ResourceLimit,

@@ -4,7 +4,7 @@
 use super::*;
 use crate::config::Config;
 use crate::provider::soft::device::SoftDevice;
-use crate::provider::soft::sys::EventFd;
+use crate::provider::sys::EventFd;
 use crate::rc::memory::Sge;
 use crate::rc::verbs::access;
 use crate::wire::ud::grh_ipv4;

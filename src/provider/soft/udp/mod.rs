@@ -68,15 +68,14 @@ use crate::wire::{BTH_LEN, ICRC_LEN};
 mod framing;
 mod rx_batch;
 mod sockopt;
-pub(super) use sockopt::getsockopt_int;
 #[cfg(test)]
 mod tests;
 
+use crate::provider::sys::{SockAddrBuf, getsockopt_int, write_sockaddr};
 pub use framing::{seal, verify};
 pub use rx_batch::RxBatch;
 use rx_batch::RxMeta;
 use sockopt::*;
-pub(crate) use sockopt::{SockAddrBuf, write_sockaddr};
 
 /// Requested size of the socket send and receive buffers (the kernel doubles the request and
 /// caps it at `net.core.{r,w}mem_max` × 2).

@@ -79,31 +79,6 @@ pub(super) fn setsockopt_int(
     }
 }
 
-pub(in crate::provider::soft) fn getsockopt_int(
-    fd: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-) -> io::Result<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are live locals; `len` holds the size of `value`, which the
-    // kernel writes at most.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            ptr::from_mut(&mut value).cast(),
-            &mut len,
-        )
-    };
-    if r == 0 {
-        Ok(value)
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 pub(super) fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
     // SAFETY: all-zero bytes are a valid sockaddr_in6.
     let mut storage: SockAddrBuf = unsafe { mem::zeroed() };
@@ -116,15 +91,6 @@ pub(super) fn bind_fd(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
         Err(io::Error::last_os_error())
     }
 }
-
-/// Room for a `sockaddr_in` or a `sockaddr_in6` (a `sockaddr_storage` is 128 bytes; the send
-/// path keeps SEND_CHUNK of these on the stack).
-pub(crate) type SockAddrBuf = libc::sockaddr_in6;
-
-const _: () = assert!(
-    mem::size_of::<libc::sockaddr_in>() <= mem::size_of::<SockAddrBuf>()
-        && mem::align_of::<libc::sockaddr_in>() <= mem::align_of::<SockAddrBuf>()
-);
 
 /// Control-message buffer of one outgoing GSO message, aligned for `cmsghdr`.
 #[repr(C, align(8))]
@@ -192,35 +158,6 @@ pub(super) fn gso_run(
         }
     }
     if run >= GSO_MIN_SEGMENTS { run } else { 1 }
-}
-
-/// Writes `addr` as a `sockaddr_in`/`sockaddr_in6` into `out`; returns its length.
-pub(crate) fn write_sockaddr(addr: &SocketAddr, out: &mut SockAddrBuf) -> libc::socklen_t {
-    match addr {
-        SocketAddr::V4(a) => {
-            // SAFETY: all-zero bytes are a valid sockaddr_in.
-            let mut sin: libc::sockaddr_in = unsafe { mem::zeroed() };
-            sin.sin_family = libc::AF_INET as libc::sa_family_t;
-            sin.sin_port = a.port().to_be();
-            sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
-            // SAFETY: SockAddrBuf (sockaddr_in6) is at least as large and as aligned as
-            // sockaddr_in (checked by the const assertion above), so the write stays inside
-            // `out` and is aligned.
-            unsafe { ptr::write(ptr::from_mut(out).cast::<libc::sockaddr_in>(), sin) };
-            mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
-        }
-        SocketAddr::V6(a) => {
-            // SAFETY: all-zero bytes are a valid sockaddr_in6.
-            let mut sin6: libc::sockaddr_in6 = unsafe { mem::zeroed() };
-            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            sin6.sin6_port = a.port().to_be();
-            sin6.sin6_flowinfo = a.flowinfo();
-            sin6.sin6_addr.s6_addr = a.ip().octets();
-            sin6.sin6_scope_id = a.scope_id();
-            *out = sin6;
-            mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
-        }
-    }
 }
 
 /// Reads the socket address the kernel wrote into `storage` (`len` bytes); `None` for other

@@ -120,7 +120,7 @@ pub fn route_mtu_of(fd: BorrowedFd<'_>, v6_socket: bool) -> io::Result<u32> {
     } else {
         (libc::IPPROTO_IP, libc::IP_MTU)
     };
-    let value = super::udp::getsockopt_int(fd, level, name)?;
+    let value = super::sys::getsockopt_int(fd, level, name)?;
     u32::try_from(value)
         .ok()
         .filter(|&v| v > 0)

@@ -1,10 +1,11 @@
-//! Small OS pieces the soft provider needs: an eventfd (wakeups and completion channels),
-//! kernel randomness (rkeys, QP numbers; getrandom(2) or
-//! `/dev/urandom`), and poll(2) over a set of fds.
+//! Small OS pieces both providers and their users need: an eventfd (wakeups and
+//! completion channels), kernel randomness (rkeys, QP numbers, PSNs, incarnations;
+//! getrandom(2) or `/dev/urandom`), poll(2) over a set of fds, `sockaddr` encoding, and RLIMIT_MEMLOCK.
 
 use crate::error::{Error, ErrorKind, Result};
 use smallvec::SmallVec;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 fn os_error(what: &str) -> Error {
@@ -127,6 +128,85 @@ pub fn try_random_u32() -> Result<u32> {
     let mut v = [0u8; 4];
     fill_random(&mut v)?;
     Ok(u32::from_ne_bytes(v))
+}
+
+/// The RLIMIT_MEMLOCK soft limit in bytes; None when unlimited.
+pub(crate) fn memlock_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0
+        || r.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    Some(r.rlim_cur)
+}
+
+/// An integer socket option of `fd` (getsockopt(2)).
+pub(crate) fn getsockopt_int(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> std::io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are live locals; `len` holds the size of `value`, which the
+    // kernel writes at most.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            std::ptr::from_mut(&mut value).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(value)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Room for a `sockaddr_in` or a `sockaddr_in6` (a `sockaddr_storage` is 128 bytes; the send
+/// path keeps SEND_CHUNK of these on the stack).
+pub(crate) type SockAddrBuf = libc::sockaddr_in6;
+
+const _: () = assert!(
+    std::mem::size_of::<libc::sockaddr_in>() <= std::mem::size_of::<SockAddrBuf>()
+        && std::mem::align_of::<libc::sockaddr_in>() <= std::mem::align_of::<SockAddrBuf>()
+);
+
+/// Writes `addr` as a `sockaddr_in`/`sockaddr_in6` into `out`; returns its length.
+pub(crate) fn write_sockaddr(addr: &SocketAddr, out: &mut SockAddrBuf) -> libc::socklen_t {
+    match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: all-zero bytes are a valid sockaddr_in.
+            let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
+            // SAFETY: SockAddrBuf (sockaddr_in6) is at least as large and as aligned as
+            // sockaddr_in (checked by the const assertion above), so the write stays inside
+            // `out` and is aligned.
+            unsafe { std::ptr::write(std::ptr::from_mut(out).cast::<libc::sockaddr_in>(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: all-zero bytes are a valid sockaddr_in6.
+            let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_scope_id = a.scope_id();
+            *out = sin6;
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
+    }
 }
 
 /// Waits until one of `fds` is readable (or hung up) or `timeout` passes; returns the fds
