@@ -6,6 +6,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::provider::dev::Qp;
+use crate::provider::ready::QpReadiness;
 use crate::provider::sys::{self, EventFd};
 use crate::provider::types::{ProgressStats, SendReq, Wc};
 use crate::rc::verbs::QpState;
@@ -848,7 +849,7 @@ impl Connection {
 
     /// Runs `hook` (on the thread that completed the work, no lock of this connection
     /// held) when a completion lands in one of its empty CQs; false if the provider cannot
-    /// tell (verbs), and then only a poll tells. See [`Qp::on_first_completion`].
+    /// tell (verbs), and then only a poll tells. See [`QpReadiness::on_first_completion`].
     pub fn on_first_completion(&self, hook: Arc<dyn Fn() + Send + Sync>) -> bool {
         self.qp.on_first_completion(hook)
     }

@@ -5,6 +5,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::mem::Registrar;
 use crate::mem::pool::Pool;
 use crate::mem::rcache::{RegCache, RegCacheOptions};
+use crate::provider::ready::DeviceReadiness;
 use crate::provider::types::{PortCounters, ProgressStats};
 use crate::provider::{self, Device};
 use std::net::IpAddr;
@@ -241,7 +242,7 @@ impl Context {
     /// own thread ran a pass after it (a due timer, a side-channel event), whose
     /// completions the sockets no longer announce. Call it before looking at the CQs.
     pub fn rx_fds(&self, out: &mut Vec<std::os::fd::RawFd>) {
-        self.shared.dev.rx_fds(out);
+        self.shared.dev.wait_fds(out);
     }
 
     /// Soft provider, progress=inline: this caller drives the device from threads that
@@ -250,7 +251,7 @@ impl Context {
     /// `sendmmsg` for both), and the provider's progress thread leaves receiving to it
     /// while it polls (`SoftDevice::set_app_driven`).
     pub fn set_app_driven(&self, on: bool) {
-        self.shared.dev.set_app_driven(on);
+        self.shared.dev.set_caller_driven(on);
     }
 
     /// One progress pass of the device from this thread, where the settings leave it to
@@ -264,7 +265,7 @@ impl Context {
 
     /// A thread starts (`true`) or stops (`false`) sleeping on [`Context::rx_fds`].
     pub fn app_watch(&self, on: bool) {
-        self.shared.dev.app_watch(on);
+        self.shared.dev.caller_watches(on);
     }
 
     pub fn rcache(&self) -> &RegCache {

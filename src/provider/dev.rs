@@ -4,6 +4,7 @@
 //! soft provider's public objects (`SoftDevice`, `SoftQp`, `Cq`, `MrTable`) are untouched:
 //! `Soft` wraps them; `rdmx-ibv` builds on them directly.
 
+use super::ready::{DeviceReadiness, Hook, QpReadiness};
 use super::region::Region;
 use super::soft::cq::Cq;
 use super::soft::device::SoftDevice;
@@ -62,35 +63,6 @@ impl Device {
                     d.progress_inline();
                 }
             }
-            #[cfg(feature = "verbs")]
-            Device::Verbs(_) => {}
-        }
-    }
-
-    /// The receiving sockets a caller may sleep on itself (soft, progress=inline), then the
-    /// device's wake fd; see `SoftDevice::rx_fds`. None on verbs (a NIC receives without
-    /// the host).
-    pub fn rx_fds(&self, out: &mut Vec<RawFd>) {
-        match self {
-            Device::Soft(d) => d.rx_fds(out),
-            #[cfg(feature = "verbs")]
-            Device::Verbs(_) => {}
-        }
-    }
-
-    /// See `SoftDevice::set_app_driven` (soft provider; a NIC receives by itself).
-    pub fn set_app_driven(&self, on: bool) {
-        match self {
-            Device::Soft(d) => d.set_app_driven(on),
-            #[cfg(feature = "verbs")]
-            Device::Verbs(_) => {}
-        }
-    }
-
-    /// A caller starts or stops sleeping on [`Device::rx_fds`] (`SoftDevice::app_watch`).
-    pub fn app_watch(&self, on: bool) {
-        match self {
-            Device::Soft(d) => d.app_watch(on),
             #[cfg(feature = "verbs")]
             Device::Verbs(_) => {}
         }
@@ -338,6 +310,35 @@ impl Device {
     }
 }
 
+macro_rules! dev_both {
+    ($self:expr, $d:ident => $e:expr) => {
+        match $self {
+            Device::Soft($d) => $e,
+            #[cfg(feature = "verbs")]
+            Device::Verbs($d) => $e,
+        }
+    };
+}
+
+/// Each provider's readiness (`provider::ready`), one branch per call.
+impl DeviceReadiness for Device {
+    fn set_caller_driven(&self, on: bool) {
+        dev_both!(self, d => d.set_caller_driven(on))
+    }
+
+    fn wait_fds(&self, out: &mut Vec<RawFd>) {
+        dev_both!(self, d => d.wait_fds(out))
+    }
+
+    fn caller_watches(&self, on: bool) {
+        dev_both!(self, d => d.caller_watches(on))
+    }
+
+    fn caller_stops_polling(&self) {
+        dev_both!(self, d => d.caller_stops_polling())
+    }
+}
+
 /// The soft provider's objects of one connection.
 #[derive(Debug)]
 pub(crate) struct SoftLink {
@@ -365,6 +366,67 @@ macro_rules! both {
             Qp::Verbs($v) => $verbs,
         }
     };
+}
+
+impl QpReadiness for SoftLink {
+    fn may_have_completions(&self) -> bool {
+        self.send_cq.maybe_nonempty() || self.recv_cq.maybe_nonempty()
+    }
+
+    /// The CQs must be this QP's alone (a hook per CQ).
+    fn on_first_completion(&self, hook: Hook) -> bool {
+        let h = Arc::clone(&hook);
+        self.send_cq.on_first(Box::new(move || h()))
+            && (Arc::ptr_eq(&self.send_cq, &self.recv_cq)
+                || self.recv_cq.on_first(Box::new(move || hook())))
+    }
+
+    fn arm(&self) {
+        self.send_cq.req_notify();
+        if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+            self.recv_cq.req_notify();
+        }
+    }
+
+    fn disarm(&self) {
+        self.send_cq.disarm();
+        self.recv_cq.disarm();
+    }
+
+    fn event_fd(&self) -> RawFd {
+        self.channel.raw_fd()
+    }
+
+    fn clear_event(&self) {
+        self.channel.clear()
+    }
+}
+
+/// Each provider's readiness (`provider::ready`), one branch per call.
+impl QpReadiness for Qp {
+    fn may_have_completions(&self) -> bool {
+        both!(self, q => q.may_have_completions(), v => QpReadiness::may_have_completions(&**v))
+    }
+
+    fn on_first_completion(&self, hook: Hook) -> bool {
+        both!(self, q => q.on_first_completion(hook), v => QpReadiness::on_first_completion(&**v, hook))
+    }
+
+    fn arm(&self) {
+        both!(self, q => q.arm(), v => QpReadiness::arm(&**v))
+    }
+
+    fn disarm(&self) {
+        both!(self, q => q.disarm(), v => QpReadiness::disarm(&**v))
+    }
+
+    fn event_fd(&self) -> RawFd {
+        both!(self, q => q.event_fd(), v => QpReadiness::event_fd(&**v))
+    }
+
+    fn clear_event(&self) {
+        both!(self, q => q.clear_event(), v => QpReadiness::clear_event(&**v))
+    }
 }
 
 impl Qp {
@@ -449,32 +511,6 @@ impl Qp {
         self.poll_cq(out)
     }
 
-    /// Whether a poll may find completions, without taking a CQ lock (soft); always true
-    /// on verbs (only a poll tells).
-    pub fn may_have_completions(&self) -> bool {
-        match self {
-            Qp::Soft(q) => q.send_cq.maybe_nonempty() || q.recv_cq.maybe_nonempty(),
-            #[cfg(feature = "verbs")]
-            Qp::Verbs(_) => true,
-        }
-    }
-
-    /// Runs `hook` when a completion lands in one of this QP's empty CQs (soft; the CQs
-    /// must be this QP's alone). False where that cannot be told: verbs (only a poll
-    /// tells), or a CQ that has a hook already; such a QP must be polled every time.
-    pub fn on_first_completion(&self, hook: Arc<dyn Fn() + Send + Sync>) -> bool {
-        match self {
-            Qp::Soft(q) => {
-                let h = Arc::clone(&hook);
-                q.send_cq.on_first(Box::new(move || h()))
-                    && (Arc::ptr_eq(&q.send_cq, &q.recv_cq)
-                        || q.recv_cq.on_first(Box::new(move || hook())))
-            }
-            #[cfg(feature = "verbs")]
-            Qp::Verbs(_) => false,
-        }
-    }
-
     /// [`Qp::poll`] without the device's progress pass: the caller ran it
     /// ([`Device::progress`]) for all the QPs it is about to poll.
     pub fn poll_cq(&self, out: &mut [Wc]) -> usize {
@@ -497,56 +533,11 @@ impl Qp {
         }
     }
 
+    /// The caller stops polling and sleeps on [`QpReadiness::event_fd`]: the device
+    /// receives for it from now on, and the QP's CQs are armed.
     pub fn req_notify(&self, dev: &Device) {
-        match (self, dev) {
-            (Qp::Soft(q), Device::Soft(d)) => {
-                d.app_sleeping();
-                q.send_cq.req_notify();
-                if !Arc::ptr_eq(&q.send_cq, &q.recv_cq) {
-                    q.recv_cq.req_notify();
-                }
-            }
-            #[cfg(feature = "verbs")]
-            (Qp::Verbs(v), _) => v.req_notify(),
-            #[cfg(feature = "verbs")]
-            _ => unreachable!("a QP is made by its own device"),
-        }
-    }
-
-    /// Arms the event fd as [`Qp::req_notify`] does, without telling the device the caller
-    /// stops polling (a caller that sleeps on the device's receiving sockets too).
-    pub fn arm(&self) {
-        match self {
-            Qp::Soft(q) => {
-                q.send_cq.req_notify();
-                if !Arc::ptr_eq(&q.send_cq, &q.recv_cq) {
-                    q.recv_cq.req_notify();
-                }
-            }
-            #[cfg(feature = "verbs")]
-            Qp::Verbs(v) => v.req_notify(),
-        }
-    }
-
-    /// Undoes [`Qp::arm`] if it has not fired (soft provider; verbs cannot take an
-    /// arming back, its event simply comes).
-    pub fn disarm(&self) {
-        match self {
-            Qp::Soft(q) => {
-                q.send_cq.disarm();
-                q.recv_cq.disarm();
-            }
-            #[cfg(feature = "verbs")]
-            Qp::Verbs(_) => {}
-        }
-    }
-
-    pub fn event_fd(&self) -> RawFd {
-        both!(self, q => q.channel.raw_fd(), v => v.event_fd())
-    }
-
-    pub fn clear_event(&self) {
-        both!(self, q => q.channel.clear(), v => v.clear_event())
+        dev.caller_stops_polling();
+        self.arm();
     }
 
     /// The connection's WR-level counters (posts, bytes, completions by status, async

@@ -1,6 +1,6 @@
 //! The layering rule, checked on the source tree (a test, run by `cargo test --lib`): the
 //! messenger, block IO and the C API use the provider-neutral modules (`types`, `sys`,
-//! `mtu`, `region`, `dev`); those and the verbs provider never reach into the soft
+//! `mtu`, `region`, `ready`, `dev`); those and the verbs provider never reach into the soft
 //! provider; nothing under `provider/` reaches up into the messenger, block IO or the C API.
 //! A cycle once ran `provider/dev.rs -> msgr::setup -> provider::soft` (issue 29), and the
 //! shared vocabulary lived in `provider::soft`, so the verbs provider depended on the soft

@@ -4,6 +4,7 @@
 pub(crate) mod dev;
 mod layering;
 pub(crate) mod mtu;
+pub(crate) mod ready;
 pub(crate) mod region;
 pub mod soft;
 pub(crate) mod sys;

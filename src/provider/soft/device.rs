@@ -30,6 +30,7 @@ use super::udp::{self, RxBatch, UdpPort};
 /// Who receives for a verbs application: the progress thread's learning (`thread_rx`).
 mod learner;
 /// UD QPs: their table, create/destroy and receive dispatch (`device/ud.rs`).
+mod ready;
 mod ud;
 
 use learner::{Learner, Seen, Verdict};

@@ -24,6 +24,7 @@ pub(crate) mod events;
 mod layout;
 pub mod mr;
 pub mod qp;
+mod ready;
 pub mod window;
 
 use crate::config::Settings;
