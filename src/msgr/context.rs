@@ -60,15 +60,8 @@ pub struct Context {
     pub(crate) shared: Arc<Shared>,
 }
 
-/// A registered memory region, as handed to callers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MrInfo {
-    pub addr: u64,
-    pub len: u64,
-    pub lkey: u32,
-    pub rkey: u32,
-    pub access: u32,
-}
+/// A registered memory region, as handed to callers (provider-neutral).
+pub use crate::provider::region::MrInfo;
 
 impl Context {
     /// Validates `config`, chooses the provider and opens its device.
@@ -195,21 +188,15 @@ impl Context {
         self.shared.dev.udp_addr_for(ip)
     }
 
-    /// Registers `[addr, addr + len)`; see `provider::soft::mr` for the rules.
+    /// Registers `[addr, addr + len)`; see `provider::soft::mr` and
+    /// `provider::verbs::mr` for the rules.
     ///
     /// # Safety
     /// The memory must stay valid and mapped until `deregister` succeeds, and must not be
     /// modified while a send that names it is outstanding.
     pub unsafe fn register(&self, addr: *mut u8, len: usize, access: u32) -> Result<MrInfo> {
         // SAFETY: this function's contract is the table's (valid until deregistered).
-        let r = unsafe { self.shared.dev.register(addr, len, access) }?;
-        Ok(MrInfo {
-            addr: r.addr,
-            len: r.len,
-            lkey: r.lkey,
-            rkey: r.rkey,
-            access: r.access,
-        })
+        unsafe { self.shared.dev.register(addr, len, access) }
     }
 
     /// Deregisters the region with `lkey`; `Busy` while work requests name it.

@@ -5,7 +5,7 @@
 //! `Soft` wraps them; `rdmx-ibv` builds on them directly.
 
 use super::ready::{DeviceReadiness, Hook, QpReadiness};
-use super::region::Region;
+use super::region::{MrInfo, Region};
 use super::soft::cq::Cq;
 use super::soft::device::SoftDevice;
 use super::soft::qp::{SoftQp, Timers};
@@ -23,6 +23,17 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
+/// `$e` on the device, whichever provider it is (each arm typed by its own provider).
+macro_rules! dev_both {
+    ($self:expr, $d:ident => $e:expr) => {
+        match $self {
+            Device::Soft($d) => $e,
+            #[cfg(feature = "verbs")]
+            Device::Verbs($d) => $e,
+        }
+    };
+}
+
 /// A context's device.
 #[derive(Debug)]
 pub(crate) enum Device {
@@ -32,14 +43,18 @@ pub(crate) enum Device {
     Verbs(Box<VerbsDevice>),
 }
 
-/// A registration's keys and extent.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Registered {
-    pub addr: u64,
-    pub len: u64,
-    pub lkey: u32,
-    pub rkey: u32,
-    pub access: u32,
+/// The [`MrInfo`] of a region-table entry (soft `mr::Region`, verbs `mr::VRegion`: the same
+/// five public fields beside each provider's own state).
+macro_rules! mr_info {
+    ($r:expr) => {
+        MrInfo {
+            addr: $r.addr,
+            len: $r.len,
+            lkey: $r.lkey,
+            rkey: $r.rkey,
+            access: $r.access,
+        }
+    };
 }
 
 /// What this side puts in its hello for its QP: where peers send, capability flags, the
@@ -78,32 +93,11 @@ impl Device {
 
     /// # Safety
     /// The memory must stay valid and mapped until `deregister` succeeds.
-    pub unsafe fn register(&self, addr: *mut u8, len: usize, acc: u32) -> Result<Registered> {
-        match self {
-            Device::Soft(d) => {
-                // SAFETY: forwarded contract.
-                let r = unsafe { d.mrs().register(addr, len, acc) }?;
-                Ok(Registered {
-                    addr: r.addr,
-                    len: r.len,
-                    lkey: r.lkey,
-                    rkey: r.rkey,
-                    access: r.access,
-                })
-            }
-            #[cfg(feature = "verbs")]
-            Device::Verbs(d) => {
-                // SAFETY: forwarded contract.
-                let r = unsafe { d.mrs().register(addr, len, acc) }?;
-                Ok(Registered {
-                    addr: r.addr,
-                    len: r.len,
-                    lkey: r.lkey,
-                    rkey: r.rkey,
-                    access: r.access,
-                })
-            }
-        }
+    pub unsafe fn register(&self, addr: *mut u8, len: usize, acc: u32) -> Result<MrInfo> {
+        dev_both!(self, d => {
+            // SAFETY: forwarded contract.
+            unsafe { d.mrs().register(addr, len, acc) }.map(|r| mr_info!(r))
+        })
     }
 
     /// Whether the device binds memory windows (the messenger's scoped rkeys): the soft
@@ -147,31 +141,7 @@ impl Device {
 
     /// Regions with remote access, for the hello.
     pub fn exposed(&self) -> Vec<Region> {
-        match self {
-            Device::Soft(d) => d
-                .mrs()
-                .exposed()
-                .iter()
-                .map(|r| Region {
-                    addr: r.addr,
-                    len: r.len,
-                    rkey: r.rkey,
-                    access: r.access,
-                })
-                .collect(),
-            #[cfg(feature = "verbs")]
-            Device::Verbs(d) => d
-                .mrs()
-                .exposed()
-                .iter()
-                .map(|r| Region {
-                    addr: r.addr,
-                    len: r.len,
-                    rkey: r.rkey,
-                    access: r.access,
-                })
-                .collect(),
-        }
+        dev_both!(self, d => d.mrs().exposed().iter().map(|r| mr_info!(r).exposed()).collect())
     }
 
     /// Soft: the UDP address; verbs: the GID's address and RoCEv2's port.
@@ -308,16 +278,6 @@ impl Device {
             Device::Verbs(d) => Ok(Qp::Verbs(d.create_qp()?)),
         }
     }
-}
-
-macro_rules! dev_both {
-    ($self:expr, $d:ident => $e:expr) => {
-        match $self {
-            Device::Soft($d) => $e,
-            #[cfg(feature = "verbs")]
-            Device::Verbs($d) => $e,
-        }
-    };
 }
 
 /// Each provider's readiness (`provider::ready`), one branch per call.

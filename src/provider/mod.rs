@@ -14,6 +14,7 @@ pub(crate) mod verbs;
 pub(crate) mod windows;
 pub(crate) mod wr_stats;
 
+pub use region::{MrInfo, Region};
 /// The completion channel a CQ signals (`ibv_comp_channel`): an eventfd, readable after
 /// `req_notify` once a completion arrives; the one public piece of the OS layer.
 pub use sys::EventFd;

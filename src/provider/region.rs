@@ -1,5 +1,6 @@
-//! What both providers check before registering memory, so that soft and verbs refuse the
-//! same inputs with the same words.
+//! Registered memory as both providers describe it: what they check before registering (so
+//! that soft and verbs refuse the same inputs with the same words), a registration's
+//! [`MrInfo`], and the [`Region`] a hello exposes to the peer.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::rc::verbs::access;
@@ -53,6 +54,29 @@ pub struct Region {
     pub rkey: u32,
     /// `ibv_access_flags` bits ([`crate::rc::verbs::access`]: `REMOTE_WRITE`, `REMOTE_READ`, ...).
     pub access: u32,
+}
+
+/// A registration's extent and keys, as both providers' region tables report it and as
+/// callers get it (`msgr::MrInfo`). [`MrInfo::exposed`] is what a peer learns of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrInfo {
+    pub addr: u64,
+    pub len: u64,
+    pub lkey: u32,
+    pub rkey: u32,
+    pub access: u32,
+}
+
+impl MrInfo {
+    /// The region as a peer may access it (no lkey: that one stays local).
+    pub fn exposed(&self) -> Region {
+        Region {
+            addr: self.addr,
+            len: self.len,
+            rkey: self.rkey,
+            access: self.access,
+        }
+    }
 }
 
 #[cfg(test)]

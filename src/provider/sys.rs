@@ -209,6 +209,24 @@ pub(crate) fn write_sockaddr(addr: &SocketAddr, out: &mut SockAddrBuf) -> libc::
     }
 }
 
+/// A random u64 for values that must be distinct rather than secret (a messenger's
+/// incarnation, session ids): kernel randomness ([`fill_random`]), or, where neither
+/// getrandom(2) nor `/dev/urandom` answers (logged), the clock mixed with the process id
+/// and a stack address.
+pub fn random_u64() -> u64 {
+    let mut v = [0u8; 8];
+    match fill_random(&mut v) {
+        Ok(()) => u64::from_ne_bytes(v),
+        Err(e) => {
+            log::warn!(target: "rdmx::sys", "{e}; using the clock instead");
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ (&v as *const [u8; 8] as u64).rotate_left(32) ^ u64::from(std::process::id())
+        }
+    }
+}
+
 /// Waits until one of `fds` is readable (or hung up) or `timeout` passes; returns the fds
 /// that are ready, as indices into `fds`, in `ready`. Up to 8 fds it allocates nothing;
 /// a loop over a larger or changing set keeps its own buffer with [`poll_set`].
@@ -379,5 +397,7 @@ mod tests {
     fn random_values_differ() {
         let v: Vec<u32> = (0..8).map(|_| try_random_u32().unwrap()).collect();
         assert!(v.windows(2).any(|w| w[0] != w[1]));
+        let w: Vec<u64> = (0..8).map(|_| random_u64()).collect();
+        assert!(w.windows(2).any(|p| p[0] != p[1]));
     }
 }

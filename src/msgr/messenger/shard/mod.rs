@@ -21,6 +21,7 @@
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::msgr::spin::Spinner;
+use crate::provider::sys::random_u64;
 use crate::msgr::{ConnectCancel, Connection, Context, Listener};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
@@ -252,20 +253,6 @@ type PassHook = Arc<dyn Fn(PassStage, &ShardState) + Send + Sync>;
 
 #[cfg(test)]
 mod tests;
-
-fn random_u64() -> u64 {
-    let mut v = 0u64;
-    // SAFETY: getrandom writes at most 8 bytes into a valid u64.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n != 8 {
-        // Not secret, only distinct: time and address entropy will do.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        v = t ^ (&v as *const u64 as u64).rotate_left(32) ^ u64::from(std::process::id());
-    }
-    v
-}
 
 fn closed(what: &str) -> Error {
     Error::new(ErrorKind::Closed, format!("{what}: the session is closed"))
