@@ -1034,6 +1034,12 @@ typedef struct {
    * logged at error level, and ended its session (RDMX_MSGR_EVENT_RESET). 0 normally.
    */
   uint64_t dispatcher_panics;
+  /**
+   * Worker threads whose loop panicked outside the callbacks (a bug in rdmx): each was
+   * caught, logged at error level, reset the sessions of its shard
+   * (RDMX_MSGR_EVENT_RESET), and the worker went on. 0 normally.
+   */
+  uint64_t worker_panics;
 } rdmx_msgr_stats;
 
 /**

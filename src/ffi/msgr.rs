@@ -849,6 +849,10 @@ pub struct rdmx_msgr_stats {
     /// side of the call can, on a bug): each was caught (the worker thread lives on),
     /// logged at error level, and ended its session (RDMX_MSGR_EVENT_RESET). 0 normally.
     pub dispatcher_panics: u64,
+    /// Worker threads whose loop panicked outside the callbacks (a bug in rdmx): each was
+    /// caught, logged at error level, reset the sessions of its shard
+    /// (RDMX_MSGR_EVENT_RESET), and the worker went on. 0 normally.
+    pub worker_panics: u64,
 }
 
 /// The messenger's figures: pools (to check they are back at their baseline), sessions,
@@ -886,6 +890,7 @@ pub unsafe extern "C" fn rdmx_msgr_get_stats(
             handshake_timeouts: s.handshake_timeouts,
             session_refusals: s.session_refusals,
             dispatcher_panics: s.dispatcher_panics,
+            worker_panics: s.worker_panics,
         };
         // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
         unsafe { write_sized(out, v) }?;

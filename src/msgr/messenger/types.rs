@@ -536,6 +536,10 @@ pub struct MsgrStats {
     /// Dispatcher callbacks that panicked: each was caught (the worker lives on), logged
     /// at error level, and ended its session (`on_reset`; the peer sees it closed).
     pub dispatcher_panics: u64,
+    /// Shard workers whose loop panicked outside the callbacks (a bug of the messenger):
+    /// each was caught, logged at error level, ended the sessions of its shard
+    /// (`on_reset`), and the worker went on. 0 normally.
+    pub worker_panics: u64,
 }
 
 /// A transport fault to inject on a session's current connection (tests, Ceph's

@@ -247,6 +247,14 @@ impl Core {
         self.bufs.alloc()
     }
 
+    /// Ends every session of shard `i` with `e` (its worker panicked: `guard.rs`).
+    pub(super) fn end_shard_sessions(&self, i: usize, e: &Error) {
+        let ids: Vec<u64> = self.shards[i].st.lock().sessions.keys().copied().collect();
+        for id in ids {
+            let _ = self.close_with(SessionId(id), Some(e.clone()));
+        }
+    }
+
     pub fn close_session(&self, s: SessionId) -> Result<()> {
         self.close_with(s, None)
     }

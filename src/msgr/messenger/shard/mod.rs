@@ -21,8 +21,8 @@
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::msgr::spin::Spinner;
-use crate::provider::sys::random_u64;
 use crate::msgr::{ConnectCancel, Connection, Context, Listener};
+use crate::provider::sys::random_u64;
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -340,7 +340,10 @@ impl Core {
             let core = Arc::clone(self);
             let h = std::thread::Builder::new()
                 .name(format!("rdmx-msgr-{i}"))
-                .spawn(move || core.worker(i))
+                .spawn(move || {
+                    let fault = |e: &Error| core.end_shard_sessions(i, e);
+                    core.dispatcher.keep_running(i, || core.worker(i), fault)
+                })
                 .map_err(|e| Error::new(ErrorKind::Io, format!("messenger: worker thread: {e}")))?;
             workers.push(h);
         }

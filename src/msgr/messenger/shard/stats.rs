@@ -43,6 +43,7 @@ impl Core {
             missed_wakes: missed,
             totals,
             dispatcher_panics: self.dispatcher.panics(),
+            worker_panics: self.dispatcher.worker_panics(),
         }
     }
 
