@@ -10,6 +10,8 @@ pub mod config;
 pub mod conn;
 pub mod context;
 pub mod encoding;
+#[cfg(test)]
+mod frozen;
 pub mod log;
 pub mod mem;
 pub mod msgr;
