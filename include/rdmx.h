@@ -602,6 +602,11 @@ typedef struct {
    * Connections that passed authentication (or, with auth=none, spoke).
    */
   uint64_t passed;
+  /**
+   * Handshake threads that panicked inside rdmx (a bug, or a Rust region filter):
+   * caught and logged at error level; the handshake failed. 0 normally.
+   */
+  uint64_t panics;
 } rdmx_handshake_counters;
 
 /**

@@ -348,6 +348,9 @@ pub struct rdmx_handshake_counters {
     pub timed_out: u64,
     /// Connections that passed authentication (or, with auth=none, spoke).
     pub passed: u64,
+    /// Handshake threads that panicked inside rdmx (a bug, or a Rust region filter):
+    /// caught and logged at error level; the handshake failed. 0 normally.
+    pub panics: u64,
 }
 
 /// The listener's handshake counters: authentication failures, refusals, timeouts. A
@@ -371,6 +374,7 @@ pub unsafe extern "C" fn rdmx_listener_counters(
             refused: c.refused,
             timed_out: c.timed_out,
             passed: c.passed,
+            panics: c.panics,
         };
         // SAFETY: `out` is NULL or writable for its `struct_size` bytes per the contract.
         unsafe { write_sized(out, v) }?;

@@ -530,13 +530,30 @@ impl Listener {
             .name("rdmx-handshake".into())
             .spawn(move || {
                 let started = Instant::now();
-                let r = Connection::prepare(ctx, tcp, timeout, auth, false).and_then(
-                    |(mut conn, mtu)| {
-                        let left = timeout.saturating_sub(started.elapsed());
-                        setup::await_ready(&mut conn.tcp, left.max(Duration::from_millis(1)))?;
-                        Ok((conn, mtu))
-                    },
-                );
+                // A panic here (a bug, or the application's region filter, which runs in the
+                // hello) would end the thread without `finish`: the slot would stay taken
+                // and, after `handshake_max` of them, every client be refused. Caught,
+                // counted (`HandshakeCounters::panics`), logged; the handshake fails.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    Connection::prepare(ctx, tcp, timeout, auth, false).and_then(
+                        |(mut conn, mtu)| {
+                            let left = timeout.saturating_sub(started.elapsed());
+                            setup::await_ready(&mut conn.tcp, left.max(Duration::from_millis(1)))?;
+                            Ok((conn, mtu))
+                        },
+                    )
+                }))
+                .unwrap_or_else(|payload| {
+                    stats
+                        .panics
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let why = crate::logging::panic_message(payload.as_ref());
+                    log::error!(target: "rdmx::msgr", "handshake with {peer} panicked: {why}");
+                    Err(Error::new(
+                        ErrorKind::Closed,
+                        format!("handshake with {peer} panicked: {why}"),
+                    ))
+                });
                 if let Err(e) = &r
                     && e.kind() == ErrorKind::Auth
                 {

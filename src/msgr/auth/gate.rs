@@ -30,6 +30,8 @@ pub struct GateStats {
     pub timed_out: AtomicU64,
     /// Connections that passed (authenticated, or auth=none).
     pub passed: AtomicU64,
+    /// Handshake threads that panicked (caught: the handshake failed, its slot freed).
+    pub panics: AtomicU64,
 }
 
 /// A snapshot of [`GateStats`].
@@ -39,6 +41,8 @@ pub struct HandshakeCounters {
     pub refused: u64,
     pub timed_out: u64,
     pub passed: u64,
+    /// Handshake threads that panicked (caught: the handshake failed, its slot freed).
+    pub panics: u64,
 }
 
 impl GateStats {
@@ -48,6 +52,7 @@ impl GateStats {
             refused: self.refused.load(Ordering::Relaxed),
             timed_out: self.timed_out.load(Ordering::Relaxed),
             passed: self.passed.load(Ordering::Relaxed),
+            panics: self.panics.load(Ordering::Relaxed),
         }
     }
 }
