@@ -250,8 +250,8 @@ if [ "$ONLY" != transport ]; then
             "${PAIR[busy]:-n/a}" "${PAIR[quiet]:-n/a}" "${MSG_R[-1]}"
     done
     if [ "${SLICE_AB:-0}" = 1 ]; then
-        # The server's worker with its short time slice (the default) and without
-        # (msgr_worker_slice_us=0), under the same hogs: reported, not judged.
+        # The server's worker with a short time slice (msgr_worker_slice_us=100) and
+        # without (0, the default), under the same hogs: reported, not judged.
         SL_R=()
         hogs_start
         for p in $(seq 1 "$PAIRS"); do

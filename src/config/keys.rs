@@ -422,8 +422,8 @@ pub static KEYS: &[KeySpec] = &[
     key(
         "msgr_worker_slice_us",
         uint_note(0, 100_000, "0 = the kernel's default slice"),
-        "100",
-        "the CPU time slice each messenger worker thread asks the kernel for (sched_setattr, Linux 6.12+; ignored before). Its share of the CPU is unchanged; a shorter slice than the other threads' lets a worker woken by a message run at once instead of waiting for a busy thread's slice to end (EEVDF). The kernel keeps it within 100-100000 us (docs/busy-hosts.md)",
+        "0",
+        "the CPU time slice each messenger worker thread asks the kernel for (sched_setattr, Linux 6.12+; ignored before). Its share of the CPU is unchanged; a shorter slice than the other threads' lets a worker woken by a message run at once instead of waiting for a busy thread's slice to end (EEVDF). The kernel keeps it within 100-100000 us. Off by default: 100 us gave msg_bw under 2 CPU hogs 0.78x of the kernel's default (bench/load.sh SLICE_AB=1, 5 pairs; docs/busy-hosts.md)",
     ),
     key(
         "msgr_max_message_bytes",

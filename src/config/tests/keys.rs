@@ -78,7 +78,7 @@ const UINT_KEYS: &[(&str, &str, u64, u64, &str)] = &[
     ("msgr_rx_batch", "16", 0, 65536, "0 = no limit"),
     (
         "msgr_worker_slice_us",
-        "100",
+        "0",
         0,
         100000,
         "0 = the kernel's default slice",
