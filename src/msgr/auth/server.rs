@@ -293,10 +293,14 @@ mod tests {
     use crate::config::Config;
 
     fn cfg(keyring: &str) -> AuthConfig {
+        // One directory per call: tests run in parallel threads of one process, and two
+        // with keyrings of the same length shared a directory that one removed while the
+        // other wrote.
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "rdmx-server-sm-{}-{}",
             std::process::id(),
-            keyring.len()
+            CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("k");
