@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::msgr::spin::Spinner;
 use crate::msgr::{ConnectCancel, Connection, Context, Listener};
-use crate::provider::sys::random_u64;
+use crate::provider::sys::{EventFd, random_u64};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -148,47 +148,12 @@ struct Shard {
     /// Sessions with sends at their gate since the pass last looked (a leaf lock, held for
     /// a push or a swap).
     submitted: Mutex<Vec<u64>>,
-    wake: Wake,
+    /// Wakes the shard's thread.
+    wake: EventFd,
     /// When a pass of this shard last found something to do (ns since the core's epoch).
     last_event: AtomicU64,
     /// Parked sessions whose link had a completion (fed by their CQs' hooks).
     ready: Arc<ReadyList>,
-}
-
-/// An eventfd that wakes a shard's thread.
-struct Wake(RawFd);
-
-impl Wake {
-    fn new() -> Result<Wake> {
-        // SAFETY: eventfd(2) with valid flags; the fd is owned by the returned value.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!("messenger: eventfd: {}", std::io::Error::last_os_error()),
-            ));
-        }
-        Ok(Wake(fd))
-    }
-
-    fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-        let _ = unsafe { libc::write(self.0, (&one as *const u64).cast(), 8) };
-    }
-
-    fn clear(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64 from our non-blocking eventfd.
-        let _ = unsafe { libc::read(self.0, (&mut v as *mut u64).cast(), 8) };
-    }
-}
-
-impl Drop for Wake {
-    fn drop(&mut self) {
-        // SAFETY: closes the fd this value owns, once.
-        unsafe { libc::close(self.0) };
-    }
 }
 
 pub(crate) struct Core {
@@ -282,7 +247,7 @@ impl Core {
                 st: Mutex::new(ShardState::default()),
                 gates: RwLock::default(),
                 submitted: Mutex::default(),
-                wake: Wake::new()?,
+                wake: EventFd::new()?,
                 last_event: AtomicU64::new(0),
                 ready: Arc::default(),
             });

@@ -85,7 +85,7 @@ impl Core {
         }
         let wake_at = fds.len();
         fds.push(libc::pollfd {
-            fd: shard.wake.0,
+            fd: shard.wake.raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         });
