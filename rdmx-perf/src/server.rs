@@ -432,13 +432,5 @@ fn run(
 }
 
 pub fn empty_wc() -> Wc {
-    Wc {
-        cookie: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qp_num: 0,
-        src_qp: None,
-    }
+    Wc::EMPTY
 }

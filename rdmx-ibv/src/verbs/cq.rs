@@ -9,7 +9,6 @@ use rdmx::config::Progress;
 use rdmx::error::{Error, ErrorKind, Result};
 use rdmx::provider::soft::cq::{Cq as SoftCq, Wc};
 use rdmx::rc::verbs::wc_flags;
-use rdmx::rc::{WcOpcode, WcStatus};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -225,15 +224,7 @@ impl Cq {
         if self.inline {
             self.dev.soft.progress_inline();
         }
-        let mut buf = [Wc {
-            cookie: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Send,
-            byte_len: 0,
-            imm: None,
-            qp_num: 0,
-            src_qp: None,
-        }; POLL_CHUNK];
+        let mut buf = [Wc::EMPTY; POLL_CHUNK];
         let mut done = 0;
         while done < out.len() {
             let want = (out.len() - done).min(POLL_CHUNK);
