@@ -42,8 +42,17 @@ fn spawn(args: &[&str], log: Option<&str>) -> Running {
     let addr = line
         .strip_prefix("rdmx-target listening on ")
         .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .to_string();
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            // Seen once in CI (the `lifted` run): the target exited before listening. Its
+            // stderr says why.
+            let _ = child.kill();
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("unexpected first line: {line:?}; args {args:?}; stderr:\n{err}")
+        });
     Running { child, addr }
 }
 
