@@ -2,12 +2,17 @@
 //! rdmx-target (in this process, `auth` required) serves a 64 MiB memory volume; each round
 //! measures, once quiet and once under attack (order alternating by round), the time a
 //! keyholder takes to open the volume (median of OPENS fresh sessions) and its 4 KiB
-//! random-read IOPS at queue depth 32 for SECS seconds. The attack, kept up for the whole
-//! phase: SILENT TCP connections that never send a byte, from 16 loopback source
-//! addresses (each dropped one is opened again), and a slow consumer (an authenticated
-//! session that sends 512 KiB reads and never drains a reply). Prints per-round figures,
-//! the medians and the ratios. Usage: `target_under_attack [ROUNDS [SECS [SILENT [OPENS]]]]`
-//! (default 3 5 500 20).
+//! random-read IOPS at queue depth 32 for SECS seconds. The attack runs in a child process
+//! (this program with `--attack`), kept up for the whole phase: SILENT TCP connections that
+//! never send a byte, from 16 loopback source addresses (each dropped one is opened again),
+//! and a slow consumer (an authenticated session that sends 512 KiB reads and never drains a
+//! reply). Prints per-round figures, the CPU time each process used in the phase (so the
+//! attacker's own share of the cores is visible), the medians and the ratios.
+//!
+//! Usage: `target_under_attack [ROUNDS [SECS [SILENT [OPENS]]]]` (default 3 5 500 20).
+//! With `PIN=1` the target and the keyholder run on CPU 0 and the attacker on CPU 1, in
+//! both phases: the attacker then spends its own core, as it would on another host, and
+//! the ratio is what the attack costs the target.
 
 use rdmx::blk::proto::{MSG_REQ, Op, ReqHdr};
 use rdmx::blk::target::{Limits, Target, TargetOptions, VolumeSpec};
@@ -236,12 +241,107 @@ fn iops(addr: &str, cfg: &Config, secs: u64) -> f64 {
     r
 }
 
+/// CPU seconds (user + system) this process has used so far.
+fn cpu_self() -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// Pins the calling process (all its later threads) to `cpu`.
+fn pin(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` < CPU_SETSIZE for the CPUs this is called with (0 and 1).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 is this thread; the set is valid for its size.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    assert_eq!(r, 0, "sched_setaffinity to CPU {cpu} failed");
+}
+
+/// The attacker's side (`--attack ADDR SLOW_RING SILENT`): runs until its stdin closes,
+/// then prints `silent_connects reads sessions cpu_seconds` and exits.
+fn attacker(args: &[String]) {
+    let (addr, ring, silent) = (args[0].clone(), args[1].clone(), args[2].parse().unwrap());
+    if std::env::var("PIN").as_deref() == Ok("1") {
+        pin(1);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let a = silent_attack(addr.parse().unwrap(), silent, Arc::clone(&stop));
+    let s = slow_consumer(addr, ring, Arc::clone(&stop));
+    println!("ready");
+    let mut b = [0u8; 1];
+    while matches!(std::io::Read::read(&mut std::io::stdin(), &mut b), Ok(n) if n > 0) {}
+    stop.store(true, Ordering::Relaxed);
+    let (opened, (reads, sessions)) = (a.join().unwrap(), s.join().unwrap());
+    println!("{opened} {reads} {sessions} {:.3}", cpu_self());
+}
+
+/// The attack as a child process, started and brought to its steady state.
+struct Attack {
+    t0: Instant,
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Attack {
+    fn start(addr: &str, ring: &str, silent: usize) -> Attack {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let t0 = Instant::now();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--attack", addr, ring, &silent.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("attacker process");
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "attacker did not start");
+        // Let the attack reach its steady state (every silent slot taken, the slow
+        // consumer's session stalled).
+        std::thread::sleep(Duration::from_secs(2));
+        Attack { t0, child, out }
+    }
+
+    /// Stops the attack: (silent connects, slow reads, slow sessions, attacker cores
+    /// used on average since it started).
+    fn stop(mut self) -> (u64, u64, u64, f64) {
+        use std::io::BufRead;
+        drop(self.child.stdin.take());
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        self.child.wait().unwrap();
+        let v: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(v.len(), 4, "attacker said {line:?}");
+        (
+            v[0].parse().unwrap(),
+            v[1].parse().unwrap(),
+            v[2].parse().unwrap(),
+            v[3].parse::<f64>().unwrap() / self.t0.elapsed().as_secs_f64(),
+        )
+    }
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
 fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("--attack") {
+        attacker(&argv[2..]);
+        return;
+    }
+    let pinned = std::env::var("PIN").as_deref() == Ok("1");
+    if pinned {
+        pin(0);
+    }
     let arg = |i: usize, d: u64| {
         std::env::args()
             .nth(i)
@@ -276,32 +376,29 @@ fn main() {
             [true, false]
         };
         for attack in order {
-            let stop = Arc::new(AtomicBool::new(false));
-            let attackers = attack.then(|| {
-                let a = silent_attack(t.addr(), silent, Arc::clone(&stop));
-                let s = slow_consumer(addr.clone(), slow_ring.clone(), Arc::clone(&stop));
-                // Let the attack reach its steady state (every silent slot taken, the
-                // slow consumer's session stalled).
-                std::thread::sleep(Duration::from_secs(2));
-                (a, s)
-            });
+            let attackers = attack.then(|| Attack::start(&addr, &slow_ring, silent));
+            let (wall0, cpu0) = (Instant::now(), cpu_self());
             let o = open_time(&addr, &good, opens as usize);
             let i = iops(&addr, &good, secs);
-            stop.store(true, Ordering::Relaxed);
-            let what = if let Some((a, s)) = attackers {
-                let (opened, (reads, sessions)) = (a.join().unwrap(), s.join().unwrap());
+            let (wall, cpu) = (wall0.elapsed().as_secs_f64(), cpu_self() - cpu0);
+            let what = if let Some(a) = attackers {
+                let (opened, reads, sessions, acpu) = a.stop();
                 atk_open.push(o);
                 atk_iops.push(i);
                 format!(
                     "attack ({silent} silent, {opened} silent connects, slow consumer: \
-                     {reads} reads in {sessions} sessions)"
+                     {reads} reads in {sessions} sessions; attacker {acpu:.2} cores)"
                 )
             } else {
                 quiet_open.push(o);
                 quiet_iops.push(i);
                 "quiet".to_string()
             };
-            println!("round {r} {what}: open median {o:.0} us, 4K randread QD32 {i:.0} IOPS");
+            println!(
+                "round {r} {what}: open median {o:.0} us, 4K randread QD32 {i:.0} IOPS; \
+                 target+keyholder CPU {:.2} cores over {wall:.1} s",
+                cpu / wall
+            );
         }
     }
     let (qo, qi, ao, ai) = (
@@ -311,8 +408,13 @@ fn main() {
         median(&mut atk_iops),
     );
     println!(
-        "medians: open quiet {qo:.0} us, under attack {ao:.0} us (target <= 100,000 us); \
+        "medians{}: open quiet {qo:.0} us, under attack {ao:.0} us (target <= 100,000 us); \
          IOPS quiet {qi:.0}, under attack {ai:.0}; ratio {:.3}",
+        if pinned {
+            " (PIN=1: attacker on CPU 1, target and keyholder on CPU 0)"
+        } else {
+            ""
+        },
         ai / qi
     );
     let st = t.stats();

@@ -210,9 +210,11 @@ pub struct TargetStats {
 }
 
 /// Bounds on what one session (and all together) can make the target hold. A session
-/// over `max_backlog` or `session_bufs` stalls: its new requests are set aside unserved
-/// (no IO, no allocation) until its replies drain; with `max_deferred` set aside it is
-/// closed. Flags of `rdmx-target`; the defaults fit a client at queue depth 256 of 1 MiB
+/// over `max_backlog` or `session_bufs` stalls: the target pauses its requests
+/// (`Messenger::pause_receive`: the client's sends wait in its own queue), sets aside
+/// unserved (no IO, no allocation) the few already on the wire, and serves them and
+/// resumes once its replies drain. `max_deferred` is a safety net (a session over it is
+/// closed) that flow control keeps out of reach. Flags of `rdmx-target`; the defaults fit a client at queue depth 256 of 1 MiB
 /// file reads per session with room, and bound a target to ~`io_bufs` MiB of IO buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -221,7 +223,8 @@ pub struct Limits {
     /// Reply buffers (pool chunks of 4 KiB file reads, 1 MiB IO buffers of larger ones)
     /// a session holds until its client acknowledges the replies.
     pub session_bufs: usize,
-    /// Requests set aside while the session is stalled; one more closes the session.
+    /// Requests set aside while the session is stalled (at most its receive window once
+    /// paused); one more closes the session.
     pub max_deferred: usize,
     /// Bytes (fronts and write data, which hold messenger pool chunks) of the requests
     /// set aside; more closes the session.

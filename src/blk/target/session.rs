@@ -48,6 +48,9 @@ pub(super) struct Sess {
     held: usize,
     refusals: u64,
     stall_logged: bool,
+    /// The target paused the client's requests (`Messenger::pause_receive`) while the
+    /// session is over a quota.
+    paused: bool,
     closing: bool,
 }
 
@@ -63,6 +66,7 @@ impl Sess {
             held: 0,
             refusals: 0,
             stall_logged: false,
+            paused: false,
             closing: false,
         }
     }
@@ -146,7 +150,7 @@ impl Inner {
                 log::warn!(
                     "rdmx-target: session {s:?} ({}, entity {}) over its quota ({} replies \
                      waiting for credits, max {}; {} reply buffers held, max {}): its requests \
-                     wait until it drains",
+                     wait until it drains (its requests are paused)",
                     g.peer_text(),
                     g.entity_text(),
                     g.backlog.len(),
@@ -154,6 +158,13 @@ impl Inner {
                     g.held,
                     self.limits.session_bufs
                 );
+            }
+            if !g.paused && self.stalled(g) {
+                // Flow control, not buffering: the client's next requests wait in its own
+                // send queue (`Full` there), so a consumer that never drains its replies
+                // stalls itself and costs the target nothing more. What was already on the
+                // wire (at most its credits) is set aside below.
+                g.paused = m.pause_receive(s, true).is_ok();
             }
             let bytes = msg_bytes(&msg);
             if g.deferred.len() >= self.limits.max_deferred
@@ -302,6 +313,10 @@ impl Inner {
         }
         if !self.stalled(g) {
             g.stall_logged = false;
+            if g.paused && g.deferred.is_empty() {
+                g.paused = false;
+                let _ = m.pause_receive(s, false);
+            }
         }
     }
 

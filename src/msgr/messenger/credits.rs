@@ -19,6 +19,15 @@
 //! `msgr_recv_window` while the peer says it is starved (a header flag); a session idle
 //! for a keepalive interval falls back to the minimum (consumed receives beyond it are not
 //! reposted), which is what keeps idle sessions small.
+//!
+//! A receiver may **pause** a session ([`Credits::set_paused`], the application's
+//! `Messenger::pause_receive`): the window drops to one receive, which keeps control
+//! frames flowing (a peer needs two credits for data, one for control) and stops the
+//! peer's data once the credits it already holds are spent. Its sends then wait in its own
+//! queue (`Full` at its `send`): a receiver that cannot keep up stalls the peer, not
+//! itself. Each control frame this side sends on its last credit announces one receive
+//! (see above), so a paused peer may get one data message through per such frame: a
+//! trickle bounded by this side's control traffic, not by the peer.
 
 /// One link's credits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +42,8 @@ pub struct Credits {
     pub window: u32,
     min: u32,
     max: u32,
+    /// The receiver paused the session: the window stays at one receive.
+    paused: bool,
 }
 
 impl Credits {
@@ -47,7 +58,19 @@ impl Credits {
             window: min.max(1),
             min: min.max(1),
             max: max.max(min),
+            paused: false,
         }
+    }
+
+    /// Pauses (one receive kept posted: control only) or resumes (back to the minimum
+    /// window, which grows again while the peer is starved) the peer's data.
+    pub fn set_paused(&mut self, paused: bool) {
+        if paused {
+            self.window = 1;
+        } else if self.paused {
+            self.window = self.min;
+        }
+        self.paused = paused;
     }
 
     /// Whether a data message may go now (keeping one credit for control messages).
@@ -87,16 +110,25 @@ impl Credits {
     pub fn on_posted(&mut self, n: u32) {
         self.posted += n;
         self.owed += n;
+        if self.paused {
+            // A receive `room_to_speak` added was posted: paused, the window is one again,
+            // so the peer's next data message does not earn a repost.
+            self.window = 1;
+        }
     }
 
     /// The peer is starved: double the window (up to the maximum).
     pub fn grow(&mut self) {
-        self.window = (self.window * 2).clamp(self.min, self.max);
+        if !self.paused {
+            self.window = (self.window * 2).clamp(self.min, self.max);
+        }
     }
 
     /// Idle: back to the minimum window.
     pub fn shrink(&mut self) {
-        self.window = self.min;
+        if !self.paused {
+            self.window = self.min;
+        }
     }
 
     /// A control frame is due but the last credit has nothing to announce: one more
@@ -128,6 +160,44 @@ impl Credits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_paused_receiver_grants_control_credits_only() {
+        // The peer holds 8 credits, we have 8 posted and announced.
+        let mut c = Credits::new(8, 8, 64);
+        c.on_send(7);
+        assert_eq!((c.posted, c.owed), (8, 0));
+        c.set_paused(true);
+        assert!(c.paused);
+        // The peer spends its 8 credits (one with data, the last on control): nothing is
+        // reposted until only one receive is left, then one.
+        for _ in 0..7 {
+            c.on_receive();
+            assert_eq!(c.deficit(), 0);
+        }
+        c.on_receive();
+        assert_eq!(c.deficit(), 1);
+        c.on_posted(1);
+        assert_eq!(c.deficit(), 0);
+        // Starved peers and idleness do not move a paused window.
+        c.grow();
+        c.shrink();
+        assert_eq!(c.deficit(), 0);
+        // Speaking on the last credit posts one more, once: the window is one again after.
+        c.tx = 1;
+        c.owed = 0;
+        c.room_to_speak();
+        assert_eq!(c.deficit(), 1);
+        c.on_posted(1);
+        c.on_send(1);
+        c.on_receive();
+        assert_eq!(c.deficit(), 0, "one receive is posted: nothing to repost");
+        // Resumed: back to the minimum window, which grows again.
+        c.set_paused(false);
+        assert_eq!(c.deficit(), 8 - 1);
+        c.grow();
+        assert_eq!(c.deficit(), 16 - 1);
+    }
 
     #[test]
     fn data_keeps_one_credit_for_control() {

@@ -144,6 +144,19 @@ impl Messenger {
         self.core.close_session(s)
     }
 
+    /// Pauses (`true`) or resumes (`false`) the peer's data messages on session `s`: the
+    /// flow control a receiver that cannot keep up applies instead of buffering without
+    /// bound or closing (Ceph's messenger stops reading a connection whose dispatch
+    /// throttle is full for the same reason). While paused this side keeps one receive
+    /// posted, so control frames (acknowledgements, keepalives) still flow and nothing
+    /// times out; the peer's data stops once the credits it already holds (at most the
+    /// receive window) are spent, and its sends wait in its own queue (`Full` at its
+    /// `send`). Messages already received are still delivered. Resuming grants the window
+    /// again. Idempotent; `Closed` for an unknown session.
+    pub fn pause_receive(&self, s: SessionId, paused: bool) -> Result<()> {
+        self.core.pause_receive(s, paused)
+    }
+
     /// A session's state and counters. `InvalidArgument` for an unknown id (closed
     /// sessions are forgotten once their last callback ran).
     pub fn session_info(&self, s: SessionId) -> Result<SessionInfo> {

@@ -175,6 +175,7 @@ impl Session {
             unacked: self.m.unacked_len(),
             credits: l.map_or(0, |l| l.credits.tx),
             recv_window: l.map_or(0, |l| l.credits.window),
+            recv_paused: self.m.receive_paused(),
             counters,
         }
     }

@@ -493,6 +493,8 @@ pub struct SessionInfo {
     /// Credits to send now / receives posted for the peer.
     pub credits: u32,
     pub recv_window: u32,
+    /// The application paused the peer's data (`Messenger::pause_receive`).
+    pub recv_paused: bool,
     pub counters: SessionCounters,
 }
 

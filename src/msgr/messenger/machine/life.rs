@@ -222,7 +222,8 @@ impl<M> Machine<M> {
         });
     }
 
-    fn new_link(&mut self, now: Instant, credits: Credits) -> u64 {
+    fn new_link(&mut self, now: Instant, mut credits: Credits) -> u64 {
+        credits.set_paused(self.recv_paused);
         let lid = self.next_lid;
         self.next_lid += 1;
         self.link = Some(LinkState {

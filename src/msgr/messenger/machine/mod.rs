@@ -175,6 +175,9 @@ pub struct Machine<M> {
     pub peer_entity: Option<(SocketAddr, u64)>,
     link: Option<LinkState>,
     next_lid: u64,
+    /// The application paused the peer's data (`Messenger::pause_receive`): every link's
+    /// credits keep a window of one receive (`Credits::set_paused`).
+    recv_paused: bool,
     actions: VecDeque<Action>,
     pub counters: SessionCounters,
 }
@@ -208,6 +211,7 @@ impl<M> Machine<M> {
             peer_entity: None,
             link: None,
             next_lid: 1,
+            recv_paused: false,
             actions: VecDeque::new(),
             counters: SessionCounters::default(),
         }
@@ -365,6 +369,20 @@ impl<M> Machine<M> {
     /// its pool allows and reports [`Machine::on_posted`]).
     pub fn receives_wanted(&self) -> u32 {
         self.link.as_ref().map_or(0, |l| l.credits.deficit())
+    }
+
+    /// Pauses or resumes the peer's data messages (its control frames keep flowing): see
+    /// `credits.rs`. Holds for the links made later too.
+    pub fn set_receive_paused(&mut self, paused: bool) {
+        self.recv_paused = paused;
+        if let Some(l) = self.link.as_mut() {
+            l.credits.set_paused(paused);
+        }
+    }
+
+    /// Whether the application paused the peer's data.
+    pub fn receive_paused(&self) -> bool {
+        self.recv_paused
     }
 
     /// `n` receives were posted on link `lid`.

@@ -282,6 +282,27 @@ impl Core {
         Ok(())
     }
 
+    pub fn pause_receive(&self, s: SessionId, paused: bool) -> Result<()> {
+        let shard = self.shard_of(s.0).ok_or_else(|| closed("pause_receive"))?;
+        {
+            let mut st = shard.st.lock();
+            let st = &mut *st;
+            let sess = st
+                .sessions
+                .get_mut(&s.0)
+                .ok_or_else(|| closed("pause_receive"))?;
+            if sess.m.receive_paused() == paused {
+                return Ok(());
+            }
+            sess.m.set_receive_paused(paused);
+            // A parked session is looked at again so that a resume reposts the window
+            // and announces it without waiting for the peer's next frame.
+            st.park.wake(&mut st.sessions, s.0);
+        }
+        shard.wake.signal();
+        Ok(())
+    }
+
     pub fn session_info(&self, s: SessionId) -> Result<SessionInfo> {
         let shard = self.shard_of(s.0).ok_or_else(|| closed("session_info"))?;
         let st = shard.st.lock();
