@@ -14,7 +14,17 @@ pub fn connect(id: &Arc<Id>, fd: OwnedFd, dst: SocketAddr, req: Msg) -> Result<(
 }
 
 pub(super) fn active(id: Arc<Id>, fd: OwnedFd, dst: SocketAddr, req: Msg) {
-    let r = tcp_connect(&fd, dst);
+    let grace = Instant::now() + REFUSED_GRACE;
+    let r = loop {
+        match tcp_connect(&fd, dst) {
+            // Nobody listens yet: maybe in a moment ([`REFUSED_GRACE`]).
+            Err(e) if e == libc::ECONNREFUSED && Instant::now() < grace && !id.is_destroyed() => {
+                forget_peer(&fd);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            r => break r,
+        }
+    };
     let mut st = id.st.lock();
     if id.is_destroyed() || st.state != State::Connecting {
         return;
@@ -60,6 +70,21 @@ pub(super) fn active(id: Arc<Id>, fd: OwnedFd, dst: SocketAddr, req: Msg) {
 }
 
 /// Non-blocking connect with [`CONNECT_TIMEOUT`].
+/// Returns a socket whose connect failed to the unconnected state (connect to AF_UNSPEC),
+/// keeping its bound address: without it Linux answers the next connect ECONNABORTED.
+fn forget_peer(fd: &OwnedFd) {
+    // SAFETY: connect(2) on our own socket with a zeroed sockaddr of family AF_UNSPEC.
+    unsafe {
+        let mut sa: libc::sockaddr = std::mem::zeroed();
+        sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+        libc::connect(
+            fd.as_raw_fd(),
+            &sa,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        );
+    }
+}
+
 pub(super) fn tcp_connect(fd: &OwnedFd, dst: SocketAddr) -> Result<(), c_int> {
     let raw = fd.as_raw_fd();
     // SAFETY: fcntl/connect/poll/getsockopt on our own socket with valid buffers.

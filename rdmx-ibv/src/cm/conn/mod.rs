@@ -23,6 +23,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connect that finds no listener keeps trying before REJECTED ("invalid
+/// service ID"). Programs sync over a channel of their own and then listen, racing the
+/// peer's connect: perftest `-R` (4.5) does so between its two connections, and its retry
+/// of that REJECTED is broken (it reuses the ids it destroyed), so a server descheduled
+/// for a few ms on a busy host hung for ever (`ibv_cm_veth`, 4 of 67 runs beside two CPU
+/// hogs). A real CM's REQ travels and is answered in microseconds while the passive side
+/// calls `rdma_listen`; over TCP a refused connect is final at once, so it is retried.
+pub const REFUSED_GRACE: Duration = Duration::from_millis(500);
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(20);
 pub const DREP_TIMEOUT: Duration = Duration::from_secs(3);
 pub const DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(10);
