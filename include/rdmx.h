@@ -2196,6 +2196,21 @@ rdmx_status rdmx_session_send(rdmx_msgr *m,
 rdmx_status rdmx_session_close(rdmx_msgr *m, uint64_t session);
 
 /**
+ * Pauses (`paused` nonzero) or resumes (0) the peer's data messages on `session`:
+ * receive-side flow control for an application that cannot keep up, instead of holding
+ * messages without bound or closing the session. While paused this side keeps one
+ * receive posted, so acknowledgements and keepalives still flow (the session does not
+ * time out); the peer's data stops once the credits it already holds (at most
+ * `msgr_recv_window` messages) are spent, and its sends wait in its own queue (its
+ * `rdmx_session_send` answers RDMX_FULL). Messages already received are still delivered.
+ * Idempotent. An unknown or ended session: RDMX_CLOSED.
+ *
+ * # Safety
+ * `m` NULL or live.
+ */
+rdmx_status rdmx_session_pause_receive(rdmx_msgr *m, uint64_t session, uint32_t paused);
+
+/**
  * A session's state, queue depths, credits and counters. RDMX_INVALID_ARGUMENT for an
  * unknown session (ended sessions are forgotten after their last event).
  *

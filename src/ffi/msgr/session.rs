@@ -326,6 +326,30 @@ pub unsafe extern "C" fn rdmx_session_close(m: *mut rdmx_msgr, session: u64) -> 
     })
 }
 
+/// Pauses (`paused` nonzero) or resumes (0) the peer's data messages on `session`:
+/// receive-side flow control for an application that cannot keep up, instead of holding
+/// messages without bound or closing the session. While paused this side keeps one
+/// receive posted, so acknowledgements and keepalives still flow (the session does not
+/// time out); the peer's data stops once the credits it already holds (at most
+/// `msgr_recv_window` messages) are spent, and its sends wait in its own queue (its
+/// `rdmx_session_send` answers RDMX_FULL). Messages already received are still delivered.
+/// Idempotent. An unknown or ended session: RDMX_CLOSED.
+///
+/// # Safety
+/// `m` NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rdmx_session_pause_receive(
+    m: *mut rdmx_msgr,
+    session: u64,
+    paused: u32,
+) -> rdmx_status {
+    boundary::call("rdmx_session_pause_receive", || {
+        // SAFETY: forwarded contract.
+        let m = unsafe { handle(m, "msgr") }?;
+        m.inner.pause_receive(SessionId(session), paused != 0)
+    })
+}
+
 /// A session's state, queue depths, credits and counters. RDMX_INVALID_ARGUMENT for an
 /// unknown session (ended sessions are forgotten after their last event).
 ///
