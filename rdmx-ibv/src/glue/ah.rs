@@ -4,7 +4,7 @@
 //! Multicast (`ibv_attach_mcast`/`ibv_detach_mcast`) is not implemented: libibverbs'
 //! dummy ops answer EOPNOTSUPP.
 
-use super::objects::{ah_from_ibv, pd_obj_inner, zeroed_box};
+use super::objects::{ah_from_ibv, c_zeroed, pd_obj_inner};
 use super::{fail, guard, set_errno};
 use crate::verbs::Ah;
 use rdma_sys::{ibv_ah, ibv_ah_attr, ibv_pd};
@@ -49,8 +49,11 @@ pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_att
                 return null_mut();
             }
         };
-        // SAFETY: AhObj is plain C data and an Option.
-        let mut b = unsafe { zeroed_box::<AhObj>() };
+        let mut b = Box::new(AhObj {
+            ah: c_zeroed(),
+            magic: 0,
+            inner: None,
+        });
         b.ah.pd = pd;
         // SAFETY: a PD of ours holds its context.
         b.ah.context = unsafe { (*pd).context };

@@ -3,7 +3,7 @@
 //! `post_send` hands to [`crate::verbs::Qp::post_local`] (see `verbs/mw.rs`).
 //! `IBV_WR_SEND_WITH_INV` is refused with EOPNOTSUPP: the RC engine sends no IETH.
 
-use super::objects::{free_obj, mr_inner, obj, pd_obj_inner, rc_qp_inner, zeroed_box};
+use super::objects::{c_zeroed, free_obj, mr_inner, obj, pd_obj_inner, rc_qp_inner};
 use super::{fail, fail_post, guard, set_errno};
 use crate::verbs::{BindMr, BindWr, LocalOp, MW_TYPE_1, Mw};
 use rdma_sys::{ibv_mw, ibv_mw_bind, ibv_mw_bind_info, ibv_pd, ibv_qp, ibv_send_wr};
@@ -124,8 +124,11 @@ pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, type_: u32) -> *mut ib
             set_errno(libc::EINVAL);
             return null_mut();
         };
-        // SAFETY: MwObj is plain C data and an Option.
-        let mut b = unsafe { zeroed_box::<MwObj>() };
+        let mut b = Box::new(MwObj {
+            mw: c_zeroed(),
+            magic: 0,
+            inner: None,
+        });
         let handle = &*b as *const MwObj as u64;
         let m = match p.alloc_mw(type_, handle) {
             Ok(m) => m,

@@ -81,15 +81,35 @@ struct QpObj {
     ud: Option<Arc<UdQp>>,
 }
 
-/// A zeroed box of `T` (a `#[repr(C)]` object whose C part is plain data and whose Rust
-/// part is `Option`s, for which all-zero is `None`).
+/// An all-zero C struct (bindgen: integers, raw pointers, arrays, unions and
+/// `Option<fn>`, for each of which all-zero is valid: NULL, 0, None), as libibverbs'
+/// providers `calloc` theirs. The Rust fields of our objects are written explicitly
+/// beside it: nothing assumes what an all-zero `Option` is.
+pub(super) fn c_zeroed<T: CStruct>() -> T {
+    // SAFETY: `CStruct` promises that all-zero is a valid `T`.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The C structs our objects embed (rdma-sys's, and `abi`'s `verbs_*` that wrap them), for
+/// which all-zero is a valid value.
 ///
 /// # Safety
-/// All-zero must be a valid `T`.
-pub(super) unsafe fn zeroed_box<T>() -> Box<T> {
-    // SAFETY: per the contract.
-    Box::new(unsafe { std::mem::zeroed() })
-}
+/// Implement only for C structs whose every field is valid all-zero.
+pub(super) unsafe trait CStruct {}
+// SAFETY: plain C data (integers, pointers, unions, `Option<fn>`).
+unsafe impl CStruct for ibv_pd {}
+// SAFETY: plain C data (integers, pointers, unions, `Option<fn>`).
+unsafe impl CStruct for verbs_mr {}
+// SAFETY: plain C data (integers, pointers, unions, `Option<fn>`).
+unsafe impl CStruct for verbs_cq {}
+// SAFETY: plain C data (integers, pointers, unions, `Option<fn>`).
+unsafe impl CStruct for verbs_srq {}
+// SAFETY: plain C data (integers, pointers, unions, `Option<fn>`).
+unsafe impl CStruct for verbs_qp {}
+// SAFETY: plain C data (integers, pointers, unions, `Option<fn>`).
+unsafe impl CStruct for rdma_sys::ibv_mw {}
+// SAFETY: plain C data (integers, pointers, unions, `Option<fn>`).
+unsafe impl CStruct for rdma_sys::ibv_ah {}
 
 /// Looks up our object behind `ptr` (the address of its first member) if its magic word
 /// matches.
@@ -183,8 +203,11 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
                 return null_mut();
             }
         };
-        // SAFETY: PdObj is plain C data and an Option.
-        let mut b = unsafe { zeroed_box::<PdObj>() };
+        let mut b = Box::new(PdObj {
+            pd: c_zeroed(),
+            magic: 0,
+            inner: None,
+        });
         let handle = &*b as *const PdObj as u64;
         b.pd.context = ctx;
         b.inner = Some(Pd::new(&dev, handle));
@@ -400,8 +423,11 @@ pub(crate) unsafe extern "C" fn reg_mr(
             set_errno(libc::EINVAL);
             return null_mut();
         };
-        // SAFETY: MrObj is plain C data and an Option.
-        let mut b = unsafe { zeroed_box::<MrObj>() };
+        let mut b = Box::new(MrObj {
+            vmr: c_zeroed(),
+            magic: 0,
+            inner: None,
+        });
         let handle = &*b as *const MrObj as u64;
         // SAFETY: verbs' contract: the application keeps the range mapped until
         // ibv_dereg_mr succeeds (the same promise a NIC's DMA relies on).
@@ -497,8 +523,11 @@ pub(crate) unsafe extern "C" fn create_cq(
                 }
             }
         };
-        // SAFETY: CqObj is plain C data and an Option.
-        let mut b = unsafe { zeroed_box::<CqObj>() };
+        let mut b = Box::new(CqObj {
+            vcq: c_zeroed(),
+            magic: 0,
+            inner: None,
+        });
         let handle = &*b as *const CqObj as u64;
         let cq = match Cq::new(&dev, cqe as u32, channel, handle) {
             Ok(c) => c,
@@ -603,8 +632,11 @@ pub(crate) unsafe extern "C" fn create_srq(
             set_errno(libc::EINVAL);
             return null_mut();
         };
-        // SAFETY: SrqObj is plain C data and an Option.
-        let mut b = unsafe { zeroed_box::<SrqObj>() };
+        let mut b = Box::new(SrqObj {
+            vsrq: c_zeroed(),
+            magic: 0,
+            inner: None,
+        });
         let handle = &*b as *const SrqObj as u64;
         let attr = SrqAttr {
             max_wr: init.attr.max_wr,
@@ -743,8 +775,12 @@ pub(crate) unsafe extern "C" fn create_qp(
             sq_sig_all: init.sq_sig_all != 0,
             qp_type: init.qp_type,
         };
-        // SAFETY: QpObj is plain C data and an Option.
-        let mut b = unsafe { zeroed_box::<QpObj>() };
+        let mut b = Box::new(QpObj {
+            vqp: c_zeroed(),
+            magic: 0,
+            inner: None,
+            ud: None,
+        });
         let handle = &*b as *const QpObj as u64;
         let (qp_num, granted) = if ia.qp_type == QPT_UD {
             match UdQp::new(&p, &ia, handle) {
