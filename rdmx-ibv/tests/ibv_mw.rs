@@ -1,6 +1,7 @@
-//! Memory windows through unmodified libibverbs, in C (`tests/c/ibv_mw.c`, built here with
-//! cc -Wall -Wextra -Werror and run under `rdmx-ibv exec`): `ibv_alloc_mw` (type 1, 2; 3
-//! refused), `IBV_WR_BIND_MW`, `ibv_bind_mw`, `IBV_WR_LOCAL_INV`, `ibv_dealloc_mw`; the
+//! Memory windows through unmodified libibverbs, in C (`tests/c/ibv_mw.c`, its QP bring-up in
+//! `tests/c/qp_pair.h`, built here with cc -Wall -Wextra -Werror and run under
+//! `rdmx-ibv exec`): `ibv_alloc_mw` (type 1, 2; 3 refused), `IBV_WR_BIND_MW`, `ibv_bind_mw`,
+//! `IBV_WR_LOCAL_INV`, `ibv_dealloc_mw`; the
 //! completions' opcodes and statuses (IBV_WC_BIND_MW, IBV_WC_LOCAL_INV, IBV_WC_MW_BIND_ERR
 //! for a region without MW_BIND or a range outside it, LOC_QP_OP_ERR for invalidating a
 //! type-1 window); what the rkey opens (its range and rights, on its QP, until

@@ -328,7 +328,7 @@ fn perftest_read_lat() {
 }
 
 /// `ibv_req_notify_cq`'s contract through unmodified libibverbs, in C (`tests/c/ibv_notify.c`,
-/// built here with cc -Wall -Wextra -Werror): no event for a completion queued before the
+/// its QP bring-up in `tests/c/qp_pair.h`, built here with cc -Wall -Wextra -Werror): no event for a completion queued before the
 /// arming, one for the next; solicited-only arming ignores an unsolicited receive and
 /// signals a solicited one and an error completion.
 #[test]

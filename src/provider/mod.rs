@@ -3,6 +3,7 @@
 
 pub(crate) mod dev;
 mod layering;
+pub(crate) mod mr_table;
 pub(crate) mod mtu;
 pub(crate) mod ready;
 pub(crate) mod region;
@@ -14,6 +15,7 @@ pub(crate) mod verbs;
 pub(crate) mod windows;
 pub(crate) mod wr_stats;
 
+pub use mr_table::Registration;
 pub use region::{MrInfo, Region};
 /// The completion channel a CQ signals (`ibv_comp_channel`): an eventfd, readable after
 /// `req_notify` once a completion arrives; the one public piece of the OS layer.

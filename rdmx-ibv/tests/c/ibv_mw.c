@@ -26,6 +26,8 @@
     }                                                                    \
   } while (0)
 
+#include "qp_pair.h"
+
 #define WIN_OFF 1024
 #define WIN_LEN 1024
 
@@ -41,6 +43,13 @@ struct pair {
   struct ibv_cq *tcq, *icq, *rcq;
   struct ibv_qp *t, *i;
 };
+
+/* How every pair's QPs are made and connected. */
+static const struct qp_opts opts = {
+    .depth = 16,
+    .access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE,
+    .rd_atomic = 4,
+    .min_rnr_timer = 1};
 
 /* The next completion of `cq` (5 s at most). */
 static struct ibv_wc next_wc(struct ibv_cq *cq, const char *what) {
@@ -65,68 +74,15 @@ static void no_wc(struct ibv_cq *cq, int ms, const char *what) {
   }
 }
 
-static struct ibv_qp *make_qp(struct ibv_cq *scq, struct ibv_cq *rcq) {
-  struct ibv_qp_init_attr ia;
-  memset(&ia, 0, sizeof ia);
-  ia.send_cq = scq;
-  ia.recv_cq = rcq;
-  ia.qp_type = IBV_QPT_RC;
-  ia.cap.max_send_wr = 16;
-  ia.cap.max_recv_wr = 16;
-  ia.cap.max_send_sge = 1;
-  ia.cap.max_recv_sge = 1;
-  struct ibv_qp *qp = ibv_create_qp(pd, &ia);
-  CHECK(qp != NULL, "ibv_create_qp");
-  return qp;
-}
-
-static void connect_qp(struct ibv_qp *qp, uint32_t dest) {
-  struct ibv_qp_attr a;
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
-  CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                  IBV_QP_ACCESS_FLAGS) == 0,
-        "INIT");
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = dest;
-  a.rq_psn = 1;
-  a.max_dest_rd_atomic = 4;
-  a.min_rnr_timer = 1;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = gid;
-  a.ah_attr.grh.sgid_index = 0;
-  a.ah_attr.grh.hop_limit = 1;
-  a.ah_attr.port_num = 1;
-  CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                  IBV_QP_MIN_RNR_TIMER) == 0,
-        "RTR");
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.sq_psn = 1;
-  a.max_rd_atomic = 4;
-  CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0,
-        "RTS");
-}
-
 static struct pair make_pair(void) {
   struct pair p;
   p.tcq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
   p.icq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
   p.rcq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
   CHECK(p.tcq && p.icq && p.rcq, "ibv_create_cq");
-  p.t = make_qp(p.tcq, p.rcq);
-  p.i = make_qp(p.icq, p.rcq);
-  connect_qp(p.t, p.i->qp_num);
-  connect_qp(p.i, p.t->qp_num);
+  p.t = qp_pair_make(pd, p.tcq, p.rcq, &opts);
+  p.i = qp_pair_make(pd, p.icq, p.rcq, &opts);
+  qp_pair_connect_both(p.t, p.i, &gid, &opts);
   return p;
 }
 
@@ -198,12 +154,7 @@ static void expect_bind(struct ibv_cq *cq, uint64_t id, int status, const char *
 }
 
 int main(void) {
-  int n = 0;
-  struct ibv_device **list = ibv_get_device_list(&n);
-  CHECK(list != NULL && n > 0, "no RDMA device (run under rdmx-ibv exec)");
-  ctx = ibv_open_device(list[0]);
-  CHECK(ctx != NULL, "ibv_open_device");
-  ibv_free_device_list(list);
+  ctx = qp_pair_open_device();
   CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "ibv_query_gid");
 
   /* The device says it has windows (as rxe: MEM_WINDOW | MEM_WINDOW_TYPE_2B). */

@@ -23,6 +23,12 @@
     }                                                                    \
   } while (0)
 
+#include "qp_pair.h"
+
+/* How both QPs are made and connected. */
+static const struct qp_opts opts = {
+    .depth = 8, .access = IBV_ACCESS_REMOTE_WRITE, .rd_atomic = 1, .min_rnr_timer = 12};
+
 static struct ibv_comp_channel *ch;
 static struct ibv_cq *scq, *rcq;
 static struct ibv_mr *mr;
@@ -60,58 +66,6 @@ static int poll_n(struct ibv_cq *cq, int n, const char *what) {
   return status;
 }
 
-static struct ibv_qp *make_qp(struct ibv_pd *pd) {
-  struct ibv_qp_init_attr ia;
-  memset(&ia, 0, sizeof ia);
-  ia.send_cq = scq;
-  ia.recv_cq = rcq;
-  ia.qp_type = IBV_QPT_RC;
-  ia.cap.max_send_wr = 8;
-  ia.cap.max_recv_wr = 8;
-  ia.cap.max_send_sge = 1;
-  ia.cap.max_recv_sge = 1;
-  struct ibv_qp *qp = ibv_create_qp(pd, &ia);
-  CHECK(qp != NULL, "ibv_create_qp");
-  return qp;
-}
-
-static void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
-  struct ibv_qp_attr a;
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-  CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                  IBV_QP_ACCESS_FLAGS) == 0,
-        "INIT");
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = dest;
-  a.rq_psn = 1;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = *gid;
-  a.ah_attr.grh.sgid_index = 0;
-  a.ah_attr.grh.hop_limit = 1;
-  a.ah_attr.port_num = 1;
-  CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                  IBV_QP_MIN_RNR_TIMER) == 0,
-        "RTR");
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.sq_psn = 1;
-  a.max_rd_atomic = 1;
-  CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0,
-        "RTS");
-}
-
 static void post_recv(struct ibv_qp *qp, uint64_t id) {
   struct ibv_sge sge = {.addr = (uintptr_t)buf + 2048, .length = 64, .lkey = mr->lkey};
   struct ibv_recv_wr wr, *bad = NULL;
@@ -135,12 +89,7 @@ static void post_send(struct ibv_qp *qp, uint64_t id, unsigned flags) {
 }
 
 int main(void) {
-  int n = 0;
-  struct ibv_device **list = ibv_get_device_list(&n);
-  CHECK(list != NULL && n > 0, "no RDMA device (run under rdmx-ibv exec)");
-  struct ibv_context *ctx = ibv_open_device(list[0]);
-  CHECK(ctx != NULL, "ibv_open_device");
-  ibv_free_device_list(list);
+  struct ibv_context *ctx = qp_pair_open_device();
   struct ibv_pd *pd = ibv_alloc_pd(ctx);
   CHECK(pd != NULL, "ibv_alloc_pd");
   ch = ibv_create_comp_channel(ctx);
@@ -152,9 +101,8 @@ int main(void) {
   CHECK(mr != NULL, "ibv_reg_mr");
   union ibv_gid gid;
   CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "ibv_query_gid");
-  struct ibv_qp *a = make_qp(pd), *b = make_qp(pd);
-  connect_qp(a, b->qp_num, &gid);
-  connect_qp(b, a->qp_num, &gid);
+  struct ibv_qp *a = qp_pair_make(pd, scq, rcq, &opts), *b = qp_pair_make(pd, scq, rcq, &opts);
+  qp_pair_connect_both(a, b, &gid, &opts);
 
   /* 1. A completion queued before the arming raises no event; the next new one does. */
   post_recv(b, 1);

@@ -14,8 +14,14 @@
 //! Registration costs what it costs on a NIC: the pages are pinned (mlock) within
 //! RLIMIT_MEMLOCK, and unpinned on deregistration. Pins are counted per page, so regions
 //! that share pages (overlapping or adjacent buffers) keep them pinned until the last goes.
+//!
+//! The bookkeeping shared with the verbs provider (a registration's extent, keys and work
+//! requests in flight; the table by lkey and its deregistration rule) is
+//! `crate::provider::mr_table`; what is this provider's own is here: random keys and the
+//! table by rkey, page pinning, memory windows, `revoke`, and the engine's view.
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::provider::mr_table::{Regions, Registration};
 use crate::rc::memory::{Key, MemError, Memory};
 use crate::rc::verbs::access;
 use parking_lot::{RwLock, RwLockReadGuard};
@@ -30,22 +36,18 @@ use super::sys::{memlock_limit, try_random_u32};
 use super::window::{ANY_QP, Held, MwBindError, WINDOW_TAG, WindowTable};
 
 /// One registered region.
-#[derive(Debug)]
-pub struct Region {
-    pub addr: u64,
-    pub len: u64,
-    pub access: u32,
-    pub lkey: u32,
-    pub rkey: u32,
-    /// Work requests in flight that name this region through an SGE.
-    inflight: AtomicU32,
+pub type Region = Registration<SoftRegion>;
+
+/// What a soft region keeps beside the shared bookkeeping.
+#[derive(Debug, Default)]
+pub struct SoftRegion {
     /// Memory windows bound in it (it cannot be deregistered while there are any).
     windows: AtomicU32,
 }
 
 #[derive(Debug, Default)]
 struct Tables {
-    by_lkey: HashMap<u32, Arc<Region>>,
+    by_lkey: Regions<SoftRegion>,
     by_rkey: HashMap<u32, Arc<Region>>,
     /// Registrations pinning each page (page number -> count); a page is mlocked while > 0.
     pins: BTreeMap<u64, u32>,
@@ -184,10 +186,10 @@ impl MrTable {
         // Bounded: with at most a few million regions in a 2^32 space, 64 draws that all
         // collide mean the randomness is broken, which is reported, not looped on. The top
         // bit is the memory windows' (`WINDOW_TAG`): a region's keys never have it.
-        let fresh = |m: &HashMap<u32, Arc<Region>>| -> Result<u32> {
+        let fresh = |taken: &dyn Fn(u32) -> bool| -> Result<u32> {
             for _ in 0..64 {
                 let k = try_random_u32()? & !WINDOW_TAG;
-                if k != 0 && !m.contains_key(&k) {
+                if k != 0 && !taken(k) {
                     return Ok(k);
                 }
             }
@@ -196,7 +198,8 @@ impl MrTable {
                 "memory registration: 64 random keys in a row were taken: kernel randomness is broken",
             ))
         };
-        let keys = fresh(&t.by_lkey).and_then(|l| Ok((l, fresh(&t.by_rkey)?)));
+        let keys = fresh(&|k: u32| t.by_lkey.contains(k))
+            .and_then(|l| Ok((l, fresh(&|k: u32| t.by_rkey.contains_key(&k))?)));
         let (lkey, rkey) = match keys {
             Ok(k) => k,
             Err(e) => {
@@ -204,16 +207,15 @@ impl MrTable {
                 return Err(e);
             }
         };
-        let r = Arc::new(Region {
-            addr: addr as u64,
-            len: len as u64,
-            access: access_flags,
+        let r = Arc::new(Region::new(
+            addr as u64,
+            len as u64,
+            access_flags,
             lkey,
             rkey,
-            inflight: AtomicU32::new(0),
-            windows: AtomicU32::new(0),
-        });
-        t.by_lkey.insert(lkey, Arc::clone(&r));
+            SoftRegion::default(),
+        ));
+        t.by_lkey.insert(Arc::clone(&r));
         t.by_rkey.insert(rkey, Arc::clone(&r));
         Ok(r)
     }
@@ -221,24 +223,10 @@ impl MrTable {
     /// Removes the region with `lkey`; `Busy` while work requests name it.
     pub fn deregister(&self, lkey: u32) -> Result<()> {
         let mut t = self.tables.write();
-        let Some(r) = t.by_lkey.get(&lkey) else {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("no memory region with lkey {lkey:#x}"),
-            ));
-        };
-        let n = r.inflight.load(Ordering::Acquire);
-        if n > 0 {
-            return Err(Error::new(
-                ErrorKind::Busy,
-                format!(
-                    "memory region lkey {lkey:#x} is named by {n} work request(s) in flight: poll their completions first"
-                ),
-            ));
-        }
+        let r = t.by_lkey.idle(lkey)?;
         windows_bound(r)?;
         let (rkey, addr, len) = (r.rkey, r.addr, r.len);
-        t.by_lkey.remove(&lkey);
+        t.by_lkey.remove(lkey);
         t.by_rkey.remove(&rkey);
         t.unpin(addr, len);
         Ok(())
@@ -249,17 +237,11 @@ impl MrTable {
     /// with a completion error, and the memory is the caller's again when this returns.
     pub fn revoke(&self, lkey: u32) -> Result<()> {
         let mut t = self.tables.write();
-        let Some(r) = t.by_lkey.get(&lkey) else {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("no memory region with lkey {lkey:#x}"),
-            ));
-        };
-        windows_bound(r)?;
-        let Some(r) = t.by_lkey.remove(&lkey) else {
+        windows_bound(t.by_lkey.find(lkey)?)?;
+        let Some(r) = t.by_lkey.remove(lkey) else {
             return Ok(());
         };
-        let n = r.inflight.load(Ordering::Acquire);
+        let n = r.in_flight();
         if n > 0 {
             log::debug!(
                 target: "rdmx::soft",
@@ -294,16 +276,13 @@ impl MrTable {
             ));
         }
         let t = self.tables.read_recursive();
-        let Some(r) = t.by_lkey.get(&lkey) else {
+        let Some(r) = t.by_lkey.get(lkey) else {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!("memory window: no memory region with lkey {lkey:#x}"),
             ));
         };
-        let inside = addr
-            .checked_add(len)
-            .is_some_and(|end| addr >= r.addr && end <= r.addr + r.len);
-        if !inside {
+        if !r.covers(addr, len) {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!(
@@ -318,12 +297,12 @@ impl MrTable {
                 "memory window: REMOTE_WRITE over a region without LOCAL_WRITE",
             ));
         }
-        r.windows.fetch_add(1, Ordering::AcqRel);
+        r.own.windows.fetch_add(1, Ordering::AcqRel);
         let acc = rights | (r.access & access::LOCAL_WRITE);
         self.windows
             .bind(qpn, lkey, addr, len, acc)
             .inspect_err(|_| {
-                r.windows.fetch_sub(1, Ordering::AcqRel);
+                r.own.windows.fetch_sub(1, Ordering::AcqRel);
             })
     }
 
@@ -333,8 +312,8 @@ impl MrTable {
         let Some(lkey) = self.windows.invalidate(rkey) else {
             return false;
         };
-        if let Some(r) = self.tables.read_recursive().by_lkey.get(&lkey) {
-            r.windows.fetch_sub(1, Ordering::AcqRel);
+        if let Some(r) = self.tables.read_recursive().by_lkey.get(lkey) {
+            r.own.windows.fetch_sub(1, Ordering::AcqRel);
         }
         true
     }
@@ -383,13 +362,10 @@ impl MrTable {
             return Ok(());
         }
         let t = self.tables.read_recursive();
-        let Some(r) = t.by_lkey.get(&lkey) else {
+        let Some(r) = t.by_lkey.get(lkey) else {
             return Err(format!("no memory region with lkey {lkey:#x}"));
         };
-        let inside = addr
-            .checked_add(len)
-            .is_some_and(|end| addr >= r.addr && end <= r.addr + r.len);
-        if !inside {
+        if !r.covers(addr, len) {
             return Err(format!(
                 "{addr:#x} + {len} is not inside the region ({:#x} + {})",
                 r.addr, r.len
@@ -400,7 +376,7 @@ impl MrTable {
         {
             return Err("a writable window over a region without LOCAL_WRITE".into());
         }
-        r.windows.fetch_add(1, Ordering::AcqRel);
+        r.own.windows.fetch_add(1, Ordering::AcqRel);
         let acc = rights | (r.access & access::LOCAL_WRITE);
         let qpn = if type1 { ANY_QP } else { qpn };
         drop(t);
@@ -458,9 +434,9 @@ impl MrTable {
     /// A window over region `lkey` ended: the region may be deregistered once none is left.
     fn release_window_of(&self, lkey: Option<u32>) {
         if let Some(lkey) = lkey
-            && let Some(r) = self.tables.read_recursive().by_lkey.get(&lkey)
+            && let Some(r) = self.tables.read_recursive().by_lkey.get(lkey)
         {
-            r.windows.fetch_sub(1, Ordering::AcqRel);
+            r.own.windows.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -477,29 +453,12 @@ impl MrTable {
     /// Marks the regions of `lkeys` as named by one more (`up`) or one fewer work request.
     /// Unknown keys are skipped: the engine fails such a WR with LOC_PROT_ERR.
     pub fn hold(&self, lkeys: &[u32], up: bool) {
-        let t = self.tables.read_recursive();
-        for k in lkeys {
-            if let Some(r) = t.by_lkey.get(k) {
-                if up {
-                    r.inflight.fetch_add(1, Ordering::AcqRel);
-                } else {
-                    r.inflight.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-        }
+        self.tables.read_recursive().by_lkey.hold(lkeys, up);
     }
 
     /// Regions with any remote access, for a connection handshake.
     pub fn exposed(&self) -> Vec<Arc<Region>> {
-        let t = self.tables.read_recursive();
-        let mut v: Vec<_> = t
-            .by_lkey
-            .values()
-            .filter(|r| r.access & (access::REMOTE_READ | access::REMOTE_WRITE) != 0)
-            .cloned()
-            .collect();
-        v.sort_by_key(|r| r.addr);
-        v
+        self.tables.read_recursive().by_lkey.exposed()
     }
 
     /// A view for the engine, holding the table's read lock: no region can be deregistered
@@ -517,7 +476,7 @@ impl MrTable {
 /// Refuses to remove a region while memory windows are bound in it (as verbs refuses
 /// `ibv_dereg_mr` then).
 fn windows_bound(r: &Region) -> Result<()> {
-    let w = r.windows.load(Ordering::Acquire);
+    let w = r.own.windows.load(Ordering::Acquire);
     if w > 0 {
         return Err(Error::new(
             ErrorKind::Busy,
@@ -538,11 +497,7 @@ impl crate::mem::Registrar for MrTable {
         access: u32,
     ) -> Result<crate::mem::MrKeys> {
         // SAFETY: the trait's contract is this function's (valid until deregistered).
-        let r = unsafe { MrTable::register(self, addr, len, access) }?;
-        Ok(crate::mem::MrKeys {
-            lkey: r.lkey,
-            rkey: r.rkey,
-        })
+        unsafe { MrTable::register(self, addr, len, access) }.map(|r| r.keys())
     }
 
     fn deregister(&self, lkey: u32) -> Result<()> {
@@ -581,7 +536,7 @@ impl<'a> MemView<'a> {
         need: u32,
     ) -> std::result::Result<(*mut u8, Option<Held<'a>>), MemError> {
         let r = match key {
-            Key::Local(k) => self.t.by_lkey.get(&k),
+            Key::Local(k) => self.t.by_lkey.get(k),
             Key::Remote(k) if k & WINDOW_TAG != 0 => {
                 let held = self.w.lookup(k, self.qpn.get(), addr, len, need)?;
                 return Ok((addr as *mut u8, Some(held)));
@@ -592,8 +547,7 @@ impl<'a> MemView<'a> {
         if r.access & need != need {
             return Err(MemError::Access);
         }
-        let end = addr.checked_add(len).ok_or(MemError::Range)?;
-        if addr < r.addr || end > r.addr + r.len {
+        if !r.covers(addr, len) {
             return Err(MemError::Range);
         }
         Ok((addr as *mut u8, None))

@@ -2,40 +2,34 @@
 //! registration (pools register each 2 MiB arena once), kept in a table by lkey so that
 //! deregistration is refused while work requests name a region (as the soft provider
 //! does: a NIC would DMA into freed memory) and the handshake can list exposed regions.
+//! That bookkeeping is shared with the soft provider (`crate::provider::mr_table`); the
+//! `ibv_reg_mr`/`ibv_dereg_mr` calls are this provider's own.
 
 use super::device::Pd;
 use crate::error::{Error, ErrorKind, Result};
-use crate::rc::verbs::access;
+use crate::provider::mr_table::{Regions, Registration};
 use parking_lot::RwLock;
 use rdma_sys as ib;
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// One registration.
-#[derive(Debug)]
-pub struct VRegion {
-    mr: *mut ib::ibv_mr,
-    pub addr: u64,
-    pub len: u64,
-    pub access: u32,
-    pub lkey: u32,
-    pub rkey: u32,
-    /// Work requests naming the region (posted, not completed).
-    inflight: AtomicU32,
-}
+pub type VRegion = Registration<IbvMr>;
 
-// SAFETY: the mr pointer is only passed to ibv_dereg_mr (once, by the table); the rest is
-// plain data and atomics.
-unsafe impl Send for VRegion {}
+/// A registration's `struct ibv_mr *`.
+#[derive(Debug)]
+pub struct IbvMr(*mut ib::ibv_mr);
+
+// SAFETY: the mr pointer is only passed to ibv_dereg_mr (once, by the table) and read as a
+// bind's `ibv_mr`; the rest of a registration is plain data and atomics.
+unsafe impl Send for IbvMr {}
 // SAFETY: as above.
-unsafe impl Sync for VRegion {}
+unsafe impl Sync for IbvMr {}
 
 /// Every region of one device.
 #[derive(Debug)]
 pub struct VerbsMrs {
     pd: Arc<Pd>,
-    by_lkey: RwLock<HashMap<u32, Arc<VRegion>>>,
+    by_lkey: RwLock<Regions<IbvMr>>,
     /// Registrations also carry IBV_ACCESS_MW_BIND (the device binds type-2 windows,
     /// which the messenger uses for scoped rkeys: `window.rs`).
     mw_bind: bool,
@@ -49,14 +43,14 @@ impl VerbsMrs {
     pub fn new(pd: Arc<Pd>, mw_bind: bool) -> VerbsMrs {
         VerbsMrs {
             pd,
-            by_lkey: RwLock::new(HashMap::default()),
+            by_lkey: RwLock::new(Regions::default()),
             mw_bind,
         }
     }
 
     /// The `struct ibv_mr *` of the region with `lkey` (what a bind names).
     pub(crate) fn raw_mr(&self, lkey: u32) -> Option<*mut ib::ibv_mr> {
-        self.by_lkey.read().get(&lkey).map(|r| r.mr)
+        self.by_lkey.read().get(lkey).map(|r| r.own.0)
     }
 
     /// Registers `[addr, addr + len)` with `access_flags` (checked as the soft provider
@@ -102,38 +96,22 @@ impl VerbsMrs {
         }
         // SAFETY: `mr` is non-NULL, returned by ibv_reg_mr.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-        let r = Arc::new(VRegion {
-            mr,
-            addr: addr as u64,
-            len: len as u64,
-            access: access_flags,
+        let r = Arc::new(VRegion::new(
+            addr as u64,
+            len as u64,
+            access_flags,
             lkey,
             rkey,
-            inflight: AtomicU32::new(0),
-        });
-        self.by_lkey.write().insert(lkey, Arc::clone(&r));
+            IbvMr(mr),
+        ));
+        self.by_lkey.write().insert(Arc::clone(&r));
         Ok(r)
     }
 
     /// Deregisters the region with `lkey`; `Busy` while work requests name it.
     pub fn deregister(&self, lkey: u32) -> Result<()> {
         let mut t = self.by_lkey.write();
-        let Some(r) = t.get(&lkey) else {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("no memory region with lkey {lkey:#x}"),
-            ));
-        };
-        let n = r.inflight.load(Ordering::Acquire);
-        if n > 0 {
-            return Err(Error::new(
-                ErrorKind::Busy,
-                format!(
-                    "memory region lkey {lkey:#x} is named by {n} work request(s) in flight: poll their completions first"
-                ),
-            ));
-        }
-        let mr = r.mr;
+        let mr = t.idle(lkey)?.own.0;
         // SAFETY: `mr` came from ibv_reg_mr and is deregistered once: it leaves the table
         // under the write lock right after.
         let rc = unsafe { ib::ibv_dereg_mr(mr) };
@@ -146,7 +124,7 @@ impl VerbsMrs {
                 ),
             ));
         }
-        t.remove(&lkey);
+        t.remove(lkey);
         Ok(())
     }
 
@@ -155,29 +133,12 @@ impl VerbsMrs {
         if lkeys.is_empty() {
             return;
         }
-        let t = self.by_lkey.read();
-        for k in lkeys {
-            if let Some(r) = t.get(k) {
-                if up {
-                    r.inflight.fetch_add(1, Ordering::AcqRel);
-                } else {
-                    r.inflight.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-        }
+        self.by_lkey.read().hold(lkeys, up);
     }
 
     /// Regions with remote access, by address (for the handshake).
     pub fn exposed(&self) -> Vec<Arc<VRegion>> {
-        let mut v: Vec<_> = self
-            .by_lkey
-            .read()
-            .values()
-            .filter(|r| r.access & (access::REMOTE_READ | access::REMOTE_WRITE) != 0)
-            .cloned()
-            .collect();
-        v.sort_by_key(|r| r.addr);
-        v
+        self.by_lkey.read().exposed()
     }
 }
 
@@ -185,9 +146,9 @@ impl Drop for VerbsMrs {
     fn drop(&mut self) {
         // Regions still registered when the last user goes (a leak by the caller):
         // deregister them before the PD is released.
-        for (_, r) in self.by_lkey.get_mut().drain() {
+        for r in self.by_lkey.get_mut().drain() {
             // SAFETY: each mr is deregistered once, here, and never used again.
-            unsafe { ib::ibv_dereg_mr(r.mr) };
+            unsafe { ib::ibv_dereg_mr(r.own.0) };
         }
     }
 }
@@ -200,11 +161,7 @@ impl crate::mem::Registrar for VerbsMrs {
         access: u32,
     ) -> Result<crate::mem::MrKeys> {
         // SAFETY: the trait's contract is this function's.
-        let r = unsafe { VerbsMrs::register(self, addr, len, access) }?;
-        Ok(crate::mem::MrKeys {
-            lkey: r.lkey,
-            rkey: r.rkey,
-        })
+        unsafe { VerbsMrs::register(self, addr, len, access) }.map(|r| r.keys())
     }
 
     fn deregister(&self, lkey: u32) -> Result<()> {

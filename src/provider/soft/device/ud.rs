@@ -16,7 +16,8 @@ use super::super::srq::SoftSrq;
 use super::super::sys;
 use super::super::ud::{UdCaps, UdQp};
 use super::super::udp::RxDatagram;
-use super::{QPN_RACES, Shared, SoftDevice, pick_qpn};
+use super::qps::{QPN_RACES, pick_qpn};
+use super::{Shared, SoftDevice};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The device's UD QPs by number (QP numbers are unique across RC and UD QPs).
