@@ -37,9 +37,7 @@ fn sim(bound_to: Option<u32>) -> Sim {
         .mem
         .add_region(0x1000, 8192, A_BUF, 0x100, access::LOCAL_WRITE);
     let rw = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
-    s.nodes[1]
-        .mem
-        .add_region(0x20_0000, 4096, B_RW, 0x300, rw);
+    s.nodes[1].mem.add_region(0x20_0000, 4096, B_RW, 0x300, rw);
     s.nodes[1]
         .mem
         .add_region(0x30_0000, 4096, B_RECV, 0x400, access::LOCAL_WRITE);
@@ -51,10 +49,22 @@ fn sim(bound_to: Option<u32>) -> Sim {
         1024,
         access::REMOTE_READ | access::REMOTE_WRITE,
     );
-    for (i, b) in s.nodes[0].mem.region_mut(A_BUF).unwrap().iter_mut().enumerate() {
+    for (i, b) in s.nodes[0]
+        .mem
+        .region_mut(A_BUF)
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
         *b = i as u8;
     }
-    for (i, b) in s.nodes[1].mem.region_mut(B_RW).unwrap().iter_mut().enumerate() {
+    for (i, b) in s.nodes[1]
+        .mem
+        .region_mut(B_RW)
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
         *b = (i as u8) ^ 0x5A;
     }
     s.nodes[1]
@@ -197,7 +207,11 @@ fn refused(bound_to: Option<u32>, rkey: u32) {
     assert_eq!(statuses(&a), vec![(7, WcStatus::Success)], "rkey {rkey:#x}");
     assert_eq!(statuses(&b), vec![(60, WcStatus::RemInvReqErr)]);
     assert_eq!(s.nodes[1].qp.state(), QpState::Err);
-    assert_eq!(s.nodes[0].qp.state(), QpState::Rts, "no NAK reached the requester");
+    assert_eq!(
+        s.nodes[0].qp.state(),
+        QpState::Rts,
+        "no NAK reached the requester"
+    );
     assert!(s.nodes[1].mem.window_valid(WIN), "the window is untouched");
 }
 
@@ -244,12 +258,18 @@ fn a_read_queued_before_the_invalidation_is_still_served() {
     assert!(!s.nodes[1].mem.window_valid(WIN), "invalidated at once");
     let b: Vec<_> = std::iter::from_fn(|| s.nodes[1].qp.poll_completion()).collect();
     assert_eq!(
-        b.iter().map(|c| (c.wr_id, c.opcode, c.imm)).collect::<Vec<_>>(),
+        b.iter()
+            .map(|c| (c.wr_id, c.opcode, c.imm))
+            .collect::<Vec<_>>(),
         vec![(60, WcOpcode::RecvWithInv, Some(WIN))]
     );
     let responses = transmit(&mut s, 1);
     let opcodes: Vec<u8> = responses.iter().map(|p| p[0]).collect();
-    assert_eq!(&opcodes[..3], &[0x0D, 0x0E, 0x0F], "READ response FIRST/MIDDLE/LAST");
+    assert_eq!(
+        &opcodes[..3],
+        &[0x0D, 0x0E, 0x0F],
+        "READ response FIRST/MIDDLE/LAST"
+    );
     deliver(&mut s, 0, &responses);
     let (a, _) = run(&mut s);
     assert_eq!(
@@ -269,4 +289,56 @@ fn a_read_queued_before_the_invalidation_is_still_served() {
     s.nodes[0].qp.post_send(read).unwrap();
     let (a, _) = run(&mut s);
     assert_eq!(statuses(&a), vec![(10, WcStatus::RemAccessErr)]);
+}
+
+/// The order rule with all three requests in flight at once: READ, SEND_WITH_INV, WRITE,
+/// all through the window, delivered to B before it answers anything. The READ (before the
+/// invalidation) is served in full, the SEND invalidates, the WRITE (after it) is refused
+/// with a Remote Access NAK and writes nothing.
+#[test]
+fn read_then_send_with_inv_then_write_in_one_burst() {
+    let mut s = sim(Some(B_QPN));
+    let buf_b: Vec<u8> = s.nodes[1].mem.region(B_RW).unwrap()[..600].to_vec();
+    let mut read = wr(8, WrOpcode::RdmaRead, 600, WIN_VA, WIN, 0);
+    read.sges[0].addr = 0x1800;
+    s.nodes[0].qp.post_send(read).unwrap();
+    s.nodes[0].qp.post_send(send_inv(9, 8, WIN)).unwrap();
+    s.nodes[0]
+        .qp
+        .post_send(wr(10, WrOpcode::RdmaWrite, 64, WIN_VA + 64, WIN, 0))
+        .unwrap();
+    let requests = transmit(&mut s, 0);
+    assert_eq!(
+        requests.iter().map(|p| p[0]).collect::<Vec<_>>(),
+        vec![0x0C, 0x17, 0x0A],
+        "READ request, SEND_ONLY_WITH_INVALIDATE, RDMA_WRITE_ONLY"
+    );
+    deliver(&mut s, 1, &requests);
+    let responses = transmit(&mut s, 1);
+    deliver(&mut s, 0, &responses);
+    let (a, b) = run(&mut s);
+    assert_eq!(
+        statuses(&a),
+        vec![
+            (8, WcStatus::Success),
+            (9, WcStatus::Success),
+            (10, WcStatus::RemAccessErr)
+        ]
+    );
+    assert_eq!(
+        b.iter()
+            .map(|c| (c.wr_id, c.opcode, c.imm))
+            .collect::<Vec<_>>(),
+        vec![(60, WcOpcode::RecvWithInv, Some(WIN))]
+    );
+    assert_eq!(
+        s.nodes[0].mem.region(A_BUF).unwrap()[0x800..0x800 + 600],
+        buf_b[..],
+        "the READ returned the window's bytes"
+    );
+    assert_eq!(
+        s.nodes[1].mem.region(B_RW).unwrap()[64..128],
+        buf_b[64..128],
+        "the WRITE after the invalidation wrote nothing"
+    );
 }

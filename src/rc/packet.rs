@@ -2,8 +2,8 @@
 //! Bytes on the wire are produced and parsed by `crate::wire`; this module is the seam.
 
 use crate::wire::{
-    AETH_LEN, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN, Aeth, BTH_LEN, Bth, ICRC_LEN, IETH_LEN, IMMDT_LEN,
-    Ieth, ImmDt, RETH_LEN, Reth, WireError, pad_len,
+    AETH_LEN, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN, Aeth, BTH_LEN, Bth, ICRC_LEN, IETH_LEN,
+    IMMDT_LEN, Ieth, ImmDt, RETH_LEN, Reth, WireError, pad_len,
 };
 pub use crate::wire::{AethRepr, NakCode, Opcode, RethRepr, Syndrome};
 
@@ -319,7 +319,10 @@ mod tests {
         ];
         let (h, payload) = parse(&only).unwrap();
         assert_eq!(h.opcode, Opcode::SendOnlyWithInvalidate);
-        assert_eq!((h.dest_qp, h.psn, h.ack_req, h.solicited), (0x22, 5, true, true));
+        assert_eq!(
+            (h.dest_qp, h.psn, h.ack_req, h.solicited),
+            (0x22, 5, true, true)
+        );
         assert_eq!(h.ieth, Some(0x8012_3456));
         assert_eq!((h.imm, h.reth, h.aeth), (None, None, None));
         assert_eq!(payload, &[9, 8]);

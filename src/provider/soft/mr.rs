@@ -626,10 +626,9 @@ impl Memory for MemView<'_> {
     /// this very caller's, and the bytes they lend stay valid until the view is dropped
     /// (the region cannot be deregistered while the view's read guard lives).
     fn invalidate_remote(&mut self, qpn: u32, rkey: u32) -> std::result::Result<u32, MemError> {
-        let own = self
-            .w
-            .hold_id(rkey)
-            .map_or(0, |id| u32::from(self.held.get_mut().iter().any(|h| h.id() == id)));
+        let own = self.w.hold_id(rkey).map_or(0, |id| {
+            u32::from(self.held.get_mut().iter().any(|h| h.id() == id))
+        });
         let lkey = self.w.invalidate_remote(rkey, qpn, own)?;
         // The window no longer keeps its region from deregistration.
         if let Some(r) = self.t.by_lkey.get(lkey) {
@@ -821,15 +820,35 @@ mod tests {
         let msgr = t.bind_window(0x42, r.lkey, r.addr, 64, rights).unwrap();
         let mut v = t.view();
         v.set_qp(0x42);
-        assert_eq!(v.invalidate_remote(0x42, r.rkey), Err(MemError::BadKey), "region");
-        assert_eq!(v.invalidate_remote(0x42, mw1), Err(MemError::BadKey), "type 1");
-        assert_eq!(v.invalidate_remote(0x42, msgr), Err(MemError::BadKey), "messenger's");
-        assert_eq!(v.invalidate_remote(0x43, mw2), Err(MemError::BadKey), "another QP");
+        assert_eq!(
+            v.invalidate_remote(0x42, r.rkey),
+            Err(MemError::BadKey),
+            "region"
+        );
+        assert_eq!(
+            v.invalidate_remote(0x42, mw1),
+            Err(MemError::BadKey),
+            "type 1"
+        );
+        assert_eq!(
+            v.invalidate_remote(0x42, msgr),
+            Err(MemError::BadKey),
+            "messenger's"
+        );
+        assert_eq!(
+            v.invalidate_remote(0x43, mw2),
+            Err(MemError::BadKey),
+            "another QP"
+        );
         // A slice of the window lent by this very view: no wait for itself.
         let lent = v.slice(Key::Remote(mw2), r.addr, 8, access::REMOTE_READ);
         assert_eq!(lent, Some(&[3u8; 8][..]));
         assert_eq!(v.invalidate_remote(0x42, mw2), Ok(r.lkey));
-        assert_eq!(v.invalidate_remote(0x42, mw2), Err(MemError::BadKey), "once");
+        assert_eq!(
+            v.invalidate_remote(0x42, mw2),
+            Err(MemError::BadKey),
+            "once"
+        );
         assert_eq!(
             v.check(Key::Remote(mw2), r.addr, 8, access::REMOTE_READ),
             Err(MemError::BadKey)

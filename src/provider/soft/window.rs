@@ -364,8 +364,7 @@ impl WindowTable {
         if s.key.load(Ordering::SeqCst) != rkey || bound_to == ANY_QP || bound_to != qpn {
             return Err(MemError::BadKey);
         }
-        self.invalidate_holding(rkey, own)
-            .ok_or(MemError::BadKey)
+        self.invalidate_holding(rkey, own).ok_or(MemError::BadKey)
     }
 
     /// The identity [`Held::id`] gives a hold on window `rkey`'s slot.

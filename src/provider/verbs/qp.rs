@@ -934,8 +934,10 @@ impl VerbsQp {
             } else {
                 WcOpcode::Recv
             };
-            // SAFETY: with IBV_WC_WITH_INV the union holds invalidated_rkey (host order).
-            let inv_rkey = inv.then(|| unsafe { w.imm_data_invalidated_rkey_union.invalidated_rkey });
+            // SAFETY: both members of the union are a plain u32, so reading either is
+            // sound; with IBV_WC_WITH_INV it is invalidated_rkey (host order).
+            let rkey = unsafe { w.imm_data_invalidated_rkey_union.invalidated_rkey };
+            let inv_rkey = inv.then_some(rkey);
             return Some(Wc {
                 cookie,
                 status,
