@@ -342,3 +342,33 @@ fn read_then_send_with_inv_then_write_in_one_burst() {
         "the WRITE after the invalidation wrote nothing"
     );
 }
+
+/// A refused SEND_WITH_INV after a READ, in one burst: the READ, executed before it, is
+/// still answered in full before the responder's QP goes to ERR (as rxe, which answers a
+/// READ before it looks at the next request); the receive completes REM_INV_REQ_ERR.
+#[test]
+fn a_read_before_a_refused_send_with_inv_is_still_answered() {
+    let mut s = sim(Some(B_QPN));
+    let buf_b: Vec<u8> = s.nodes[1].mem.region(B_RW).unwrap()[..600].to_vec();
+    let mut read = wr(8, WrOpcode::RdmaRead, 600, WIN_VA, WIN, 0);
+    read.sges[0].addr = 0x1800;
+    s.nodes[0].qp.post_send(read).unwrap();
+    s.nodes[0].qp.post_send(send_inv(9, 8, 0x300)).unwrap(); // a region's rkey
+    let requests = transmit(&mut s, 0);
+    deliver(&mut s, 1, &requests);
+    assert_eq!(s.nodes[1].qp.state(), QpState::Err);
+    let responses = transmit(&mut s, 1);
+    deliver(&mut s, 0, &responses);
+    let (a, b) = run(&mut s);
+    assert_eq!(
+        statuses(&a),
+        vec![(8, WcStatus::Success), (9, WcStatus::Success)]
+    );
+    assert_eq!(statuses(&b), vec![(60, WcStatus::RemInvReqErr)]);
+    assert_eq!(
+        s.nodes[0].mem.region(A_BUF).unwrap()[0x800..0x800 + 600],
+        buf_b[..],
+        "the READ returned the window's bytes"
+    );
+    assert!(s.nodes[1].mem.window_valid(WIN));
+}

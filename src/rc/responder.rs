@@ -54,17 +54,6 @@ impl RespItem {
     pub fn is_ack(&self) -> bool {
         matches!(self, RespItem::Ack { .. })
     }
-
-    /// A NAK (an error, not an RNR NAK).
-    pub fn is_nak(&self) -> bool {
-        matches!(
-            self,
-            RespItem::Ack {
-                syn: Syndrome::Nak(_),
-                ..
-            }
-        )
-    }
 }
 
 #[derive(Debug)]
