@@ -8,7 +8,7 @@
 
 use super::types::{SendReq, Wc};
 use crate::rc::counters::WC_STATUS_COUNT;
-use crate::rc::{Counters, WcOpcode, WcStatus, WrOpcode};
+use crate::rc::{Counters, WcStatus, WrOpcode};
 use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 
 #[derive(Debug, Default)]
@@ -37,7 +37,7 @@ impl WrStats {
         for w in wrs {
             let len: u64 = w.sges.iter().map(|s| u64::from(s.length)).sum();
             match w.opcode {
-                WrOpcode::Send | WrOpcode::SendWithImm => send += len,
+                WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => send += len,
                 WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => write += len,
                 WrOpcode::RdmaRead => read += len,
             }
@@ -63,7 +63,7 @@ impl WrStats {
         for w in wcs {
             if w.status == WcStatus::Success {
                 ok += 1;
-                if matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                if w.opcode.is_recv() {
                     recv_bytes += u64::from(w.byte_len);
                 }
             } else {
@@ -102,7 +102,7 @@ impl WrStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rc::Sge;
+    use crate::rc::{Sge, WcOpcode};
 
     fn wr(opcode: WrOpcode, lens: &[u32]) -> SendReq {
         SendReq {
@@ -143,10 +143,12 @@ mod tests {
             wr(WrOpcode::SendWithImm, &[]),
             wr(WrOpcode::RdmaWrite, &[4096]),
             wr(WrOpcode::RdmaRead, &[512]),
+            wr(WrOpcode::SendWithInv, &[3]),
         ]);
         s.posted_recvs(3);
         s.completed(&[
             wc(WcStatus::Success, WcOpcode::Recv, 77),
+            wc(WcStatus::Success, WcOpcode::RecvWithInv, 5),
             wc(WcStatus::Success, WcOpcode::RdmaRead, 512),
             wc(WcStatus::RemAccessErr, WcOpcode::Send, 0),
             wc(WcStatus::WrFlushErr, WcOpcode::Recv, 0),
@@ -155,17 +157,17 @@ mod tests {
         s.async_event();
         let mut c = Counters::default();
         s.fill(&mut c);
-        assert_eq!((c.wr_send_posted, c.wr_recv_posted), (4, 3));
+        assert_eq!((c.wr_send_posted, c.wr_recv_posted), (5, 3));
         assert_eq!(
             (
                 c.send_bytes_posted,
                 c.write_bytes_posted,
                 c.read_bytes_posted
             ),
-            (128, 4096, 512)
+            (131, 4096, 512)
         );
-        assert_eq!((c.completions, c.recv_bytes, c.async_events), (5, 77, 1));
-        assert_eq!((c.wc_status[0], c.wc_status[5], c.wc_status[10]), (2, 2, 1));
+        assert_eq!((c.completions, c.recv_bytes, c.async_events), (6, 82, 1));
+        assert_eq!((c.wc_status[0], c.wc_status[5], c.wc_status[10]), (3, 2, 1));
         assert_eq!(c.wc_status.iter().sum::<u64>(), c.completions);
         // The engine's packet counters are left alone.
         assert_eq!((c.tx_packets, c.rx_bytes), (0, 0));

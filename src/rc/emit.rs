@@ -63,9 +63,11 @@ pub(super) enum PayloadSrc<'s> {
         sges: &'s [Sge],
         off: u64,
     },
-    /// A peer-visible region (READ responses), checked for REMOTE_READ.
-    Remote {
-        rkey: u32,
+    /// Memory a READ response reads (checked for REMOTE_READ through a remote key; a
+    /// local key is the region of a window a later SEND_WITH_INVALIDATE ended, read with
+    /// the rights the READ was granted when it arrived).
+    Region {
+        key: Key,
         va: u64,
     },
 }
@@ -98,9 +100,7 @@ impl Qp {
                 PayloadSrc::None => None,
                 PayloadSrc::Local { sges, off } => memory::contiguous(sges, off, len as u64)
                     .and_then(|(lkey, addr)| mem.slice(Key::Local(lkey), addr, len, 0)),
-                PayloadSrc::Remote { rkey, va } => {
-                    mem.slice(Key::Remote(rkey), va, len, access::REMOTE_READ)
-                }
+                PayloadSrc::Region { key, va } => mem.slice(key, va, len, read_right(key)),
             };
             if let Some(payload) = lent {
                 return Ok(TxParts {
@@ -135,8 +135,8 @@ impl Qp {
             PayloadSrc::Local { sges, off } => {
                 memory::gather(mem, sges, off, dst).map_err(EmitError::Memory)?
             }
-            PayloadSrc::Remote { rkey, va } => mem
-                .read(Key::Remote(rkey), va, dst, access::REMOTE_READ)
+            PayloadSrc::Region { key, va } => mem
+                .read(key, va, dst, read_right(key))
                 .map_err(EmitError::Memory)?,
         }
         buf.get_mut(end..total).ok_or(EmitError::Buffer)?.fill(0);
@@ -145,5 +145,14 @@ impl Qp {
             payload: &[],
             tail_len: 0,
         })
+    }
+}
+
+/// The right a READ response's read needs: REMOTE_READ through a remote key; none through
+/// a local key (every region allows local reads; see `PayloadSrc::Region`).
+fn read_right(key: Key) -> u32 {
+    match key {
+        Key::Remote(_) => access::REMOTE_READ,
+        Key::Local(_) => 0,
     }
 }

@@ -42,6 +42,19 @@ pub trait Memory {
     fn prefetch(&self, key: Key, addr: u64, len: u64) {
         let _ = (key, addr, len);
     }
+    /// Remote invalidation (a SEND_LAST/ONLY_WITH_INVALIDATE's IETH, as rxe
+    /// `invalidate_rkey`): `rkey` must name a type-2 memory window bound now to QP `qpn`
+    /// (a region's rkey, a type-1 window, a window bound to another QP or none bound is
+    /// refused: the caller completes the receive in error). On success no access through
+    /// the window can start any more and the lkey of the region it lay in is returned: READ
+    /// requests that arrived before the invalidation and whose responses are still queued
+    /// are served through that region (requests execute in order). Must not wait on holds
+    /// the caller itself has (an access through this very memory view). Default: refused,
+    /// a memory without windows.
+    fn invalidate_remote(&mut self, qpn: u32, rkey: u32) -> Result<u32, MemError> {
+        let _ = (qpn, rkey);
+        Err(MemError::BadKey)
+    }
 }
 
 /// A scatter/gather element: `length` bytes at `addr` of the region with local key `lkey`.

@@ -2,8 +2,8 @@
 //! Bytes on the wire are produced and parsed by `crate::wire`; this module is the seam.
 
 use crate::wire::{
-    AETH_LEN, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN, Aeth, BTH_LEN, Bth, ICRC_LEN, IMMDT_LEN, ImmDt,
-    RETH_LEN, Reth, WireError, pad_len,
+    AETH_LEN, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN, Aeth, BTH_LEN, Bth, ICRC_LEN, IETH_LEN,
+    IMMDT_LEN, Ieth, ImmDt, RETH_LEN, Reth, WireError, pad_len,
 };
 pub use crate::wire::{AethRepr, NakCode, Opcode, RethRepr, Syndrome};
 
@@ -11,7 +11,8 @@ pub use crate::wire::{AethRepr, NakCode, Opcode, RethRepr, Syndrome};
 /// Typed with the wire layer's own values, decoded once by `parse`: the opcode is a
 /// [`Opcode`] (an unknown or unsupported opcode byte is rejected at parse, so every `Hdr`
 /// holds one the engine can act on), the AETH a [`AethRepr`] whose [`Syndrome`] says ACK,
-/// RNR NAK (with its timer) or NAK (with its code), and the RETH a [`RethRepr`].
+/// RNR NAK (with its timer) or NAK (with its code), and the RETH a [`RethRepr`]. `ieth` is
+/// the IETH's rkey (SEND_LAST/ONLY_WITH_INVALIDATE: the window the responder invalidates).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hdr {
     pub opcode: Opcode,
@@ -22,6 +23,7 @@ pub struct Hdr {
     pub reth: Option<RethRepr>,
     pub aeth: Option<AethRepr>,
     pub imm: Option<u32>,
+    pub ieth: Option<u32>,
 }
 
 impl Hdr {
@@ -35,6 +37,7 @@ impl Hdr {
             reth: None,
             aeth: None,
             imm: None,
+            ieth: None,
         }
     }
 }
@@ -101,6 +104,7 @@ fn read_hdr(buf: &[u8]) -> Result<(Hdr, Opcode, u8), WireError> {
         reth: None,
         aeth: None,
         imm: None,
+        ieth: None,
     };
     // Order as in `PacketRepr::parse`: RETH|AtomicETH|AETH, then AtomicAckETH|ImmDt|IETH.
     let mut at = BTH_LEN;
@@ -129,6 +133,10 @@ fn read_hdr(buf: &[u8]) -> Result<(Hdr, Opcode, u8), WireError> {
     }
     if opcode.has_immdt() {
         hdr.imm = Some(ImmDt::new_unchecked(&headers[at..]).imm());
+        at += IMMDT_LEN;
+    }
+    if opcode.has_ieth() {
+        hdr.ieth = Some(Ieth::new_unchecked(&headers[at..]).rkey());
     }
     Ok((hdr, opcode, bth.pad_count()))
 }
@@ -139,13 +147,13 @@ fn read_hdr(buf: &[u8]) -> Result<(Hdr, Opcode, u8), WireError> {
 /// wire views' setters (not the Reprs): this runs for every packet.
 pub fn emit_header(hdr: &Hdr, pad: u8, buf: &mut [u8]) -> Option<usize> {
     let opcode = hdr.opcode;
-    // Exactly the headers the opcode carries; the engine never sends atomics or IETH.
+    // Exactly the headers the opcode carries; the engine never sends atomics.
     let matches = opcode.has_reth() == hdr.reth.is_some()
         && opcode.has_aeth() == hdr.aeth.is_some()
         && opcode.has_immdt() == hdr.imm.is_some()
+        && opcode.has_ieth() == hdr.ieth.is_some()
         && !opcode.has_atomic_eth()
-        && !opcode.has_atomic_ack_eth()
-        && !opcode.has_ieth();
+        && !opcode.has_atomic_ack_eth();
     if !matches {
         return None;
     }
@@ -188,6 +196,12 @@ pub fn emit_header(hdr: &Hdr, pad: u8, buf: &mut [u8]) -> Option<usize> {
         head[at..at + IMMDT_LEN].copy_from_slice(&b);
         at += IMMDT_LEN;
     }
+    if let Some(rkey) = hdr.ieth {
+        let mut b = [0u8; IETH_LEN];
+        Ieth::new_unchecked(&mut b[..]).set_rkey(rkey);
+        head[at..at + IETH_LEN].copy_from_slice(&b);
+        at += IETH_LEN;
+    }
     debug_assert_eq!(at, len);
     Some(len)
 }
@@ -209,6 +223,7 @@ mod tests {
             reth: p.reth,
             aeth: p.aeth,
             imm: p.immdt.map(|i| i.imm),
+            ieth: p.ieth.map(|i| i.rkey),
         }
     }
 
@@ -287,5 +302,58 @@ mod tests {
         );
         assert_eq!(payload, &[1, 2, 3, 4]);
         assert_eq!(parse_head(&bytes[..16], &bytes[16..20]).unwrap(), h);
+    }
+
+    /// SEND_ONLY_WITH_INVALIDATE (0x17) and SEND_LAST_WITH_INVALIDATE (0x16): BTH, then the
+    /// 4-byte IETH (the rkey), then payload; parsed from literal bytes and emitted back to
+    /// the same bytes.
+    #[test]
+    fn send_with_invalidate_carries_the_ieth_both_ways() {
+        // SEND_ONLY_WITH_INVALIDATE, SE, PadCnt 2, dest QP 0x000022, AckReq, PSN 0x000005,
+        // IETH rkey 0x8012_3456, 2 payload bytes + 2 pad, ICRC field.
+        let only = [
+            0x17, 0xA0, 0xFF, 0xFF, 0x00, 0x00, 0x00, 0x22, 0x80, 0x00, 0x00, 0x05, //
+            0x80, 0x12, 0x34, 0x56, //
+            9, 8, 0, 0, //
+            0, 0, 0, 0,
+        ];
+        let (h, payload) = parse(&only).unwrap();
+        assert_eq!(h.opcode, Opcode::SendOnlyWithInvalidate);
+        assert_eq!(
+            (h.dest_qp, h.psn, h.ack_req, h.solicited),
+            (0x22, 5, true, true)
+        );
+        assert_eq!(h.ieth, Some(0x8012_3456));
+        assert_eq!((h.imm, h.reth, h.aeth), (None, None, None));
+        assert_eq!(payload, &[9, 8]);
+        let mut out = [0u8; 16];
+        assert_eq!(emit_header(&h, 2, &mut out), Some(16));
+        assert_eq!(out, only[..16]);
+
+        // SEND_LAST_WITH_INVALIDATE, PadCnt 0, dest QP 0x000011, no AckReq, PSN 0x00ABCD,
+        // IETH rkey 0x0000_0102, 4 payload bytes, ICRC field.
+        let last = [
+            0x16, 0x00, 0xFF, 0xFF, 0x00, 0x00, 0x00, 0x11, 0x00, 0x00, 0xAB, 0xCD, //
+            0x00, 0x00, 0x01, 0x02, //
+            1, 2, 3, 4, //
+            0, 0, 0, 0,
+        ];
+        let (h, payload) = parse(&last).unwrap();
+        assert_eq!(h.opcode, Opcode::SendLastWithInvalidate);
+        assert_eq!((h.dest_qp, h.psn, h.ack_req), (0x11, 0xABCD, false));
+        assert_eq!(h.ieth, Some(0x102));
+        assert_eq!(payload, &[1, 2, 3, 4]);
+        assert_eq!(parse_head(&last[..16], &last[16..20]).unwrap(), h);
+        let mut out = [0u8; 16];
+        assert_eq!(emit_header(&h, 0, &mut out), Some(16));
+        assert_eq!(out, last[..16]);
+
+        // The IETH is required by these opcodes and refused by every other.
+        let mut no_ieth = h;
+        no_ieth.ieth = None;
+        assert_eq!(emit_header(&no_ieth, 0, &mut out), None);
+        let mut send = Hdr::new(Opcode::SendLast, 0x11, 1);
+        send.ieth = Some(1);
+        assert_eq!(emit_header(&send, 0, &mut out), None);
     }
 }

@@ -630,7 +630,21 @@ impl Qp {
         for w in rq {
             self.push_completion(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, true);
         }
-        // Queued NAKs still go out (the peer must learn why); READ responses do not.
-        self.resp.out.retain(|i| i.is_ack());
+        // Queued acknowledgements still go out (a NAK: the peer must learn why), and so do
+        // the READ responses queued before the last of them: those READs came before the
+        // request acknowledged (or refused) last and were executed in order (rxe answers a
+        // READ in full before it looks at the next request; an ACK or NAK without them
+        // would fail READs the peer was entitled to). Other READ responses do not.
+        let upto = self
+            .resp
+            .out
+            .iter()
+            .rposition(|i| i.is_ack())
+            .map_or(0, |k| k + 1);
+        let mut at = 0;
+        self.resp.out.retain(|i| {
+            at += 1;
+            at <= upto || i.is_ack()
+        });
     }
 }

@@ -132,6 +132,14 @@ impl Requester {
 fn send_opcode(wr: WrOpcode, first: bool, last: bool) -> Opcode {
     let imm = matches!(wr, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
     let write = matches!(wr, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm);
+    if wr == WrOpcode::SendWithInv && last {
+        // The IETH rides on the last packet only (FIRST/MIDDLE are plain SEND packets).
+        return if first {
+            Opcode::SendOnlyWithInvalidate
+        } else {
+            Opcode::SendLastWithInvalidate
+        };
+    }
     match (write, first, last, imm) {
         (false, true, true, false) => Opcode::SendOnly,
         (false, true, true, true) => Opcode::SendOnlyWithImmediate,
@@ -240,6 +248,9 @@ impl Qp {
                 )
             {
                 h.imm = Some(w.wr.imm);
+            }
+            if last && w.wr.opcode == WrOpcode::SendWithInv {
+                h.ieth = Some(w.wr.imm); // the rkey to invalidate (SendWr::imm)
             }
             let src = PayloadSrc::Local {
                 sges: &w.wr.sges,

@@ -30,6 +30,10 @@ pub(super) struct ReadRes {
     pub va: u64,
     pub rkey: u32,
     pub len: u64,
+    /// The key its responses read through: `Key::Remote(rkey)`, or the region's lkey once
+    /// a SEND_WITH_INVALIDATE that came after the READ invalidated the window `rkey` names
+    /// (requests execute in order: the READ was authorised before the invalidation).
+    pub src: Key,
 }
 
 /// Something the responder has to send.
@@ -172,6 +176,7 @@ fn needs_recv_wqe(opcode: Opcode) -> bool {
         Opcode::SendFirst
             | Opcode::SendOnly
             | Opcode::SendOnlyWithImmediate
+            | Opcode::SendOnlyWithInvalidate
             | Opcode::RdmaWriteLastWithImmediate
             | Opcode::RdmaWriteOnlyWithImmediate
     )
@@ -296,6 +301,7 @@ impl Qp {
             Opcode::SendFirst
                 | Opcode::SendOnly
                 | Opcode::SendOnlyWithImmediate
+                | Opcode::SendOnlyWithInvalidate
                 | Opcode::RdmaWriteFirst
                 | Opcode::RdmaWriteOnly
                 | Opcode::RdmaWriteOnlyWithImmediate
@@ -309,7 +315,10 @@ impl Qp {
             (Some(InMsg::Send { .. }), false)
                 if !matches!(
                     opc,
-                    Opcode::SendMiddle | Opcode::SendLast | Opcode::SendLastWithImmediate
+                    Opcode::SendMiddle
+                        | Opcode::SendLast
+                        | Opcode::SendLastWithImmediate
+                        | Opcode::SendLastWithInvalidate
                 ) =>
             {
                 return Err(Refuse::InvReq);
@@ -334,6 +343,7 @@ impl Qp {
             | Opcode::RdmaWriteMiddle => payload.len() == mtu,
             Opcode::SendLast
             | Opcode::SendLastWithImmediate
+            | Opcode::SendLastWithInvalidate
             | Opcode::RdmaWriteLast
             | Opcode::RdmaWriteLastWithImmediate => (1..=mtu).contains(&payload.len()),
             Opcode::RdmaReadRequest => payload.is_empty(),
@@ -353,7 +363,10 @@ impl Qp {
             return Ok(());
         }
         match opc {
-            Opcode::SendFirst | Opcode::SendOnly | Opcode::SendOnlyWithImmediate => {
+            Opcode::SendFirst
+            | Opcode::SendOnly
+            | Opcode::SendOnlyWithImmediate
+            | Opcode::SendOnlyWithInvalidate => {
                 let wr = self.resp.rq.pop_front().expect("checked non-empty");
                 self.resp.cur = Some(InMsg::Send { wr, off: 0 });
             }
@@ -383,8 +396,10 @@ impl Qp {
             opc,
             Opcode::SendLast
                 | Opcode::SendLastWithImmediate
+                | Opcode::SendLastWithInvalidate
                 | Opcode::SendOnly
                 | Opcode::SendOnlyWithImmediate
+                | Opcode::SendOnlyWithInvalidate
                 | Opcode::RdmaWriteLast
                 | Opcode::RdmaWriteLastWithImmediate
                 | Opcode::RdmaWriteOnly
@@ -431,16 +446,41 @@ impl Qp {
         }
         if last {
             match self.resp.cur.take() {
-                Some(InMsg::Send { wr, off }) => self.completions.push_back(Completion {
-                    wr_id: wr.wr_id,
-                    status: WcStatus::Success,
-                    opcode: WcOpcode::Recv,
-                    byte_len: off as u32,
-                    imm: hdr.imm,
-                    qp_num: qpn,
-                    is_recv: true,
-                    solicited: hdr.solicited,
-                }),
+                Some(InMsg::Send { wr, off }) => {
+                    let (opcode, imm) = match hdr.ieth {
+                        Some(rkey) => {
+                            if !self.invalidate_remote(rkey, mem) {
+                                // rxe (Class J): the receive completes in error, the SEND
+                                // is acknowledged as asked (no NAK: the requester's SEND
+                                // completes successfully), then the QP goes to ERR and
+                                // later requests go unanswered.
+                                self.push_completion(
+                                    wr.wr_id,
+                                    WcStatus::RemInvReqErr,
+                                    WcOpcode::Recv,
+                                    true,
+                                );
+                                if hdr.ack_req {
+                                    self.resp.push_ack(ACK, hdr.psn);
+                                }
+                                self.enter_error();
+                                return Ok(());
+                            }
+                            (WcOpcode::RecvWithInv, Some(rkey))
+                        }
+                        None => (WcOpcode::Recv, hdr.imm),
+                    };
+                    self.completions.push_back(Completion {
+                        wr_id: wr.wr_id,
+                        status: WcStatus::Success,
+                        opcode,
+                        byte_len: off as u32,
+                        imm,
+                        qp_num: qpn,
+                        is_recv: true,
+                        solicited: hdr.solicited,
+                    })
+                }
                 Some(InMsg::Write { total, .. }) if hdr.imm.is_some() => {
                     let wr = self.resp.rq.pop_front().expect("checked non-empty");
                     self.completions.push_back(Completion {
@@ -464,6 +504,27 @@ impl Qp {
             self.resp.push_ack(ACK, hdr.psn);
         }
         Ok(())
+    }
+
+    /// A SEND_WITH_INVALIDATE's invalidation of window `rkey` (at the message's end, as rxe
+    /// `invalidate_rkey`): false when the memory refuses it (no type-2 window of this QP).
+    /// Requests execute in order: a READ that arrived earlier and whose responses are still
+    /// queued is served through the window's region from now on (its rkey opens nothing
+    /// any more), and every request after this one finds the window gone. Replays of such a
+    /// READ (a duplicate request) look the rkey up again and fail, as in rxe
+    /// (`rxe_recheck_mr`).
+    fn invalidate_remote(&mut self, rkey: u32, mem: &mut dyn Memory) -> bool {
+        let Ok(lkey) = mem.invalidate_remote(self.qpn, rkey) else {
+            return false;
+        };
+        for item in self.resp.out.iter_mut() {
+            if let RespItem::Read { res, .. } = item
+                && res.src == Key::Remote(rkey)
+            {
+                res.src = Key::Local(lkey);
+            }
+        }
+        true
     }
 
     fn start_read(&mut self, hdr: &Hdr, mem: &dyn Memory) -> Result<(), Refuse> {
@@ -500,6 +561,7 @@ impl Qp {
             va: reth.va,
             rkey: reth.rkey,
             len,
+            src: Key::Remote(reth.rkey),
         };
         if self.resp.resources.len() >= usize::from(self.attr.max_dest_rd_atomic) {
             self.resp.resources.pop_front(); // rxe recycles the oldest (§5.5)
@@ -528,7 +590,7 @@ impl Qp {
                 let off = psn::diff(*p, res.first_psn).max(0) as u64 * mtu;
                 let n = res.len.saturating_sub(off).min(mtu);
                 if n > 0 {
-                    mem.prefetch(Key::Remote(res.rkey), res.va + off, n);
+                    mem.prefetch(res.src, res.va + off, n);
                 }
             }
         }
@@ -577,8 +639,8 @@ impl Qp {
                 if opcode != Opcode::RdmaReadResponseMiddle {
                     h.aeth = Some(AethRepr { syndrome: ACK, msn });
                 }
-                let src = PayloadSrc::Remote {
-                    rkey: res.rkey,
+                let src = PayloadSrc::Region {
+                    key: res.src,
                     va: res.va + off,
                 };
                 let t = match self.emit_from(&h, n, src, mem, buf, mode) {

@@ -13,10 +13,25 @@ struct Region {
     access: u32,
 }
 
-/// A set of regions, each with an lkey, an rkey and `ibv_access_flags`.
+/// A memory window over part of a region (`add_window`).
+#[derive(Debug, Clone)]
+struct Window {
+    rkey: u32,
+    /// The QP a type-2 window is bound to; None for a type-1 window.
+    qpn: Option<u32>,
+    lkey: u32,
+    addr: u64,
+    len: u64,
+    access: u32,
+    valid: bool,
+}
+
+/// A set of regions, each with an lkey, an rkey and `ibv_access_flags`, and memory
+/// windows over them.
 #[derive(Debug, Clone, Default)]
 pub struct VecMemory {
     regions: Vec<Region>,
+    windows: Vec<Window>,
 }
 
 impl VecMemory {
@@ -36,6 +51,35 @@ impl VecMemory {
         });
     }
 
+    /// Adds a memory window `rkey` over `[addr, addr + len)` of the region `lkey` with
+    /// `access` (REMOTE_READ/REMOTE_WRITE): type 2 bound to QP `qpn` when `Some`, type 1
+    /// when None. Lookups do not check the QP (this memory does not know which QP asks);
+    /// remote invalidation does.
+    pub fn add_window(
+        &mut self,
+        rkey: u32,
+        qpn: Option<u32>,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        access: u32,
+    ) {
+        self.windows.push(Window {
+            rkey,
+            qpn,
+            lkey,
+            addr,
+            len,
+            access,
+            valid: true,
+        });
+    }
+
+    /// Whether window `rkey` is still valid (not invalidated).
+    pub fn window_valid(&self, rkey: u32) -> bool {
+        self.windows.iter().any(|w| w.rkey == rkey && w.valid)
+    }
+
     /// The bytes of the region holding `lkey` (for test assertions).
     pub fn region(&self, lkey: u32) -> Option<&[u8]> {
         self.regions
@@ -53,6 +97,21 @@ impl VecMemory {
     }
 
     fn find(&self, key: Key, addr: u64, len: u64, need: u32) -> Result<(usize, usize), MemError> {
+        if let Key::Remote(k) = key
+            && let Some(w) = self.windows.iter().find(|w| w.rkey == k)
+        {
+            if !w.valid {
+                return Err(MemError::BadKey);
+            }
+            if w.access & need & !access::LOCAL_WRITE != need & !access::LOCAL_WRITE {
+                return Err(MemError::Access);
+            }
+            let end = addr.checked_add(len).ok_or(MemError::Range)?;
+            if addr < w.addr || end > w.addr + w.len {
+                return Err(MemError::Range);
+            }
+            return self.find(Key::Local(w.lkey), addr, len, need & access::LOCAL_WRITE);
+        }
         let idx = self
             .regions
             .iter()
@@ -100,6 +159,16 @@ impl Memory for VecMemory {
     fn slice(&self, key: Key, addr: u64, len: usize, need: u32) -> Option<&[u8]> {
         let (i, at) = self.find(key, addr, len as u64, need).ok()?;
         Some(&self.regions[i].data[at..at + len])
+    }
+
+    fn invalidate_remote(&mut self, qpn: u32, rkey: u32) -> Result<u32, MemError> {
+        let w = self
+            .windows
+            .iter_mut()
+            .find(|w| w.rkey == rkey && w.valid && w.qpn == Some(qpn))
+            .ok_or(MemError::BadKey)?;
+        w.valid = false;
+        Ok(w.lkey)
     }
 }
 

@@ -36,6 +36,23 @@ pub enum WcOpcode {
     LocalInv = 6,
     Recv = 128,
     RecvRdmaWithImm = 129,
+    /// A receive completed by a SEND_*_WITH_INVALIDATE that invalidated the memory window
+    /// whose rkey the completion's `imm` holds. Not an `ibv_wc_opcode` value: verbs reports
+    /// this as IBV_WC_RECV with `wc_flags & IBV_WC_WITH_INV` and `invalidated_rkey` (a union
+    /// with `imm_data`, as `imm` is here). rdmx-ibv and the verbs provider convert both
+    /// ways; everything that treats `Recv` as a receive treats this as one too. The
+    /// messenger never sees it: it never posts IBV_WR_SEND_WITH_INV.
+    RecvWithInv = 130,
+}
+
+impl WcOpcode {
+    /// Whether this completes a receive WR (a receive-queue completion).
+    pub fn is_recv(self) -> bool {
+        matches!(
+            self,
+            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm | WcOpcode::RecvWithInv
+        )
+    }
 }
 
 /// `enum ibv_wr_opcode` (the RC operations the engine implements).
@@ -47,13 +64,17 @@ pub enum WrOpcode {
     Send = 2,
     SendWithImm = 3,
     RdmaRead = 4,
+    /// IBV_WR_SEND_WITH_INV: a SEND whose last packet carries an IETH asking the responder
+    /// to invalidate the memory window whose rkey `SendWr::imm` holds (verbs' union
+    /// `imm_data`/`invalidate_rkey`; here the rkey in host order). Completes as SEND.
+    SendWithInv = 9,
 }
 
 impl WrOpcode {
     /// The send-side completion opcode (verbs: SEND_WITH_IMM completes as SEND, etc.).
     pub fn wc_opcode(self) -> WcOpcode {
         match self {
-            WrOpcode::Send | WrOpcode::SendWithImm => WcOpcode::Send,
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => WcOpcode::Send,
             WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => WcOpcode::RdmaWrite,
             WrOpcode::RdmaRead => WcOpcode::RdmaRead,
         }
@@ -81,6 +102,8 @@ pub mod wc_flags {
     /// The receive buffer starts with a 40-byte GRH (UD).
     pub const GRH: u32 = 1;
     pub const WITH_IMM: u32 = 2;
+    /// A SEND_WITH_INV invalidated the rkey in `invalidated_rkey` (IBV_WC_WITH_INV).
+    pub const WITH_INV: u32 = 8;
 }
 
 /// `enum ibv_qp_state`.

@@ -16,7 +16,9 @@ pub struct SendWr {
     /// Remote address and key for RDMA READ/WRITE.
     pub remote_addr: u64,
     pub rkey: u32,
-    /// Immediate data (SEND_WITH_IMM, RDMA_WRITE_WITH_IMM), in network order as on the wire.
+    /// Immediate data (SEND_WITH_IMM, RDMA_WRITE_WITH_IMM), in network order as on the wire;
+    /// for SEND_WITH_INV the rkey the responder is to invalidate (host order: verbs' union
+    /// of `imm_data` and `invalidate_rkey`).
     pub imm: u32,
 }
 
@@ -35,6 +37,8 @@ pub struct Completion {
     pub status: WcStatus,
     pub opcode: WcOpcode,
     pub byte_len: u32,
+    /// The immediate data (WITH_IMM), or for [`WcOpcode::RecvWithInv`] the rkey the SEND
+    /// invalidated (verbs' union of `imm_data` and `invalidated_rkey`).
     pub imm: Option<u32>,
     pub qp_num: u32,
     /// True for receive-queue completions (they go to the receive CQ).

@@ -1,7 +1,8 @@
 //! The memory window ops: `alloc_mw`, `dealloc_mw`, `bind_mw` (`ibv_bind_mw`, type 1),
 //! and the conversion of the send WRs `IBV_WR_BIND_MW` and `IBV_WR_LOCAL_INV` that
 //! `post_send` hands to [`crate::verbs::Qp::post_local`] (see `verbs/mw.rs`).
-//! `IBV_WR_SEND_WITH_INV` is refused with EOPNOTSUPP: the RC engine sends no IETH.
+//! `IBV_WR_SEND_WITH_INV` is no local op: it is a SEND the RC engine sends with an IETH
+//! (`glue/objects.rs` posts it like a SEND).
 
 use super::objects::{c_zeroed, free_obj, mr_inner, obj, pd_obj_inner, rc_qp_inner};
 use super::{fail, fail_post, guard, set_errno};
@@ -13,10 +14,9 @@ use std::sync::Arc;
 
 const MAGIC_MW: u64 = 0x7264_6d78_4d57_0006;
 
-/// `IBV_WR_LOCAL_INV`, `IBV_WR_BIND_MW`, `IBV_WR_SEND_WITH_INV`.
+/// `IBV_WR_LOCAL_INV`, `IBV_WR_BIND_MW`.
 const WR_LOCAL_INV: u32 = 7;
 const WR_BIND_MW: u32 = 8;
-const WR_SEND_WITH_INV: u32 = 9;
 
 #[repr(C)]
 struct MwObj {
@@ -42,15 +42,6 @@ fn inc_rkey(rkey: u32) -> u32 {
 /// Whether `opcode` is a local operation `post_send` hands to `post_local`.
 pub(super) fn is_local(opcode: u32) -> bool {
     opcode == WR_LOCAL_INV || opcode == WR_BIND_MW
-}
-
-/// The errno for a send WR whose opcode the RC QP does not take.
-pub(super) fn refusal_errno(opcode: u32) -> c_int {
-    if opcode == WR_SEND_WITH_INV {
-        libc::EOPNOTSUPP
-    } else {
-        libc::EINVAL
-    }
 }
 
 /// A bind of `mw` with the key `rkey` and the caller's `info`; errno when `info.mr` is not

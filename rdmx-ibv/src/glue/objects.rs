@@ -1034,6 +1034,7 @@ fn wr_opcode(v: u32) -> Option<WrOpcode> {
         2 => WrOpcode::Send,
         3 => WrOpcode::SendWithImm,
         4 => WrOpcode::RdmaRead,
+        9 => WrOpcode::SendWithInv,
         _ => return None,
     })
 }
@@ -1108,7 +1109,8 @@ pub(crate) unsafe extern "C" fn post_send(
                 // SAFETY: the WR's SGE list as the caller gave it.
                 let (Some(op), Some(sg)) = (wr_opcode(w.opcode), unsafe { sges(w.sg_list, w.num_sge) })
                 else {
-                    refused = Some((p, super::mw::refusal_errno(w.opcode)));
+                    // An opcode the RC QP does not take (atomics and the rest), or a bad SGE list.
+                    refused = Some((p, libc::EINVAL));
                     break;
                 };
                 let (remote_addr, rkey) = match op {

@@ -8,6 +8,7 @@
 use rdmx::config::Progress;
 use rdmx::error::{Error, ErrorKind, Result};
 use rdmx::provider::soft::cq::{Cq as SoftCq, Wc};
+use rdmx::rc::WcOpcode;
 use rdmx::rc::verbs::wc_flags;
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -90,12 +91,13 @@ pub struct WorkCompletion {
     pub vendor_err: u32,
     pub byte_len: u32,
     /// `__be32 imm_data` as it lies in memory (the wire bytes, native-read), valid with
-    /// `wc_flags & WITH_IMM`.
+    /// `wc_flags & WITH_IMM`; with `wc_flags & WITH_INV` the union's `invalidated_rkey`
+    /// (host order).
     pub imm_data: u32,
     pub qp_num: u32,
     /// 0: verbs defines `src_qp` for UD only.
     pub src_qp: u32,
-    /// `enum ibv_wc_flags` (WITH_IMM = 2).
+    /// `enum ibv_wc_flags` (GRH = 1, WITH_IMM = 2, WITH_INV = 8).
     pub wc_flags: u32,
     pub pkey_index: u16,
     pub slid: u16,
@@ -105,21 +107,26 @@ pub struct WorkCompletion {
 
 impl WorkCompletion {
     fn from_soft(w: &Wc) -> WorkCompletion {
+        // A receive that a SEND_WITH_INV ended: verbs' IBV_WC_RECV with IBV_WC_WITH_INV,
+        // and the rkey in the union `imm_data`/`invalidated_rkey` in host order (not the
+        // wire's big-endian immediate).
+        let inv = w.opcode == WcOpcode::RecvWithInv;
+        let (opcode, imm_data, imm_flag) = match (inv, w.imm) {
+            (true, rkey) => (WcOpcode::Recv as u32, rkey.unwrap_or(0), wc_flags::WITH_INV),
+            (false, Some(imm)) => (w.opcode as u32, imm.to_be(), wc_flags::WITH_IMM),
+            (false, None) => (w.opcode as u32, 0, 0),
+        };
         WorkCompletion {
             wr_id: w.cookie,
             status: w.status as u32,
-            opcode: w.opcode as u32,
+            opcode,
             byte_len: w.byte_len,
-            imm_data: w.imm.map_or(0, u32::to_be),
+            imm_data,
             qp_num: w.qp_num,
             // UD receives: the sender's QPN, and the GRH area in front of the payload
             // (pkey_index, slid, sl stay 0: one P_Key, RoCE has no LIDs or SLs here).
             src_qp: w.src_qp.unwrap_or(0),
-            wc_flags: if w.imm.is_some() {
-                wc_flags::WITH_IMM
-            } else {
-                0
-            } | if w.src_qp.is_some() { wc_flags::GRH } else { 0 },
+            wc_flags: imm_flag | if w.src_qp.is_some() { wc_flags::GRH } else { 0 },
             ..Default::default()
         }
     }

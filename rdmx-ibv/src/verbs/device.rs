@@ -218,8 +218,10 @@ impl Device {
             max_qp: MAX_QP,
             max_qp_wr: MAX_QP_WR,
             // RC_RNR_NAK_GEN | SRQ_RESIZE | CURR_QP_STATE_MOD | MEM_WINDOW |
-            // MEM_WINDOW_TYPE_2B (as rxe: type-1 and type-2 windows, `verbs/mw.rs`).
-            device_cap_flags: (1 << 12) | (1 << 13) | (1 << 7) | (1 << 17) | (1 << 24),
+            // MEM_MGT_EXTENSIONS | MEM_WINDOW_TYPE_2B (as rxe: type-1 and type-2 windows,
+            // `verbs/mw.rs`, local and remote invalidation: IBV_WR_LOCAL_INV and
+            // IBV_WR_SEND_WITH_INV; there is no fast registration in userspace verbs).
+            device_cap_flags: (1 << 12) | (1 << 13) | (1 << 7) | (1 << 17) | (1 << 21) | (1 << 24),
             max_sge: MAX_SGE,
             max_sge_rd: MAX_SGE,
             max_cq: MAX_CQ,

@@ -1,8 +1,8 @@
 /* Memory windows through unmodified libibverbs (run under `rdmx-ibv exec`; built and run
  * by rdmx-ibv/tests/ibv_mw.rs): ibv_alloc_mw / ibv_dealloc_mw, IBV_WR_BIND_MW (type 2),
- * ibv_bind_mw (type 1), IBV_WR_LOCAL_INV, their completions and errors as verbs gives
- * them, and what a window's rkey opens: its range and rights, on the QP it is bound to
- * (type 2), until it is invalidated or deallocated.
+ * ibv_bind_mw (type 1), IBV_WR_LOCAL_INV, IBV_WR_SEND_WITH_INV (remote invalidation), their
+ * completions and errors as verbs gives them, and what a window's rkey opens: its range and
+ * rights, on the QP it is bound to (type 2), until it is invalidated or deallocated.
  *
  * One process, pairs of RC QPs of the one device connected to each other (both on the
  * process's address, GID index 0): `t` (the target, which binds) and `i` (the initiator,
@@ -122,6 +122,31 @@ static void post_local_inv(struct ibv_qp *qp, uint32_t rkey, uint64_t id) {
   CHECK(ibv_post_send(qp, &wr, &bad) == 0, "post LOCAL_INV");
 }
 
+/* Posts a receive of 64 bytes (at src_buf + 2048) on `qp`. */
+static void post_recv_of(struct ibv_qp *qp, uint64_t id) {
+  struct ibv_sge rs = {.addr = (uintptr_t)src_buf + 2048, .length = 64, .lkey = src_mr->lkey};
+  struct ibv_recv_wr r, *bad = NULL;
+  memset(&r, 0, sizeof r);
+  r.wr_id = id;
+  r.sg_list = &rs;
+  r.num_sge = 1;
+  CHECK(ibv_post_recv(qp, &r, &bad) == 0, "post_recv");
+}
+
+/* Posts an 8-byte IBV_WR_SEND_WITH_INV of `rkey` on `qp`. */
+static void post_send_inv(struct ibv_qp *qp, uint32_t rkey, uint64_t id) {
+  struct ibv_sge sge = {.addr = (uintptr_t)src_buf, .length = 8, .lkey = src_mr->lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND_WITH_INV;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.invalidate_rkey = rkey;
+  CHECK(ibv_post_send(qp, &wr, &bad) == 0, "post SEND_WITH_INV");
+}
+
 /* The initiator's RDMA `op` of `len` bytes at win_buf + off through `rkey`; returns the
  * completion status. */
 static int rdma(struct pair *p, enum ibv_wr_opcode op, uint32_t rkey, size_t off, uint32_t len,
@@ -157,11 +182,13 @@ int main(void) {
   ctx = qp_pair_open_device();
   CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "ibv_query_gid");
 
-  /* The device says it has windows (as rxe: MEM_WINDOW | MEM_WINDOW_TYPE_2B). */
+  /* The device says it has windows (as rxe: MEM_WINDOW | MEM_WINDOW_TYPE_2B) ... */
   struct ibv_device_attr da;
   CHECK(ibv_query_device(ctx, &da) == 0, "ibv_query_device");
   CHECK(da.device_cap_flags & IBV_DEVICE_MEM_WINDOW, "no IBV_DEVICE_MEM_WINDOW");
   CHECK(da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B, "no MEM_WINDOW_TYPE_2B");
+  /* ... and remote invalidation (as rxe: MEM_MGT_EXTENSIONS). */
+  CHECK(da.device_cap_flags & IBV_DEVICE_MEM_MGT_EXTENSIONS, "no MEM_MGT_EXTENSIONS");
   CHECK(da.max_mw > 0, "max_mw %d", da.max_mw);
 
   pd = ibv_alloc_pd(ctx);
@@ -350,18 +377,65 @@ int main(void) {
   free_pair(&other);
   CHECK(ibv_dealloc_mw(mw1) == 0, "ibv_dealloc_mw(type 1)");
 
-  /* 10. SEND_WITH_INV is not offered (the transport sends no IETH). */
-  p = make_pair();
+  /* 10. SEND_WITH_INV (remote invalidation): the peer's SEND ends the type-2 window bound
+   * to the QP it arrives on; the receive completes as IBV_WC_RECV with IBV_WC_WITH_INV and
+   * the rkey in invalidated_rkey, the sender's as IBV_WC_SEND; the rkey then opens nothing,
+   * and the window may be bound again. An rkey it may not end (a window bound to another
+   * QP, a region's rkey) completes the receive with IBV_WC_REM_INV_REQ_ERR (as rxe: the
+   * SEND itself is acknowledged) and leaves the window bound. */
   {
-    struct ibv_send_wr w, *bad = NULL;
-    memset(&w, 0, sizeof w);
-    w.wr_id = 31;
-    w.opcode = IBV_WR_SEND_WITH_INV;
-    w.invalidate_rkey = 1;
-    CHECK(ibv_post_send(p.t, &w, &bad) == EOPNOTSUPP && bad == &w,
-          "IBV_WR_SEND_WITH_INV must be refused with EOPNOTSUPP");
+    struct ibv_mw *mw3 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+    CHECK(mw3 != NULL, "ibv_alloc_mw (SEND_WITH_INV)");
+    p = make_pair();
+    rkey = post_bind(p.t, mw3, win_mr, WIN_OFF, WIN_LEN,
+                     IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, 31);
+    expect_bind(p.tcq, 31, IBV_WC_SUCCESS, "bind (SEND_WITH_INV)");
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, rkey, WIN_OFF, 8, 32) == IBV_WC_SUCCESS,
+          "WRITE before SEND_WITH_INV");
+    post_recv_of(p.t, 33);
+    post_send_inv(p.i, rkey, 34);
+    wc = next_wc(p.icq, "SEND_WITH_INV");
+    CHECK(wc.wr_id == 34 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND,
+          "SEND_WITH_INV: wr_id %llu status %s opcode %d", (unsigned long long)wc.wr_id,
+          ibv_wc_status_str(wc.status), wc.opcode);
+    wc = next_wc(p.rcq, "receive of SEND_WITH_INV");
+    CHECK(wc.wr_id == 33 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV,
+          "receive of SEND_WITH_INV: wr_id %llu status %s opcode %d",
+          (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status), wc.opcode);
+    CHECK((wc.wc_flags & IBV_WC_WITH_INV) && !(wc.wc_flags & IBV_WC_WITH_IMM),
+          "receive of SEND_WITH_INV: wc_flags %#x, want IBV_WC_WITH_INV", wc.wc_flags);
+    CHECK(wc.invalidated_rkey == rkey && wc.byte_len == 8,
+          "receive of SEND_WITH_INV: invalidated_rkey %#x (want %#x), byte_len %u",
+          wc.invalidated_rkey, rkey, wc.byte_len);
+    CHECK(rdma(&p, IBV_WR_RDMA_WRITE, rkey, WIN_OFF, 8, 35) == IBV_WC_REM_ACCESS_ERR,
+          "a WRITE through a remotely invalidated window");
+    free_pair(&p);
+
+    other = make_pair();
+    p = make_pair();
+    rkey = post_bind(p.t, mw3, win_mr, WIN_OFF, WIN_LEN, IBV_ACCESS_REMOTE_READ, 36);
+    expect_bind(p.tcq, 36, IBV_WC_SUCCESS, "bind after the remote invalidation");
+    uint32_t refused[2] = {rkey, win_mr->rkey};
+    const char *why[2] = {"a window bound to another QP", "a region's rkey"};
+    for (int k = 0; k < 2; k++) {
+      post_recv_of(other.t, 37);
+      post_send_inv(other.i, refused[k], 38);
+      wc = next_wc(other.icq, "refused SEND_WITH_INV");
+      CHECK(wc.wr_id == 38 && wc.status == IBV_WC_SUCCESS,
+            "SEND_WITH_INV of %s: the sender's status %s", why[k], ibv_wc_status_str(wc.status));
+      wc = next_wc(other.rcq, "receive of a refused SEND_WITH_INV");
+      CHECK(wc.wr_id == 37 && wc.status == IBV_WC_REM_INV_REQ_ERR,
+            "SEND_WITH_INV of %s: receive status %s, want REM_INV_REQ_ERR", why[k],
+            ibv_wc_status_str(wc.status));
+      free_pair(&other);
+      other = make_pair();
+    }
+    free_pair(&other);
+    CHECK(rdma(&p, IBV_WR_RDMA_READ, rkey, WIN_OFF, 8, 39) == IBV_WC_SUCCESS,
+          "the window survives a refused SEND_WITH_INV");
+    free_pair(&p);
+    CHECK(ibv_dealloc_mw(mw3) == 0, "ibv_dealloc_mw (SEND_WITH_INV)");
   }
-  free_pair(&p);
 
   /* 11. In one chain: a bind between two SENDs completes between them; a failing bind
    * in a chain: the SEND before it completes (or is flushed), the bind fails, the SEND

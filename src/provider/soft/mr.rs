@@ -620,6 +620,22 @@ impl Memory for MemView<'_> {
         // requester retransmits. Copying every payload instead would cost the zero-copy send.
         Some(unsafe { std::slice::from_raw_parts(p, len) })
     }
+
+    /// A SEND_WITH_INVALIDATE from QP `qpn`'s peer (see [`WindowTable::invalidate_remote`]).
+    /// The view's own holds on the window (slices it lent) are not waited for: they are
+    /// this very caller's, and the bytes they lend stay valid until the view is dropped
+    /// (the region cannot be deregistered while the view's read guard lives).
+    fn invalidate_remote(&mut self, qpn: u32, rkey: u32) -> std::result::Result<u32, MemError> {
+        let own = self.w.hold_id(rkey).map_or(0, |id| {
+            u32::from(self.held.get_mut().iter().any(|h| h.id() == id))
+        });
+        let lkey = self.w.invalidate_remote(rkey, qpn, own)?;
+        // The window no longer keeps its region from deregistration.
+        if let Some(r) = self.t.by_lkey.get(lkey) {
+            r.own.windows.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(lkey)
+    }
 }
 
 #[cfg(test)]
@@ -783,6 +799,67 @@ mod tests {
         assert_eq!(t.pinned_bytes(), 2 * ps as u64, "b still pins both pages");
         t.deregister(b.lkey).unwrap();
         assert_eq!(t.pinned_bytes(), 0);
+    }
+
+    /// SEND_WITH_INV through the engine's view: only a verbs type-2 window bound to the
+    /// view's QP may be invalidated (not a region's rkey, a type-1 window, a window of
+    /// another QP or a messenger window); a view that lent a slice of the window itself
+    /// does not wait for its own hold; the region may be deregistered afterwards.
+    #[test]
+    fn remote_invalidation_takes_only_a_type2_window_of_the_qp() {
+        let t = MrTable::default();
+        let mut buf = vec![3u8; 8192];
+        let r = reg(&t, buf.as_mut_ptr(), 8192, access::LOCAL_WRITE).unwrap();
+        let rights = access::REMOTE_READ | access::REMOTE_WRITE;
+        let mw2 = t.alloc_mw().unwrap();
+        t.bind_mw(mw2, false, 0x42, r.lkey, r.addr, 4096, rights)
+            .unwrap();
+        let mw1 = t.alloc_mw().unwrap();
+        t.bind_mw(mw1, true, ANY_QP, r.lkey, r.addr, 4096, rights)
+            .unwrap();
+        let msgr = t.bind_window(0x42, r.lkey, r.addr, 64, rights).unwrap();
+        let mut v = t.view();
+        v.set_qp(0x42);
+        assert_eq!(
+            v.invalidate_remote(0x42, r.rkey),
+            Err(MemError::BadKey),
+            "region"
+        );
+        assert_eq!(
+            v.invalidate_remote(0x42, mw1),
+            Err(MemError::BadKey),
+            "type 1"
+        );
+        assert_eq!(
+            v.invalidate_remote(0x42, msgr),
+            Err(MemError::BadKey),
+            "messenger's"
+        );
+        assert_eq!(
+            v.invalidate_remote(0x43, mw2),
+            Err(MemError::BadKey),
+            "another QP"
+        );
+        // A slice of the window lent by this very view: no wait for itself.
+        let lent = v.slice(Key::Remote(mw2), r.addr, 8, access::REMOTE_READ);
+        assert_eq!(lent, Some(&[3u8; 8][..]));
+        assert_eq!(v.invalidate_remote(0x42, mw2), Ok(r.lkey));
+        assert_eq!(
+            v.invalidate_remote(0x42, mw2),
+            Err(MemError::BadKey),
+            "once"
+        );
+        assert_eq!(
+            v.check(Key::Remote(mw2), r.addr, 8, access::REMOTE_READ),
+            Err(MemError::BadKey)
+        );
+        drop(v);
+        assert!(!t.window_bound(mw2));
+        assert!(t.window_bound(mw1) && t.window_bound(msgr));
+        assert!(t.dealloc_mw(mw1) && t.dealloc_mw(mw2));
+        assert!(t.invalidate_window(msgr));
+        t.deregister(r.lkey).expect("no window left on the region");
+        drop(buf);
     }
 
     /// A region without remote rights: its rkey opens nothing; a window over part of it

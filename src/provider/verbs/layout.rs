@@ -57,10 +57,13 @@ fn hand_written_structures_and_ops_match_the_installed_headers() {
         "ibv_cq.context" => offset_of!(ib::ibv_cq, context), "offsetof(struct ibv_cq, context)";
         "IBV_LINK_LAYER_ETHERNET" => super::device::LINK_LAYER_ETHERNET, "IBV_LINK_LAYER_ETHERNET";
         "IBV_WC_WITH_IMM" => ib::ibv_wc_flags::IBV_WC_WITH_IMM.0, "IBV_WC_WITH_IMM";
+        "IBV_WC_WITH_INV" => ib::ibv_wc_flags::IBV_WC_WITH_INV.0, "IBV_WC_WITH_INV";
+        "IBV_WC_WITH_INV (rc::verbs)" => crate::rc::verbs::wc_flags::WITH_INV, "IBV_WC_WITH_INV";
         "IBV_WC_RECV_RDMA_WITH_IMM" => ib::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM, "IBV_WC_RECV_RDMA_WITH_IMM";
         "IBV_WR_RDMA_READ" => crate::rc::WrOpcode::RdmaRead as u8, "IBV_WR_RDMA_READ";
         "IBV_WR_SEND_WITH_IMM" => crate::rc::WrOpcode::SendWithImm as u8, "IBV_WR_SEND_WITH_IMM";
         "IBV_WR_RDMA_WRITE_WITH_IMM" => crate::rc::WrOpcode::RdmaWriteWithImm as u8, "IBV_WR_RDMA_WRITE_WITH_IMM";
+        "IBV_WR_SEND_WITH_INV" => crate::rc::WrOpcode::SendWithInv as u8, "IBV_WR_SEND_WITH_INV";
         "IBV_SEND_INLINE" => crate::rc::verbs::send_flags::INLINE, "IBV_SEND_INLINE";
         "sizeof ibv_async_event" => size_of::<super::events::RawEvent>(), "sizeof(struct ibv_async_event)";
         "ibv_async_event.event_type" => offset_of!(super::events::RawEvent, event_type), "offsetof(struct ibv_async_event, event_type)";

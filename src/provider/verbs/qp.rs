@@ -737,6 +737,10 @@ impl VerbsQp {
             if matches!(r.opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm) {
                 w.imm_data_invalidated_rkey_union.imm_data = r.imm.to_be();
             }
+            if r.opcode == WrOpcode::SendWithInv {
+                // The union's other member: the rkey to invalidate, in host order.
+                w.imm_data_invalidated_rkey_union.invalidated_rkey = r.imm;
+            }
             w.wr.rdma = ib::rdma_t {
                 remote_addr: r.remote_addr,
                 rkey: r.rkey,
@@ -921,17 +925,26 @@ impl VerbsQp {
                 cookie = slot.cookie;
             }
             rq.head = seq + 1;
+            let inv = status == WcStatus::Success
+                && w.wc_flags & ib::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0;
             let opcode = if status == WcStatus::Success && w.opcode == 129 {
                 WcOpcode::RecvRdmaWithImm
+            } else if inv {
+                WcOpcode::RecvWithInv
             } else {
                 WcOpcode::Recv
             };
+            // SAFETY: both members of the union are a plain u32, so reading either is
+            // sound; with IBV_WC_WITH_INV it is invalidated_rkey (host order).
+            let rkey = unsafe { w.imm_data_invalidated_rkey_union.invalidated_rkey };
+            let inv_rkey = inv.then_some(rkey);
             return Some(Wc {
                 cookie,
                 status,
                 opcode,
                 byte_len: w.byte_len,
-                imm: self.imm(w),
+                // WcOpcode::RecvWithInv: `imm` is the invalidated rkey.
+                imm: inv_rkey.or_else(|| self.imm(w)),
                 qp_num: w.qp_num,
                 src_qp: None,
             });

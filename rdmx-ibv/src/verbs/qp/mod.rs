@@ -98,7 +98,8 @@ pub struct SendWr {
     /// engine executes in order anyway).
     pub send_flags: u32,
     pub sg_list: SgeList,
-    /// `__be32 imm_data` as it lies in memory (SEND_WITH_IMM, RDMA_WRITE_WITH_IMM).
+    /// `__be32 imm_data` as it lies in memory (SEND_WITH_IMM, RDMA_WRITE_WITH_IMM); for
+    /// SEND_WITH_INV the union's `invalidate_rkey` (host order).
     pub imm_data: u32,
     /// `wr.rdma.remote_addr` / `wr.rdma.rkey` (RDMA READ/WRITE).
     pub remote_addr: u64,
@@ -485,7 +486,12 @@ impl Qp {
                 sges,
                 remote_addr: w.remote_addr,
                 rkey: w.rkey,
-                imm: u32::from_be(w.imm_data),
+                // SendReq::imm: the immediate in wire order, or the rkey to invalidate.
+                imm: if w.opcode == WrOpcode::SendWithInv {
+                    w.imm_data
+                } else {
+                    u32::from_be(w.imm_data)
+                },
             });
         }
         post_chunk(&dev.soft, &self.soft, &mut side, &chunk, base)
