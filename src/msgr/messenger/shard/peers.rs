@@ -28,6 +28,9 @@ impl Core {
             && st.sessions.contains_key(&id)
             && !self.admit.may_resume(id, auth_entity.as_deref(), ip)
         {
+            if h.has(flags::JOIN) {
+                self.admit.refuse_join();
+            }
             // A link naming another entity's session: it gets nothing of it, and its
             // incarnation resets nobody.
             return;
@@ -54,6 +57,27 @@ impl Core {
                 .get(id)
                 .is_some_and(|s| s.m.state != SessionState::Closed)
         };
+        if h.has(flags::JOIN) {
+            // Another path of an open session (the entity check above holds for it too).
+            let Some(id) = known.filter(|id| open(id)) else {
+                self.admit.refuse_join();
+                let _ = link.send_bare(&mut Header::new(Kind::Hello));
+                st.closing.push((link, now + CLOSE_DRAIN));
+                return;
+            };
+            let g = &mut *st;
+            let Some(sess) = g.sessions.get_mut(&id) else {
+                return;
+            };
+            self.hook_link(&mut link, id);
+            let lid = sess.m.join_link(now, credits, h);
+            sess.standby.push((lid, link));
+            sess.exec(now, ev, &mut g.closing);
+            sess.flush_standby(now, ev, &mut g.closing);
+            sess.sync_gate(ev);
+            g.park.wake(&mut g.sessions, id);
+            return;
+        }
         let id = match known {
             // (One that ended and is not removed yet stays ended: its peer is told so.)
             Some(id) if open(&id) => id,
@@ -98,6 +122,8 @@ impl Core {
             sess.m.counters.rnr_naks += old.take_rnr();
             drop(old);
         }
+        // A resuming hello: the connecting side has no other path up (the machine closes
+        // their links in `accept_link`).
         self.hook_link(&mut link, id);
         let lid = sess.m.accept_link(now, credits, h);
         sess.link = Some((lid, link));

@@ -1,0 +1,275 @@
+//! A session over two paths through the public API (issue 30 point 1): one listening
+//! messenger reached at two addresses (127.0.0.1 and 127.0.0.2), a session whose numbered
+//! messages flow while the active path's connection is faulted (a QP error, then a closed
+//! side channel). Lossless: every message arrives exactly once and in order, no reset, the
+//! path events say down then active on the other path, the counters agree, and the faulted
+//! path rejoins and (failback) takes the traffic back. Lossy: the sends the failed path
+//! carried unacknowledged complete "in doubt", nothing is delivered twice or out of
+//! order, and the session goes on without a reset.
+//!
+//! Behaviour, not timing: every wait is bounded generously.
+
+use rdmx::msgr::messenger::{
+    Dispatcher, Fault, InMessage, Messenger, PathEvent, PathPolicy, PathState, Policy, SessionId,
+    is_in_doubt,
+};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+mod support;
+use support::msgr_faults::{config, fnv, message, page};
+
+#[derive(Default)]
+struct Side {
+    /// The last sequence number delivered, and messages out of order, twice or corrupt.
+    last: AtomicU64,
+    bad: AtomicU64,
+    delivered: AtomicU64,
+    ok: AtomicU64,
+    failed: AtomicU64,
+    in_doubt: AtomicU64,
+    resets: AtomicU64,
+    session: Mutex<Option<SessionId>>,
+    /// Path events in order: (path, "down" | "up" | "active").
+    paths: Mutex<Vec<(usize, &'static str)>>,
+    lossy: bool,
+}
+
+impl Dispatcher for Side {
+    fn on_connect(&self, _m: &Messenger, s: SessionId, _p: std::net::SocketAddr, _i: bool) {
+        *self.session.lock().unwrap() = Some(s);
+    }
+    fn on_message(&self, _m: &Messenger, _s: SessionId, msg: InMessage) {
+        let seq = u64::from_le_bytes(msg.front[..8].try_into().unwrap());
+        let sum = u64::from_le_bytes(msg.front[8..16].try_into().unwrap());
+        let data = msg.data[0].to_vec();
+        let last = self.last.load(Ordering::Relaxed);
+        // Lossless: the next one exactly; lossy: a later one (what a failed path lost is
+        // skipped), never an earlier one again.
+        let in_order = if self.lossy {
+            seq > last
+        } else {
+            seq == last + 1
+        };
+        if !in_order || fnv(&data) != sum || data != page(seq) {
+            eprintln!("bad message: seq {seq} after {last}");
+            self.bad.fetch_add(1, Ordering::Relaxed);
+        }
+        self.last.store(seq.max(last), Ordering::Relaxed);
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+    fn on_send_complete(
+        &self,
+        _m: &Messenger,
+        _s: SessionId,
+        _id: u64,
+        r: rdmx::error::Result<()>,
+    ) {
+        match r {
+            Ok(()) => self.ok.fetch_add(1, Ordering::Relaxed),
+            Err(e) if is_in_doubt(&e) => self.in_doubt.fetch_add(1, Ordering::Relaxed),
+            Err(e) => {
+                eprintln!("send failed: {e}");
+                self.failed.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    }
+    fn on_reset(&self, _m: &Messenger, _s: SessionId, why: &rdmx::Error) {
+        eprintln!("reset: {why}");
+        self.resets.fetch_add(1, Ordering::Relaxed);
+    }
+    fn on_path(&self, _m: &Messenger, _s: SessionId, path: usize, ev: &PathEvent) {
+        let k = match ev {
+            PathEvent::Down(_) => "down",
+            PathEvent::Up => "up",
+            PathEvent::Active => "active",
+        };
+        self.paths.lock().unwrap().push((path, k));
+    }
+}
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn wait(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < LIMIT, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Two messengers, the acceptor listening on every loopback address; a session from `a`
+/// to it over 127.0.0.1 (path 0, preferred) and 127.0.0.2 (path 1), both joined.
+fn pair(policy: Policy) -> (Messenger, Messenger, Arc<Side>, Arc<Side>, SessionId) {
+    let lossy = policy == Policy::Lossy;
+    let da = Arc::new(Side {
+        lossy,
+        ..Side::default()
+    });
+    let db = Arc::new(Side {
+        lossy,
+        ..Side::default()
+    });
+    let kv = [("msgr_keepalive_timeout_ms", "1000")];
+    let a = Messenger::new(&config(&kv), da.clone()).unwrap();
+    let b = Messenger::new(&config(&kv), db.clone()).unwrap();
+    let port = b.listen("0.0.0.0:0").unwrap().port();
+    let p0 = format!("127.0.0.1:{port}");
+    let p1 = format!("127.0.0.2:{port}");
+    let s = a
+        .connect_paths(&[&p0, &p1], policy, PathPolicy::Standby)
+        .unwrap();
+    wait("both paths up", || {
+        let p = a.paths(s).unwrap();
+        p[0].state == PathState::Active && p[1].state == PathState::Standby
+    });
+    wait("the accepting side's session", || {
+        db.session.lock().unwrap().is_some()
+    });
+    let info = a.paths(s).unwrap();
+    assert_eq!(info[0].remote.as_deref(), Some(p0.as_str()));
+    assert_eq!(info[1].remote.as_deref(), Some(p1.as_str()));
+    (a, b, da, db, s)
+}
+
+/// Sends `from..to` on `s`, retrying while the queue is full.
+fn send_range(a: &Messenger, s: SessionId, from: u64, to: u64) {
+    let start = Instant::now();
+    let mut seq = from;
+    while seq < to {
+        match a.send(s, message(seq)) {
+            Ok(_) => seq += 1,
+            Err(r) if r.error.kind() == rdmx::error::ErrorKind::Full => {
+                assert!(start.elapsed() < LIMIT, "send {seq}: full for too long");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(r) => panic!("send {seq}: {}", r.error),
+        }
+    }
+}
+
+fn events(d: &Side) -> Vec<(usize, &'static str)> {
+    d.paths.lock().unwrap().clone()
+}
+
+#[test]
+fn lossless_fails_over_exactly_once_in_order_and_fails_back() {
+    let _serial = support::serial();
+    let (a, _b, da, db, s) = pair(Policy::Lossless);
+    const N: u64 = 3000;
+    let mut next = 1;
+    for (round, fault) in [Fault::QpError, Fault::SideChannelClose]
+        .into_iter()
+        .enumerate()
+    {
+        // Traffic, then the fault on the active path (path 0) with messages in flight.
+        send_range(&a, s, next, next + N / 4);
+        next += N / 4;
+        a.inject_fault(s, fault).unwrap();
+        send_range(&a, s, next, next + N / 4);
+        next += N / 4;
+        // Down, then the traffic on path 1.
+        wait("the switch to path 1", || {
+            let e = events(&da);
+            let down = e.iter().rposition(|&x| x == (0, "down"));
+            let active = e.iter().rposition(|&x| x == (1, "active"));
+            matches!((down, active), (Some(d), Some(a)) if d < a)
+                && e.iter().filter(|&&x| x == (1, "active")).count() == round + 1
+        });
+        // Path 0 is retried, rejoins, and (failback) takes the traffic back.
+        wait("the failback to path 0", || {
+            let p = a.paths(s).unwrap();
+            p[0].state == PathState::Active
+                && p[1].state == PathState::Standby
+                && p[0].counters.switches == round as u64 + 1
+        });
+        da.paths.lock().unwrap().clear();
+    }
+    wait("every message delivered and acknowledged", || {
+        db.last.load(Ordering::Relaxed) == next - 1 && da.ok.load(Ordering::Relaxed) == next - 1
+    });
+    assert_eq!(db.bad.load(Ordering::Relaxed), 0, "exactly once, in order");
+    assert_eq!(db.delivered.load(Ordering::Relaxed), next - 1);
+    assert_eq!(da.failed.load(Ordering::Relaxed), 0);
+    assert_eq!(da.resets.load(Ordering::Relaxed), 0);
+    assert_eq!(db.resets.load(Ordering::Relaxed), 0);
+    let p = a.paths(s).unwrap();
+    assert_eq!(p[0].counters.faults, 2, "{p:?}");
+    assert_eq!(p[1].counters.switches, 2, "{p:?}");
+    assert!(p[0].last_fault.is_some());
+    let sent: u64 = p.iter().map(|x| x.counters.msgs_sent).sum();
+    assert!(sent >= next - 1, "{p:?}");
+    assert!(p[1].counters.msgs_sent > 0, "path 1 carried traffic: {p:?}");
+    let info = a.session_info(s).unwrap();
+    assert_eq!(info.counters.reconnects, 0, "no new session, no reconnect");
+    // The accepting side followed: its view of the paths.
+    let sb = db.session.lock().unwrap().unwrap();
+    let pb = _b.paths(sb).unwrap();
+    assert_eq!(pb.len(), 2);
+    assert_eq!(pb[0].state, PathState::Active, "{pb:?}");
+}
+
+#[test]
+fn lossy_reports_in_doubt_sends_and_goes_on_without_a_reset() {
+    let _serial = support::serial();
+    let (a, _b, da, db, s) = pair(Policy::Lossy);
+    send_range(&a, s, 1, 500);
+    a.inject_fault(s, Fault::QpError).unwrap();
+    send_range(&a, s, 500, 1000);
+    wait("the switch to path 1", || {
+        events(&da).contains(&(1, "active"))
+    });
+    send_range(&a, s, 1000, 1200);
+    wait("every send completed", || {
+        da.ok.load(Ordering::Relaxed)
+            + da.in_doubt.load(Ordering::Relaxed)
+            + da.failed.load(Ordering::Relaxed)
+            == 1199
+    });
+    assert_eq!(da.failed.load(Ordering::Relaxed), 0, "only in-doubt errors");
+    assert_eq!(da.resets.load(Ordering::Relaxed), 0);
+    assert_eq!(db.resets.load(Ordering::Relaxed), 0);
+    assert_eq!(db.bad.load(Ordering::Relaxed), 0, "at most once, in order");
+    // Everything acknowledged was delivered; the in-doubt ones at most once.
+    let delivered = db.delivered.load(Ordering::Relaxed);
+    let ok = da.ok.load(Ordering::Relaxed);
+    assert!(delivered >= ok && delivered <= 1199, "{delivered} {ok}");
+    assert_eq!(
+        db.last.load(Ordering::Relaxed),
+        1199,
+        "the last ones arrived"
+    );
+}
+
+#[test]
+fn paths_can_be_added_and_removed_and_bad_addresses_are_refused() {
+    let _serial = support::serial();
+    let (a, _b, da, db, s) = pair(Policy::Lossless);
+    let port = _b.paths(db.session.lock().unwrap().unwrap()).unwrap().len();
+    assert_eq!(port, 2);
+    let e = a.add_path(s, "no-such-host-rdmx:1").unwrap_err();
+    assert_eq!(e.kind(), rdmx::error::ErrorKind::InvalidArgument);
+    let e = a
+        .connect_paths(&[], Policy::Lossless, PathPolicy::Standby)
+        .unwrap_err();
+    assert_eq!(e.kind(), rdmx::error::ErrorKind::InvalidArgument);
+    // Remove the active path: the traffic moves to path 1, nothing lost.
+    send_range(&a, s, 1, 200);
+    a.remove_path(s, 0).unwrap();
+    send_range(&a, s, 200, 400);
+    wait("delivery", || db.last.load(Ordering::Relaxed) == 399);
+    let p = a.paths(s).unwrap();
+    assert!(p[0].removed && p[1].state == PathState::Active, "{p:?}");
+    // The last path stays.
+    assert!(a.remove_path(s, 1).is_err());
+    // A third path (the same acceptor again) joins as standby.
+    let addr = p[1].remote.clone().unwrap();
+    assert_eq!(a.add_path(s, &addr).unwrap(), 2);
+    wait("path 2 joined", || {
+        a.paths(s).unwrap()[2].state == PathState::Standby
+    });
+    assert_eq!(db.bad.load(Ordering::Relaxed), 0);
+    assert_eq!(da.resets.load(Ordering::Relaxed), 0);
+}
