@@ -136,6 +136,7 @@ int main(void) {
   snprintf(a1, sizeof a1, "127.0.0.2:%u", port);
   const char *addrs[2] = {a0, a1};
   uint64_t s = 0;
+  uint32_t s32 = 0;
 
   /* Bad arguments: a status and a message, nothing made. */
   CHECK_STATUS(rdmx_msgr_connect_paths(NULL, addrs, 2, RDMX_POLICY_LOSSLESS,
@@ -155,7 +156,9 @@ int main(void) {
                                        RDMX_PATH_POLICY_STANDBY, NULL),
                RDMX_INVALID_ARGUMENT);
   CHECK_STATUS(rdmx_msgr_next_path_event(cli, NULL), RDMX_INVALID_ARGUMENT);
-  CHECK_STATUS(rdmx_msgr_path_info(cli, 12345, 0, NULL), RDMX_INVALID_ARGUMENT);
+  CHECK_STATUS(rdmx_msgr_path_info(NULL, 1, 0, NULL), RDMX_INVALID_ARGUMENT);
+  /* A session this messenger does not have: as for the other session calls. */
+  CHECK_STATUS(rdmx_msgr_path_count(cli, 12345, &s32), RDMX_CLOSED);
 
   CHECK_STATUS(rdmx_msgr_connect_paths(cli, addrs, 2, RDMX_POLICY_LOSSLESS,
                                        RDMX_PATH_POLICY_STANDBY, &s),

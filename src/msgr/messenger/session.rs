@@ -668,19 +668,22 @@ impl Session {
                 Event::Reset(sid, e)
             }
             Notice::Path(i, pe) => {
-                let to = self.addrs.get(i).map_or("", String::as_str);
+                let to = self
+                    .addrs
+                    .get(i)
+                    .map_or_else(String::new, |a| format!(" ({a})"));
                 match &pe {
                     PathEvent::Down(e) => log::warn!(
                         target: "rdmx::msgr",
-                        "session {:#x}: path {i} {to} down: {e}", self.m.id
+                        "session {:#x}: path {i}{to} down: {e}", self.m.id
                     ),
                     PathEvent::Up => log::info!(
                         target: "rdmx::msgr",
-                        "session {:#x}: path {i} {to} up (standby)", self.m.id
+                        "session {:#x}: path {i}{to} up (standby)", self.m.id
                     ),
                     PathEvent::Active => log::info!(
                         target: "rdmx::msgr",
-                        "session {:#x}: traffic switched to path {i} {to}", self.m.id
+                        "session {:#x}: traffic switched to path {i}{to}", self.m.id
                     ),
                 }
                 Event::Path(sid, i, pe)
