@@ -103,6 +103,15 @@ fn wait(what: &str, mut cond: impl FnMut() -> bool) {
 /// Two messengers, the acceptor listening on every loopback address; a session from `a`
 /// to it over 127.0.0.1 (path 0, preferred) and 127.0.0.2 (path 1), both joined.
 fn pair(policy: Policy) -> (Messenger, Messenger, Arc<Side>, Arc<Side>, SessionId) {
+    pair_with(policy, &[], &[])
+}
+
+/// [`pair`] with extra config for the connecting (`ka`) and accepting (`kb`) sides.
+fn pair_with(
+    policy: Policy,
+    ka: &[(&str, &str)],
+    kb: &[(&str, &str)],
+) -> (Messenger, Messenger, Arc<Side>, Arc<Side>, SessionId) {
     let lossy = policy == Policy::Lossy;
     let da = Arc::new(Side {
         lossy,
@@ -113,8 +122,12 @@ fn pair(policy: Policy) -> (Messenger, Messenger, Arc<Side>, Arc<Side>, SessionI
         ..Side::default()
     });
     let kv = [("msgr_keepalive_timeout_ms", "1000")];
-    let a = Messenger::new(&config(&kv), da.clone()).unwrap();
-    let b = Messenger::new(&config(&kv), db.clone()).unwrap();
+    let with = |extra: &[(&str, &str)]| {
+        let all: Vec<(&str, &str)> = kv.iter().chain(extra).copied().collect();
+        config(&all)
+    };
+    let a = Messenger::new(&with(ka), da.clone()).unwrap();
+    let b = Messenger::new(&with(kb), db.clone()).unwrap();
     let port = b.listen("0.0.0.0:0").unwrap().port();
     let p0 = format!("127.0.0.1:{port}");
     let p1 = format!("127.0.0.2:{port}");
@@ -271,4 +284,64 @@ fn paths_can_be_added_and_removed_and_bad_addresses_are_refused() {
     });
     assert_eq!(db.bad.load(Ordering::Relaxed), 0);
     assert_eq!(da.resets.load(Ordering::Relaxed), 0);
+}
+
+/// A keyring file (mode 600) in a directory of its own (named for this test and its pid),
+/// removed on drop.
+struct Keyring(std::path::PathBuf);
+
+impl Keyring {
+    fn new(entity: &str, key: &str) -> Keyring {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("rdmx-mpath-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("keyring");
+        std::fs::write(&f, format!("[{entity}]\n    key = {key}\n")).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Keyring(f)
+    }
+    fn path(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for Keyring {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+#[test]
+fn with_auth_the_joins_carry_the_sessions_mac_and_failover_works() {
+    let _serial = support::serial();
+    let k = Keyring::new(
+        "client.mpath",
+        "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+    );
+    let ka = [
+        ("auth_keyring", k.path()),
+        ("auth_entity", "client.mpath".into()),
+    ];
+    let kb = [("auth_keyring", k.path()), ("auth_entity", "osd.0".into())];
+    let ka: Vec<(&str, &str)> = ka.iter().map(|(a, b)| (*a, b.as_str())).collect();
+    let kb: Vec<(&str, &str)> = kb.iter().map(|(a, b)| (*a, b.as_str())).collect();
+    // Both paths joined: the accepting side verified path 1's MAC.
+    let (a, b, da, db, s) = pair_with(Policy::Lossless, &ka, &kb);
+    assert_eq!(b.stats().path_join_refusals, 0);
+    send_range(&a, s, 1, 300);
+    a.inject_fault(s, Fault::QpError).unwrap();
+    send_range(&a, s, 300, 600);
+    wait("delivery", || db.last.load(Ordering::Relaxed) == 599);
+    // Path 0 rejoins (a MAC'd join again) and takes the traffic back.
+    wait("the failback to path 0", || {
+        let p = a.paths(s).unwrap();
+        p[0].state == PathState::Active && p[1].state == PathState::Standby
+    });
+    assert_eq!(db.bad.load(Ordering::Relaxed), 0);
+    assert_eq!(da.resets.load(Ordering::Relaxed), 0);
+    assert_eq!(b.stats().path_join_refusals, 0);
+    let sb = db.session.lock().unwrap().unwrap();
+    assert_eq!(b.session_entity(sb).as_deref(), Some("client.mpath"));
 }

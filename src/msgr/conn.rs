@@ -95,6 +95,10 @@ pub struct Connection {
     peer_limits: Option<setup::MsgLimitsWire>,
     /// The peer's hello set [`setup::FLAG_PATHS`] (its messenger takes path-joins).
     peer_paths: bool,
+    /// This connection's own secret from its authenticated handshake
+    /// ([`crate::msgr::auth::SessionKeys::session`]: bound to both nonces and the key
+    /// exchange); None with `auth = none`. Path-joins are bound with it.
+    binding: Option<zeroize::Zeroizing<[u8; 32]>>,
     /// This side's offer (configured, link and active MTU) and the negotiated path MTU.
     mtu: (PathMtu, u32),
     closed: bool,
@@ -768,6 +772,7 @@ impl Connection {
                 return Err(e);
             }
         };
+        let binding = auth.keys.as_ref().map(|k| k.session.clone());
         let conn = Connection {
             ctx,
             tcp,
@@ -777,6 +782,7 @@ impl Connection {
             peer_entity: auth.peer_entity,
             peer_limits,
             peer_paths,
+            binding,
             mtu: (offer, path_mtu),
             closed: false,
             failure_c: std::sync::OnceLock::new(),
@@ -978,6 +984,12 @@ impl Connection {
     /// connection, or a build before protocol 1.3).
     pub fn peer_limits(&self) -> Option<setup::MsgLimitsWire> {
         self.peer_limits
+    }
+
+    /// This connection's secret from its authenticated handshake (None with `auth = none`):
+    /// both ends have it, nobody else (the messenger's path-join MAC).
+    pub fn binding(&self) -> Option<&[u8; 32]> {
+        self.binding.as_deref()
     }
 
     /// Whether the peer's messenger takes path-joins ([`setup::FLAG_PATHS`], protocol 1.4).

@@ -113,6 +113,9 @@ pub struct Session {
     /// The links of the session's other paths (joined or joining): keepalives and credit
     /// announcements only, until the machine activates one ([`Action::Activate`]).
     pub standby: Vec<(u64, Link)>,
+    /// The session's path secret (`auth::pathjoin`), from the authenticated handshake of
+    /// the connection it opened on; None with `auth = none`. Path-joins carry a MAC with it.
+    pub path_secret: Option<zeroize::Zeroizing<[u8; 32]>>,
     /// Connecting side: each path's address (by path index), and the attempts under way.
     pub addrs: Vec<String>,
     pub attempts: Vec<(usize, Attempt)>,
@@ -140,6 +143,7 @@ impl Session {
         Session {
             link: None,
             standby: Vec::new(),
+            path_secret: None,
             addrs: Vec::new(),
             attempts: Vec::new(),
             want_connect: Vec::new(),
@@ -328,6 +332,16 @@ impl Session {
                     });
                 }
             }
+            LinkEvent::Recv(r) if !self.join_answer_ok(lid, &r.h) => {
+                if let Some(c) = r.data {
+                    self.give_back(c, pool);
+                }
+                let e = Error::fixed(
+                    ErrorKind::Auth,
+                    "path-join: the answer's MAC is wrong (not the session's peer)",
+                );
+                self.m.on_link_error(now, lid, e);
+            }
             LinkEvent::Recv(r) => match self.m.on_frame(now, lid, &r.h) {
                 Verdict::Accept(seq) => {
                     if let Err(e) = self.accept(seq, r, s, pool) {
@@ -340,6 +354,34 @@ impl Session {
                     }
                 }
             },
+        }
+    }
+
+    /// The session opened: its path secret from the connection it opened on (with auth).
+    pub fn note_path_secret(&mut self) {
+        if self.path_secret.is_none()
+            && let Some(b) = self.link().and_then(|l| l.conn.binding())
+        {
+            self.path_secret = Some(crate::msgr::auth::pathjoin::path_secret(b));
+        }
+    }
+
+    /// Whether a frame on link `lid` that is a path-join answer carries the right MAC (a
+    /// frame that is not one, or a session without auth, passes).
+    fn join_answer_ok(&self, lid: u64, h: &Header) -> bool {
+        if self.m.incoming || h.kind() != Some(wire::Kind::Hello) || !h.has(flags::JOIN) {
+            return true;
+        }
+        let Some((_, link)) = self.standby.iter().find(|(l, _)| *l == lid) else {
+            return true;
+        };
+        match (self.path_secret.as_deref(), link.conn.binding()) {
+            (_, None) => true,
+            (Some(s), Some(b)) => {
+                use crate::msgr::auth::pathjoin::{Role, verify};
+                verify(s, Role::Answer, h.aux2, h.aux, h.ack, b, h.aux3)
+            }
+            (None, Some(_)) => false,
         }
     }
 
@@ -655,6 +697,7 @@ impl Session {
         let sid = self.sid();
         ev.push(match n {
             Notice::Connected => {
+                self.note_path_secret();
                 let Some(p) = self.peer.or_else(|| self.link().map(|l| l.conn.peer())) else {
                     return;
                 };
@@ -696,8 +739,14 @@ impl Session {
     fn post(&mut self, lid: u64, h: &mut Header, msg: Option<u64>, owed: u32) -> Result<()> {
         let Some(seq) = msg else {
             // A control frame: on the active link or a standby path's.
+            let (incoming, secret) = (self.m.incoming, self.path_secret.clone());
             return match self.link_mut(lid) {
-                Some(link) => link.queue(h, &[], Body::None, owed),
+                Some(link) => {
+                    if h.kind() == Some(wire::Kind::Hello) && h.has(flags::JOIN) {
+                        sign_join(h, incoming, secret.as_deref(), link.conn.binding());
+                    }
+                    link.queue(h, &[], Body::None, owed)
+                }
                 None => Ok(()),
             };
         };
@@ -743,6 +792,22 @@ impl Session {
             )),
         }
     }
+}
+
+/// Puts the path-join MAC into the join hello `h` (`incoming`: the accepting side's answer)
+/// when the session and the link have secrets (auth on); 0 otherwise.
+fn sign_join(
+    h: &mut Header,
+    incoming: bool,
+    secret: Option<&[u8; 32]>,
+    binding: Option<&[u8; 32]>,
+) {
+    use crate::msgr::auth::pathjoin::{Role, mac};
+    h.aux3 = match (secret, binding) {
+        (Some(s), Some(b)) if incoming => mac(s, Role::Answer, h.aux2, h.aux, h.ack, b),
+        (Some(s), Some(b)) => mac(s, Role::Join, h.aux, h.aux2, h.ack, b),
+        _ => 0,
+    };
 }
 
 /// Completes send `seq` of session `sid` with an error, before the session's `on_reset` in

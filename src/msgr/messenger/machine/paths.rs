@@ -179,12 +179,11 @@ impl<M> Machine<M> {
         if self.link.as_ref().is_some_and(|l| l.path == path) {
             self.fault(now, why(), false);
         }
-        self.on_ack(h.aux3);
+        // (`aux3` of a join is the driver's MAC, not an acknowledgement.)
         let mut r = Header::new(Kind::Hello);
         r.flags |= flags::JOIN;
         r.aux = self.id;
         r.aux2 = self.peer_id;
-        r.aux3 = self.delivered;
         r.ack = path as u64;
         if self.policy == Policy::Lossy {
             r.flags |= flags::LOSSY;
@@ -235,7 +234,7 @@ impl<M> Machine<M> {
         h.flags |= flags::JOIN;
         h.aux = self.id;
         h.aux2 = self.peer_id;
-        h.aux3 = self.delivered;
+        // `aux3`: the driver's MAC (`auth::pathjoin`).
         h.ack = path as u64;
         h.seq = id.incarnation;
         h.msg_type = id.port;
@@ -285,7 +284,6 @@ impl<M> Machine<M> {
                     return Verdict::Fault;
                 }
                 self.standby[i].hello_done = true;
-                self.on_ack(h.aux3);
                 self.path_up(path);
                 self.path_event(path, PathEvent::Up);
                 if self.rules.path_failback && self.active_path().is_some_and(|a| path < a) {

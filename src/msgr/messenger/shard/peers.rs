@@ -69,6 +69,18 @@ impl Core {
             let Some(sess) = g.sessions.get_mut(&id) else {
                 return;
             };
+            if !join_mac_ok(sess, &link, h) {
+                self.admit.refuse_join();
+                log::warn!(
+                    target: "rdmx::msgr",
+                    "messenger: refused a path-join of session {id:#x} from {}: its MAC is \
+                     wrong (not the session's peer)",
+                    link.conn.peer()
+                );
+                let _ = link.send_bare(&mut Header::new(Kind::Hello));
+                g.closing.push((link, now + CLOSE_DRAIN));
+                return;
+            }
             self.hook_link(&mut link, id);
             let lid = sess.m.join_link(now, credits, h);
             sess.standby.push((lid, link));
@@ -127,6 +139,7 @@ impl Core {
         self.hook_link(&mut link, id);
         let lid = sess.m.accept_link(now, credits, h);
         sess.link = Some((lid, link));
+        sess.note_path_secret();
         sess.note_peer_limits();
         sess.exec(now, ev, &mut g.closing);
         sess.flush(now, ev, &mut g.closing);
@@ -154,5 +167,17 @@ impl Core {
                 sess.exec(now, ev, &mut g.closing);
             }
         }
+    }
+}
+
+/// Whether path-join hello `h` on `link` carries the session's MAC: with auth (the link
+/// has a handshake secret), the session must have a path secret and the MAC must verify
+/// (`auth::pathjoin`); without auth there is nothing to check (docs/security.md).
+fn join_mac_ok(sess: &Session, link: &Link, h: &Header) -> bool {
+    use crate::msgr::auth::pathjoin::{Role, verify};
+    match (sess.path_secret.as_deref(), link.conn.binding()) {
+        (_, None) => true,
+        (Some(s), Some(b)) => verify(s, Role::Join, h.aux, h.aux2, h.ack, b, h.aux3),
+        (None, Some(_)) => false,
     }
 }
