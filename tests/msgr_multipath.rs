@@ -7,6 +7,11 @@
 //! carried unacknowledged complete "in doubt", nothing is delivered twice or out of
 //! order, and the session goes on without a reset.
 //!
+//! A real black hole too (where nftables is usable: `RDMX_TEST_REQUIRE=nft` or `all` makes
+//! it mandatory): the UDP datagrams of path 0 towards the accepting side are dropped (an
+//! nft table named for this test and its pid, removed after), the RC retries run out
+//! (RETRY_EXC_ERR), the session moves to path 1, and path 0 rejoins once the table is gone.
+//!
 //! Behaviour, not timing: every wait is bounded generously.
 
 use rdmx::msgr::messenger::{
@@ -18,6 +23,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod require;
 mod support;
 use support::msgr_faults::{config, fnv, message, page};
 
@@ -344,4 +350,95 @@ fn with_auth_the_joins_carry_the_sessions_mac_and_failover_works() {
     assert_eq!(b.stats().path_join_refusals, 0);
     let sb = db.session.lock().unwrap().unwrap();
     assert_eq!(b.session_entity(sb).as_deref(), Some("client.mpath"));
+}
+
+/// An nftables table dropping UDP datagrams to one address and port (one path's traffic
+/// towards the accepting side: the soft provider announces, per connection, the UDP
+/// address of the side channel's local IP). Deleted on drop.
+struct PathHole(String);
+
+impl PathHole {
+    fn new(ip: &str, port: u16) -> Result<PathHole, String> {
+        let table = format!("rdmx_mpath_{}", std::process::id());
+        let script = format!(
+            "table ip {table} {{\n  chain output {{\n    type filter hook output priority -10; \
+             policy accept;\n    ip daddr {ip} udp dport {port} drop\n  }}\n}}\n"
+        );
+        nft(&script)?;
+        Ok(PathHole(table))
+    }
+}
+
+impl Drop for PathHole {
+    fn drop(&mut self) {
+        if let Err(e) = nft(&format!("delete table ip {}\n", self.0)) {
+            eprintln!("warning: removing {}: {e}", self.0);
+        }
+    }
+}
+
+fn nft(script: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut c = std::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("nft: {e}"))?;
+    c.stdin
+        .take()
+        .ok_or("nft: no stdin")?
+        .write_all(script.as_bytes())
+        .map_err(|e| format!("nft: {e}"))?;
+    let out = c.wait_with_output().map_err(|e| format!("nft: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "nft: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+#[test]
+fn a_black_hole_on_the_active_path_moves_the_session_and_the_path_rejoins() {
+    let _serial = support::serial();
+    let Some(()) = require::or_skip(support::nft_usable(), require::NFT, "a path's black hole")
+    else {
+        return;
+    };
+    let (a, b, da, db, s) = pair(Policy::Lossless);
+    send_range(&a, s, 1, 300);
+    wait("delivery before the hole", || {
+        db.last.load(Ordering::Relaxed) == 299
+    });
+    let hole = PathHole::new("127.0.0.1", b.udp_port()).unwrap();
+    // Traffic into the hole: RC retries run out on path 0 (timeout 12 x retry_cnt 3:
+    // ~70 ms), the session moves to path 1, nothing is lost.
+    send_range(&a, s, 300, 900);
+    wait("the switch to path 1", || {
+        let e = events(&da);
+        e.contains(&(0, "down")) && e.contains(&(1, "active"))
+    });
+    wait("delivery through path 1", || {
+        db.last.load(Ordering::Relaxed) == 899
+    });
+    let p = a.paths(s).unwrap();
+    assert_eq!(p[1].state, PathState::Active, "{p:?}");
+    eprintln!("path 0's fault under the hole: {:?}", p[0].last_fault);
+    assert!(p[0].last_fault.is_some(), "{p:?}");
+    drop(hole);
+    // Path 0 answers again: it rejoins and takes the traffic back.
+    wait("the failback to path 0", || {
+        a.paths(s).unwrap()[0].state == PathState::Active
+    });
+    send_range(&a, s, 900, 1000);
+    wait("delivery after the failback", || {
+        db.last.load(Ordering::Relaxed) == 999 && da.ok.load(Ordering::Relaxed) == 999
+    });
+    assert_eq!(db.bad.load(Ordering::Relaxed), 0, "exactly once, in order");
+    assert_eq!(db.delivered.load(Ordering::Relaxed), 999);
+    assert_eq!(da.resets.load(Ordering::Relaxed), 0);
+    assert_eq!(db.resets.load(Ordering::Relaxed), 0);
 }
