@@ -2,7 +2,7 @@
 //! the faults of the schedule, and the bounds checked after every event.
 
 use super::net::{Ev, Fault, MS, US};
-use super::world::{ACC, CONN, Proc, World};
+use super::world::{ACC, CONN, MAX_LINKS, Proc, World};
 use crate::msgr::messenger::machine::Shape;
 use crate::msgr::messenger::types::SessionState;
 use crate::msgr::messenger::wire::FRONT_INLINE_MAX;
@@ -175,6 +175,11 @@ impl World {
                         .map(|l| l.credits.posted);
                 if let Some(n) = over {
                     return self.violation(format!("{n} receives posted: over the window"));
+                }
+                // A link per path at most (and the simulator's copies hold them all).
+                if s.links.len() > self.p.paths.max(1) || s.links.len() > MAX_LINKS {
+                    let n = s.links.len();
+                    return self.violation(format!("{n} links for {} paths", self.p.paths));
                 }
             }
             if p.pool + p.held > self.p.pool[side] {

@@ -22,6 +22,9 @@ pub const CONN: usize = 0;
 pub const ACC: usize = 1;
 /// Send-queue entries of a link end.
 pub const MAX_SQ: usize = 32;
+/// Most links a simulated session holds at once (one per path, 3 paths, and a link
+/// being replaced).
+pub const MAX_LINKS: usize = 8;
 /// How long RC retries through a black hole before RETRY_EXC_ERR.
 pub const RETRY_BUDGET: Ns = 10 * MS;
 
@@ -287,11 +290,16 @@ impl World {
         s.m.handle_timeout(now);
         self.exec(side, si);
         // Receives up to the window on every link, as the pool allows.
-        let links = self
-            .sess(side, si)
-            .map(|s| s.links.clone())
-            .unwrap_or_default();
-        for &(lid, li) in &links {
+        let mut links = [(0u64, 0usize); MAX_LINKS];
+        let n = match self.sess(side, si) {
+            Some(s) => {
+                let n = s.links.len().min(MAX_LINKS);
+                links[..n].copy_from_slice(&s.links[..n]);
+                n
+            }
+            None => 0,
+        };
+        for &(lid, li) in &links[..n] {
             let pool = self.procs[side].pool;
             let Some(s) = self.sess(side, si) else { return };
             let k = s.m.receives_wanted_on(lid).min(pool);
@@ -318,11 +326,19 @@ impl World {
                 self.procs[side].pool += 1;
             }
         }
-        let (links, active) = match self.sess(side, si) {
-            Some(s) => (s.links.clone(), s.active),
+        let (mut links, active) = (
+            [(0u64, 0usize); MAX_LINKS],
+            self.sess(side, si).and_then(|s| s.active),
+        );
+        let n = match self.sess(side, si) {
+            Some(s) => {
+                let n = s.links.len().min(MAX_LINKS);
+                links[..n].copy_from_slice(&s.links[..n]);
+                n
+            }
             None => return,
         };
-        for (lid, li) in links {
+        for &(lid, li) in &links[..n] {
             let free = MAX_SQ.saturating_sub(self.links[li].sq[side]);
             let Some(s) = self.sess(side, si) else { return };
             if Some(lid) == active {
@@ -341,8 +357,11 @@ impl World {
             let Some(s) = self.sess(side, si) else { return };
             let Some(a) = s.m.poll_action() else { return };
             let id = s.m.id;
-            let links = s.links.clone();
-            let find = |l: u64| links.iter().copied().find(|c| c.0 == l);
+            // The session's links (at most one per path): a copy without an allocation.
+            let mut links = [(0u64, 0usize); MAX_LINKS];
+            let n = s.links.len().min(MAX_LINKS);
+            links[..n].copy_from_slice(&s.links[..n]);
+            let find = |l: u64| links[..n].iter().copied().find(|c| c.0 == l);
             if self.trace.is_some() {
                 let txt = format!("  {} sess {id:#x}: {a:?}", ["conn", "acc"][side]);
                 self.log(|| txt);
