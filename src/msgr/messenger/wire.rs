@@ -114,9 +114,11 @@ pub mod flags {
     /// answer carries it too. The session goes on on its current path meanwhile.
     pub const JOIN: u16 = 32;
     /// Ack: the sender moved the session's traffic to this link (a path switch). `aux`:
-    /// the last sequence number it sent before (a lossy receiver skips what did not
-    /// arrive: the sender reported it in doubt). The accepting side follows the
-    /// connecting side's switch and answers with its own.
+    /// the switch's number (the accepting side follows the newest and answers with its
+    /// own); `aux2`: every message the sender sends after this frame on the link is
+    /// numbered above it (a lossy receiver skips what did not arrive: the sender reported
+    /// it in doubt, and an immediate message, which carries no number, is numbered from
+    /// there).
     pub const SWITCH: u16 = 64;
 }
 

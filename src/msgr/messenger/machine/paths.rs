@@ -296,7 +296,7 @@ impl<M> Machine<M> {
                 Verdict::Stale
             }
             Kind::Ack if h.has(flags::SWITCH) && self.incoming => {
-                self.follow_switch(now, i, h.aux);
+                self.follow_switch(now, i, h.aux, h.aux2);
                 Verdict::Consumed
             }
             Kind::Ack | Kind::Ping | Kind::Pong => Verdict::Consumed,
@@ -498,7 +498,7 @@ impl<M> Machine<M> {
 
     /// Accepting side: the connecting side's switch number `epoch` arrived on standby link
     /// `i`: the traffic goes there (unless a newer switch was followed already).
-    fn follow_switch(&mut self, now: Instant, i: usize, epoch: u64) {
+    fn follow_switch(&mut self, now: Instant, i: usize, epoch: u64, before: u64) {
         if epoch <= self.switch_epoch {
             return;
         }
@@ -511,8 +511,19 @@ impl<M> Machine<M> {
         self.resend_after_switch();
         let (lid, path) = (l.lid, l.path);
         self.link = Some(l);
+        self.skip_in_doubt(before);
         self.activated(lid, path);
         self.opened(now);
+    }
+
+    /// A lossy session's receiver, at the peer's switch frame (`before`: every message the
+    /// peer sends after it on this link is numbered above): what did not arrive up to
+    /// there is lost (the peer reported it in doubt), so the next message, an immediate one
+    /// too (it carries no number), is `before + 1` or later.
+    fn skip_in_doubt(&mut self, before: u64) {
+        if self.policy == Policy::Lossy && before > self.received {
+            self.received = before;
+        }
     }
 
     /// Accepting side: after following a switch, what it sent and the peer has not
@@ -570,7 +581,12 @@ impl<M> Machine<M> {
         h.flags |= flags::SWITCH;
         h.ack = self.delivered;
         h.aux = self.switch_epoch;
-        h.aux2 = self.next_seq - 1;
+        // Every message after this frame on the link is numbered above `aux2`: the first
+        // one waiting (unsent, or to replay) comes next.
+        h.aux2 = self
+            .waiting
+            .front()
+            .map_or(self.next_seq - 1, |m| m.seq - 1);
         let owed = self.announce(&mut h);
         self.acked_to_peer = self.delivered;
         self.actions.push_back(Action::Post {
@@ -595,14 +611,16 @@ impl<M> Machine<M> {
     /// A SWITCH on the active link. Accepting side: a newer switch to the link it sends on
     /// already (the peer left it and came back): it sends again what the peer dropped
     /// meanwhile, after its answer. Connecting side: the answer to its last switch.
-    pub(super) fn note_switch(&mut self, epoch: u64) {
+    pub(super) fn note_switch(&mut self, epoch: u64, before: u64) {
         if self.incoming {
             if epoch > self.switch_epoch {
                 self.switch_epoch = epoch;
                 self.resend_after_switch();
+                self.skip_in_doubt(before);
             }
         } else if epoch == self.switch_epoch {
             self.switch_acked = true;
+            self.skip_in_doubt(before);
         }
     }
 

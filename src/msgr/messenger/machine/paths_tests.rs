@@ -193,7 +193,7 @@ fn a_lossy_session_reports_in_doubt_sends_and_goes_on() {
     a.pump(t0, room());
     let p = posted(&actions(&mut a));
     assert!(p[0].1.has(flags::SWITCH));
-    assert_eq!(p[0].1.aux2, 3, "the last sequence number sent");
+    assert_eq!(p[0].1.aux2, 2, "every message after it is numbered above");
     assert_eq!((p[1].0, p[1].1.seq), (l1, 3));
 }
 
@@ -210,6 +210,19 @@ fn a_lossy_receiver_accepts_the_gap_a_failed_path_left() {
     a.on_delivered(4);
     m.seq = 3;
     assert_eq!(a.on_frame(t0, l0, &m), Verdict::Duplicate);
+}
+
+#[test]
+fn a_lossy_receiver_numbers_an_immediate_after_a_switch_from_the_switch_frame() {
+    let t0 = Instant::now();
+    let (mut b, _, l1) = acceptor(Policy::Lossy, t0);
+    // The peer sent 1..=4 before it switched (all lost here) and says so: the immediate
+    // message that follows the switch on path 1 is number 5.
+    let mut sw = switch(1);
+    sw.aux2 = 4;
+    b.on_frame(t0, l1, &sw);
+    actions(&mut b);
+    assert_eq!(b.on_imm(t0, l1), Verdict::Accept(5));
 }
 
 #[test]

@@ -36,7 +36,7 @@ impl<M> Machine<M> {
             Kind::Hello => self.on_hello(now, h),
             Kind::Msg => self.on_msg(now, h.seq),
             Kind::Ack if h.has(flags::SWITCH) => {
-                self.note_switch(h.aux);
+                self.note_switch(h.aux, h.aux2);
                 Verdict::Consumed
             }
             Kind::Ack | Kind::Ping | Kind::Pong => Verdict::Consumed,
