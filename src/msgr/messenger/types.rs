@@ -32,8 +32,10 @@ pub struct SessionId(pub u64);
 /// message (1, 2, ... per session, in send order).
 pub type SendId = u64;
 
-/// How a session with several paths ([`Messenger::connect_paths`]) uses them.
+/// How a session with several paths ([`Messenger::connect_paths`]) uses them. Non-exhaustive:
+/// the active/active policy (docs/failover.md) is to come as a new variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum PathPolicy {
     /// All traffic on one path (the active one, the lowest-index path that is up); the
     /// others stay connected and idle (keepalives only), so that a switch costs no
