@@ -42,7 +42,7 @@ build() { # build NAME SOURCE EXTRA_FLAGS...
   esac
 }
 tests=(test_config.c test_config.cpp test_conn.c test_mem.c test_provider.c test_blk.c test_auth.c
-  test_blk_acl.c test_stats_size.c test_blk_paths.c test_msgr_pause.c)
+  test_blk_acl.c test_stats_size.c test_blk_paths.c test_msgr_pause.c test_msgr_paths.c)
 # The messenger echo: a C server, a C client (event records, then callbacks) and a C++ client
 # (callbacks on worker threads), as separate processes.
 echo_progs=(msgr_echo_server.c msgr_echo_client.c msgr_echo_client.cpp)

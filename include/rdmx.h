@@ -206,6 +206,61 @@ typedef struct rdmx_conn rdmx_conn;
 #define RDMX_MSGR_EVENT_RESET 5
 
 /**
+ * `path_policy` of `rdmx_msgr_connect_paths`: all traffic on the active path (the
+ * lowest-index path up), the others connected and idle (keepalives only) so that a
+ * switch costs no handshake. For two NIC ports or two switches.
+ */
+#define RDMX_PATH_POLICY_STANDBY 0
+
+/**
+ * `rdmx_msgr_path.state`: no connection (failed, or not tried yet); retried with the
+ * `msgr_reconnect_*` backoff.
+ */
+#define RDMX_PATH_DOWN 0
+
+/**
+ * `rdmx_msgr_path.state`: a connection attempt or the path-join handshake is under way.
+ */
+#define RDMX_PATH_CONNECTING 1
+
+/**
+ * `rdmx_msgr_path.state`: joined to the session, idle.
+ */
+#define RDMX_PATH_STANDBY 2
+
+/**
+ * `rdmx_msgr_path.state`: the session's traffic goes on it.
+ */
+#define RDMX_PATH_ACTIVE 3
+
+/**
+ * `rdmx_msgr_path_event.kind`: none (no event since the last call).
+ */
+#define RDMX_PATH_EVENT_NONE 0
+
+/**
+ * `rdmx_msgr_path_event.kind`: the path went down (`reason` says why); the session goes
+ * on on another path if one is up.
+ */
+#define RDMX_PATH_EVENT_DOWN 1
+
+/**
+ * `rdmx_msgr_path_event.kind`: the path joined the session (standby).
+ */
+#define RDMX_PATH_EVENT_UP 2
+
+/**
+ * `rdmx_msgr_path_event.kind`: the session's traffic moved to this path (a failover, or
+ * a failback to a preferred path).
+ */
+#define RDMX_PATH_EVENT_ACTIVE 3
+
+/**
+ * Bytes of `rdmx_msgr_path_event.reason`, its terminating NUL included.
+ */
+#define RDMX_PATH_REASON_LEN 128
+
+/**
  * A data segment from unregistered memory: copied once into pool chunks during
  * `rdmx_session_send` (counted in `copied_bytes`); the memory is the caller's again when
  * the call returns.
@@ -1143,6 +1198,75 @@ typedef struct {
   void *base;
   size_t len;
 } rdmx_iov;
+
+/**
+ * A path of a session (`rdmx_msgr_path_info`).
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof` this struct (see "Structs that grow" at the top of
+   * this header). Fields are only added at the end.
+   */
+  size_t struct_size;
+  /**
+   * RDMX_PATH_DOWN, _CONNECTING, _STANDBY or _ACTIVE.
+   */
+  uint32_t state;
+  /**
+   * 1: removed by `rdmx_msgr_remove_path` (its index is not reused).
+   */
+  uint32_t removed;
+  /**
+   * Messages (first sends and replays) and their bytes sent on this path.
+   */
+  uint64_t msgs_sent;
+  uint64_t bytes_sent;
+  /**
+   * Faults of this path's connections (error completion, side-channel EOF, keepalive
+   * loss, refused post, a refused join).
+   */
+  uint64_t faults;
+  /**
+   * Times the session's traffic moved to this path.
+   */
+  uint64_t switches;
+  /**
+   * Microseconds since this path's last fault; UINT64_MAX if it never failed.
+   */
+  uint64_t since_last_fault_us;
+} rdmx_msgr_path;
+
+/**
+ * A path event of a messenger's session (`rdmx_msgr_next_path_event`).
+ */
+typedef struct {
+  /**
+   * Set by the caller to `sizeof` this struct (see "Structs that grow" at the top of
+   * this header). Fields are only added at the end.
+   */
+  size_t struct_size;
+  /**
+   * RDMX_PATH_EVENT_NONE, _DOWN, _UP or _ACTIVE.
+   */
+  uint32_t kind;
+  /**
+   * The path's index (the order of `rdmx_msgr_connect_paths`' `addrs`, then of
+   * `rdmx_msgr_add_path`).
+   */
+  uint32_t path;
+  /**
+   * The session.
+   */
+  uint64_t session;
+  /**
+   * Microseconds from the event to this call.
+   */
+  uint64_t age_us;
+  /**
+   * For RDMX_PATH_EVENT_DOWN, why (NUL-terminated, cut to fit); empty otherwise.
+   */
+  char reason[RDMX_PATH_REASON_LEN];
+} rdmx_msgr_path_event;
 
 /**
  * One data segment of a message to send, with where its memory comes from.
@@ -2152,6 +2276,80 @@ rdmx_status rdmx_msg_seg_release(rdmx_msg *msg, size_t i);
  * `msg` NULL or from a MESSAGE event, not freed before.
  */
 void rdmx_msg_free(rdmx_msg *msg);
+
+/**
+ * Opens a session to one peer over `n` paths: `addrs[0..n]` ("HOST:PORT" each, of the
+ * same messenger: two NIC ports, two subnets; `addrs[0]` preferred; 1 to 16) with
+ * `policy` (RDMX_POLICY_*) and `path_policy` (RDMX_PATH_POLICY_STANDBY). `*session`
+ * receives its id at once; the first path that answers carries the session (a CONNECT
+ * event), the others join it. When the active path fails the traffic moves to the
+ * lowest-index path up without a new session: a lossless session replays what the peer
+ * has not acknowledged, a lossy one completes those sends with an "in doubt" error text
+ * (status RDMX_CLOSED) and goes on. Only when no path is up does the session reconnect
+ * (lossless) or end (lossy). Path events: `rdmx_msgr_next_path_event`. The strings are
+ * copied; the caller keeps ownership of `addrs`.
+ *
+ * # Safety
+ * `m` NULL or live; `addrs` NULL or valid for `n` pointers, each NULL or NUL-terminated;
+ * `session` NULL or writable.
+ */
+rdmx_status rdmx_msgr_connect_paths(rdmx_msgr *m,
+                                    const char *const *addrs,
+                                    size_t n,
+                                    uint32_t policy,
+                                    uint32_t path_policy,
+                                    uint64_t *session);
+
+/**
+ * Adds a path to `session` (opened by this messenger): `addr` ("HOST:PORT", copied);
+ * `*index` receives its index. It connects and joins at once if the session is open.
+ *
+ * # Safety
+ * `m` NULL or live; `addr` NULL or NUL-terminated; `index` NULL or writable.
+ */
+rdmx_status rdmx_msgr_add_path(rdmx_msgr *m, uint64_t session, const char *addr, uint32_t *index);
+
+/**
+ * Removes path `index` of `session` (opened by this messenger): its connection closes;
+ * if it was the active path the traffic moves as on its failure. The last path cannot be
+ * removed (RDMX_INVALID_ARGUMENT: close the session instead).
+ *
+ * # Safety
+ * `m` NULL or live.
+ */
+rdmx_status rdmx_msgr_remove_path(rdmx_msgr *m, uint64_t session, uint32_t index);
+
+/**
+ * How many paths `session` has (removed ones included: indexes are not reused).
+ *
+ * # Safety
+ * `m` NULL or live; `n` NULL or writable.
+ */
+rdmx_status rdmx_msgr_path_count(const rdmx_msgr *m, uint64_t session, uint32_t *n);
+
+/**
+ * Path `index` of `session`: state and counters. RDMX_INVALID_ARGUMENT for an index
+ * beyond `rdmx_msgr_path_count`.
+ *
+ * # Safety
+ * `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
+ */
+rdmx_status rdmx_msgr_path_info(const rdmx_msgr *m,
+                                uint64_t session,
+                                uint32_t index,
+                                rdmx_msgr_path *out);
+
+/**
+ * Takes the oldest path event of any of the messenger's sessions not taken yet: a path
+ * went down, joined, or took the traffic. The messenger keeps the last 1,024 (events
+ * happen while it makes progress: worker threads, or `rdmx_msgr_poll`). RDMX_OK with
+ * `kind` RDMX_PATH_EVENT_NONE when there is none (take them in a loop until then). Each
+ * event is also logged (target `rdmx::msgr`: warn for down, info for the others).
+ *
+ * # Safety
+ * `m` NULL or live; `out` NULL, or its `struct_size` set and writable for that many bytes.
+ */
+rdmx_status rdmx_msgr_next_path_event(const rdmx_msgr *m, rdmx_msgr_path_event *out);
 
 /**
  * Sends a message on `session`: `type`, a front part of `front_len` bytes (copied; at most

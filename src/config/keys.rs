@@ -408,6 +408,12 @@ pub static KEYS: &[KeySpec] = &[
         "eager data goes as an RDMA WRITE into the data chunk of the receive the receiver granted (with its credits), then a short SEND of the header: a 4 KiB message is one full packet plus a small one, and a batch of them two runs of equal packets (one GSO message each with the soft provider); the data pool is then registered with remote write. false = the data rides in the SEND after the 512-byte header slot",
     ),
     key(
+        "msgr_path_failback",
+        Kind::Bool,
+        "true",
+        "a session with several paths (Messenger::connect_paths) moves its traffic back to a preferred (lower-index) path when that path rejoins after a failure; false = it stays on the path it failed over to until that one fails",
+    ),
+    key(
         "msgr_scoped_rkeys",
         Kind::Bool,
         "true",

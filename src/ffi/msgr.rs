@@ -12,9 +12,11 @@
 //!   `rdmx_msgr_on_event`.
 
 mod msg;
+mod paths;
 mod session;
 
 pub use msg::*;
+pub use paths::*;
 pub use session::*;
 
 use super::boundary::{self, handle, out_ptr};
@@ -27,7 +29,8 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::mem::rcache::Handle;
 use crate::msgr::messenger::{
-    Dispatcher, InMessage, Messenger, Policy, SendId, SessionCounters, SessionId, TxChunk,
+    Dispatcher, InMessage, Messenger, PathEvent, Policy, SendId, SessionCounters, SessionId,
+    TxChunk,
 };
 use crate::provider::sys::EventFd;
 use crate::rc::verbs::access;
@@ -145,6 +148,8 @@ struct Shared {
     chunks: Mutex<HashMap<usize, TxChunk>>,
     /// Registrations from `rdmx_msgr_mem_reg`, by id.
     mems: Mutex<(u64, HashMap<u64, Handle>)>,
+    /// Path events for `rdmx_msgr_next_path_event` (the last `PATH_EVENTS_KEPT`).
+    path_events: Mutex<VecDeque<paths::PathRecord>>,
 }
 
 thread_local! {
@@ -257,6 +262,19 @@ impl Dispatcher for FfiDispatcher {
     fn on_reset(&self, _m: &Messenger, s: SessionId, why: &Error) {
         self.0.deliver(Ev::Reset(s, why.clone()));
     }
+
+    fn on_path(&self, _m: &Messenger, s: SessionId, path: usize, ev: &PathEvent) {
+        let mut q = self.0.path_events.lock();
+        if q.len() >= paths::PATH_EVENTS_KEPT {
+            q.pop_front();
+        }
+        q.push_back(paths::PathRecord {
+            session: s,
+            path,
+            event: ev.clone(),
+            at: std::time::Instant::now(),
+        });
+    }
 }
 
 impl rdmx_msgr {
@@ -318,6 +336,7 @@ pub unsafe extern "C" fn rdmx_msgr_new(
             handle: AtomicPtr::new(std::ptr::null_mut()),
             chunks: Mutex::new(HashMap::new()),
             mems: Mutex::new((0, HashMap::new())),
+            path_events: Mutex::new(VecDeque::new()),
         });
         let inner = Messenger::new(config, Arc::new(FfiDispatcher(Arc::clone(&shared))))?;
         let handle_slot = Arc::clone(&shared);
@@ -403,23 +422,28 @@ pub unsafe extern "C" fn rdmx_msgr_connect(
         let m = unsafe { handle(m, "msgr") }?;
         // SAFETY: forwarded contract.
         let addr = unsafe { addr_arg(addr) }?;
-        let policy = match policy {
-            RDMX_POLICY_DEFAULT => m.inner.settings().policy,
-            RDMX_POLICY_LOSSLESS => Policy::Lossless,
-            RDMX_POLICY_LOSSY => Policy::Lossy,
-            p => {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "policy {p}: expected RDMX_POLICY_DEFAULT (0), RDMX_POLICY_LOSSLESS (1) or RDMX_POLICY_LOSSY (2)"
-                    ),
-                ));
-            }
-        };
+        let policy = policy_arg(m, policy)?;
         let s = m.inner.connect(addr, policy)?;
         // SAFETY: checked non-NULL, writable per the contract.
         unsafe { session.write(s.0) };
         Ok(())
+    })
+}
+
+/// A `policy` argument (RDMX_POLICY_*).
+fn policy_arg(m: &rdmx_msgr, policy: u32) -> Result<Policy> {
+    Ok(match policy {
+        RDMX_POLICY_DEFAULT => m.inner.settings().policy,
+        RDMX_POLICY_LOSSLESS => Policy::Lossless,
+        RDMX_POLICY_LOSSY => Policy::Lossy,
+        p => {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "policy {p}: expected RDMX_POLICY_DEFAULT (0), RDMX_POLICY_LOSSLESS (1) or RDMX_POLICY_LOSSY (2)"
+                ),
+            ));
+        }
     })
 }
 

@@ -93,6 +93,12 @@ pub struct Connection {
     peer_entity: Option<String>,
     /// The message limits the peer's hello advertised (None: it sent none).
     peer_limits: Option<setup::MsgLimitsWire>,
+    /// The peer's hello set [`setup::FLAG_PATHS`] (its messenger takes path-joins).
+    peer_paths: bool,
+    /// This connection's own secret from its authenticated handshake
+    /// ([`crate::msgr::auth::SessionKeys::session`]: bound to both nonces and the key
+    /// exchange); None with `auth = none`. Path-joins are bound with it.
+    binding: Option<zeroize::Zeroizing<[u8; 32]>>,
     /// This side's offer (configured, link and active MTU) and the negotiated path MTU.
     mtu: (PathMtu, u32),
     closed: bool,
@@ -726,7 +732,8 @@ impl Connection {
                         setup::FLAG_LIMITS
                     } else {
                         0
-                    },
+                    }
+                    | setup::FLAG_PATHS,
                 src_port: ep.src_port,
                 limits,
                 qpn: qp.qpn(),
@@ -749,15 +756,23 @@ impl Connection {
             let theirs = setup::exchange_tagged(&mut tcp, &mine, timeout, keys)?;
             let n = setup::negotiate(&mine, &theirs, peer.ip())?;
             qp.connect(&n.remote(), s)?;
-            Ok((n.peer_regions, theirs.path_mtu, n.path_mtu, theirs.limits))
+            let paths = theirs.flags & setup::FLAG_PATHS != 0;
+            Ok((
+                n.peer_regions,
+                theirs.path_mtu,
+                n.path_mtu,
+                theirs.limits,
+                paths,
+            ))
         })();
-        let (peer_regions, peer_mtu, path_mtu, peer_limits) = match result {
+        let (peer_regions, peer_mtu, path_mtu, peer_limits, peer_paths) = match result {
             Ok(r) => r,
             Err(e) => {
                 qp.destroy(dev);
                 return Err(e);
             }
         };
+        let binding = auth.keys.as_ref().map(|k| k.session.clone());
         let conn = Connection {
             ctx,
             tcp,
@@ -766,6 +781,8 @@ impl Connection {
             peer,
             peer_entity: auth.peer_entity,
             peer_limits,
+            peer_paths,
+            binding,
             mtu: (offer, path_mtu),
             closed: false,
             failure_c: std::sync::OnceLock::new(),
@@ -967,6 +984,17 @@ impl Connection {
     /// connection, or a build before protocol 1.3).
     pub fn peer_limits(&self) -> Option<setup::MsgLimitsWire> {
         self.peer_limits
+    }
+
+    /// This connection's secret from its authenticated handshake (None with `auth = none`):
+    /// both ends have it, nobody else (the messenger's path-join MAC).
+    pub fn binding(&self) -> Option<&[u8; 32]> {
+        self.binding.as_deref()
+    }
+
+    /// Whether the peer's messenger takes path-joins ([`setup::FLAG_PATHS`], protocol 1.4).
+    pub fn peer_takes_paths(&self) -> bool {
+        self.peer_paths
     }
 
     pub fn peer_regions(&self) -> &[Region] {

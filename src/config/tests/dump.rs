@@ -56,6 +56,7 @@ msgr_recv_window_min = 4  # default
 msgr_pool_chunks = 16384  # default
 msgr_eager_max = 4096  # default
 msgr_eager_write = true  # default
+msgr_path_failback = true  # default
 msgr_scoped_rkeys = true  # default
 msgr_rx_batch = 16  # default
 msgr_worker_slice_us = 0  # default

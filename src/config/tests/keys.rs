@@ -114,6 +114,7 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("qp_override", ""),
     ("msgr_policy", "lossless"),
     ("msgr_eager_write", "true"),
+    ("msgr_path_failback", "true"),
     ("msgr_scoped_rkeys", "true"),
     ("auth", "auto"),
     ("auth_keyring", ""),

@@ -12,6 +12,7 @@
 pub mod client;
 pub mod gate;
 pub mod keyring;
+pub mod pathjoin;
 pub mod proto;
 pub mod server;
 

@@ -35,6 +35,8 @@ pub(super) struct Admission {
     pending: AtomicUsize,
     /// Links and sessions refused by a bound or a takeover check.
     pub refusals: AtomicU64,
+    /// Path-join hellos refused: naming no open session, or another entity's.
+    pub join_refusals: AtomicU64,
     log: Mutex<LogLimit>,
 }
 
@@ -55,6 +57,7 @@ impl Admission {
             state: Mutex::default(),
             pending: AtomicUsize::new(0),
             refusals: AtomicU64::new(0),
+            join_refusals: AtomicU64::new(0),
             log: Mutex::new(LogLimit::new()),
         })
     }
@@ -136,6 +139,12 @@ impl Admission {
             owner.as_deref().unwrap_or("(nobody)")
         ));
         false
+    }
+
+    /// A path-join hello was refused (counted; an entity mismatch is logged by
+    /// [`Admission::may_resume`] already).
+    pub fn refuse_join(&self) {
+        self.join_refusals.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The authenticated peer entity of session `id`.

@@ -904,6 +904,27 @@ impl Link {
         }
     }
 
+    /// The messages being received are dropped (the traffic moved to another path: the
+    /// peer sends them again there), their chunks returned. False, and nothing dropped,
+    /// when a READ is in flight into one of them (its chunks are the device's until the
+    /// QP is gone: the caller closes the link instead).
+    pub fn discard_rx(&mut self) -> bool {
+        if self.rx.iter().any(|e| e.reads_in_flight > 0) {
+            return false;
+        }
+        for e in self.rx.drain(..) {
+            if let Some((c, _)) = e.eager {
+                let _ = self.data.put(c);
+            }
+            for s in e.segs {
+                for c in s.chunks {
+                    let _ = self.data.put(c);
+                }
+            }
+        }
+        true
+    }
+
     /// Returns a payload chunk the session did not hand out.
     pub fn give_back(&mut self, c: Chunk) {
         self.spare_data.push(c);

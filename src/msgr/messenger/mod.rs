@@ -36,11 +36,12 @@ mod submit;
 mod types;
 pub mod wire;
 
+pub use machine::is_in_doubt;
 pub use settings::MsgrSettings;
 pub use types::{
-    Dispatcher, Fault, InMessage, MSG_TYPE_IMM, MsgrStats, OutMessage, Payload, Policy, Refused,
-    Registered, RemoteWrite, RxSeg, SendId, SessionCounters, SessionId, SessionInfo, SessionState,
-    TxChunk,
+    Dispatcher, Fault, InMessage, MSG_TYPE_IMM, MsgrStats, OutMessage, PathCounters, PathEvent,
+    PathInfo, PathPolicy, PathState, Payload, Policy, Refused, Registered, RemoteWrite, RxSeg,
+    SendId, SessionCounters, SessionId, SessionInfo, SessionState, TxChunk,
 };
 
 use crate::config::Config;
@@ -108,6 +109,46 @@ impl Messenger {
     /// connection with backoff too; a lossy one ends with `on_reset` if it fails.
     pub fn connect(&self, addr: &str, policy: Policy) -> Result<SessionId> {
         self.core.connect(addr, policy)
+    }
+
+    /// Opens a session to one peer over several paths: `addrs` are addresses of the same
+    /// messenger (two NIC ports, two subnets; 1 to 16, `addrs[0]` preferred). The first
+    /// path that answers carries the session; the others join it (a path-join hello bound
+    /// to the session: docs/security.md) and stay idle with `PathPolicy::Standby`. When
+    /// the active path fails the traffic moves to the lowest-index path up without a new
+    /// session: a lossless session replays what the peer has not acknowledged (exactly
+    /// once, in order), a lossy one completes those sends with an "in doubt" error and
+    /// goes on. A failed path is retried with the `msgr_reconnect_*` backoff and rejoins;
+    /// with `msgr_path_failback` (default) the traffic moves back to a preferred path.
+    /// Only when no path is up does the session reconnect (lossless) or end (lossy), as
+    /// with one path. `Dispatcher::on_path` reports each path going down, joining, or
+    /// becoming the active one. docs/failover.md.
+    pub fn connect_paths(
+        &self,
+        addrs: &[&str],
+        policy: Policy,
+        path_policy: PathPolicy,
+    ) -> Result<SessionId> {
+        self.core.connect_paths(addrs, policy, path_policy)
+    }
+
+    /// Adds a path to session `s` (the side that connected it): returns its index. It is
+    /// connected and joins at once if the session is open.
+    pub fn add_path(&self, s: SessionId, addr: &str) -> Result<usize> {
+        self.core.add_path(s, addr)
+    }
+
+    /// Removes path `index` of session `s` (the side that connected it): its connection
+    /// closes; if it was the active path the traffic moves as on its failure. The last
+    /// path cannot be removed (`InvalidArgument`: close the session).
+    pub fn remove_path(&self, s: SessionId, index: usize) -> Result<()> {
+        self.core.remove_path(s, index)
+    }
+
+    /// The paths of session `s`: address, state and counters (the accepting side lists
+    /// the paths the peer joined, without addresses).
+    pub fn paths(&self, s: SessionId) -> Result<Vec<PathInfo>> {
+        self.core.paths(s)
     }
 
     /// Queues `msg` on session `s` and returns its [`SendId`]; `on_send_complete` reports

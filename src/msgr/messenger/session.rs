@@ -25,7 +25,10 @@ use super::link::{
 use super::machine::{Action, Machine, Notice, Shape, SqRoom, Verdict};
 use super::settings::{MsgLimits, MsgrSettings};
 use super::submit::{Gate, Submitted};
-use super::types::{InMessage, MSG_TYPE_IMM, RxSeg, SendId, SessionId, SessionInfo, SessionState};
+use super::types::{
+    InMessage, MSG_TYPE_IMM, PathEvent, PathInfo, RxSeg, SendId, SessionId, SessionInfo,
+    SessionState,
+};
 use super::wire::{self, FRONT_INLINE_MAX, Header, PAYLOAD_MAX, SegDesc, flags};
 
 /// A link being closed may drain its last sends (a bye, a refusing hello) this long.
@@ -95,6 +98,7 @@ pub enum Event {
     SendDone(SessionId, SendId, Result<()>),
     Ready(SessionId),
     Reset(SessionId, Error),
+    Path(SessionId, usize, PathEvent),
 }
 
 /// A connection attempt running on its own thread: the connection and the receives its
@@ -104,13 +108,20 @@ pub type Attempt = Receiver<Result<(Connection, Vec<RecvSlot>)>>;
 pub struct Session {
     /// The protocol: every decision about the session.
     pub m: Machine<OutMsg>,
-    /// The current link and its generation in the machine (a path id: actions name it).
+    /// The current (active) link and its generation in the machine (actions name it).
     pub link: Option<(u64, Link)>,
-    /// Connecting side: where to (re)connect, and the attempt under way.
-    pub addr: Option<String>,
-    pub attempt: Option<Attempt>,
-    /// The machine asked for a connection attempt ([`Action::Connect`]): the shard starts it.
-    pub want_connect: bool,
+    /// The links of the session's other paths (joined or joining): keepalives and credit
+    /// announcements only, until the machine activates one ([`Action::Activate`]).
+    pub standby: Vec<(u64, Link)>,
+    /// The session's path secret (`auth::pathjoin`), from the authenticated handshake of
+    /// the connection it opened on; None with `auth = none`. Path-joins carry a MAC with it.
+    pub path_secret: Option<zeroize::Zeroizing<[u8; 32]>>,
+    /// Connecting side: each path's address (by path index), and the attempts under way.
+    pub addrs: Vec<String>,
+    pub attempts: Vec<(usize, Attempt)>,
+    /// The paths the machine asked a connection attempt for ([`Action::Connect`]): the
+    /// shard starts them.
+    pub want_connect: Vec<usize>,
     pub peer: Option<SocketAddr>,
     /// Where the application's sends wait for the next pass (`submit.rs`): shared with
     /// the shard's gate index, which `send` looks it up in.
@@ -131,9 +142,11 @@ impl Session {
     pub fn new(m: Machine<OutMsg>) -> Session {
         Session {
             link: None,
-            addr: None,
-            attempt: None,
-            want_connect: false,
+            standby: Vec::new(),
+            path_secret: None,
+            addrs: Vec::new(),
+            attempts: Vec::new(),
+            want_connect: Vec::new(),
             peer: None,
             gate: Arc::new(Gate::new(m.policy)),
             submits: VecDeque::new(),
@@ -156,6 +169,35 @@ impl Session {
     /// The current link.
     pub fn link(&self) -> Option<&Link> {
         self.link.as_ref().map(|(_, l)| l)
+    }
+
+    fn link_mut(&mut self, lid: u64) -> Option<&mut Link> {
+        self.link
+            .iter_mut()
+            .chain(self.standby.iter_mut())
+            .find(|(l, _)| *l == lid)
+            .map(|(_, l)| l)
+    }
+
+    /// The session's paths: state and counters.
+    pub fn paths(&self, now: Instant) -> Vec<PathInfo> {
+        (0..self.m.path_count())
+            .filter_map(|i| {
+                let p = self.m.path(i)?;
+                Some(PathInfo {
+                    index: i,
+                    remote: self.addrs.get(i).cloned(),
+                    state: self.m.path_state(i),
+                    counters: p.counters,
+                    last_fault: p.last_fault.as_ref().map(|(e, _)| e.clone()),
+                    since_last_fault: p
+                        .last_fault
+                        .as_ref()
+                        .map(|(_, t)| now.saturating_duration_since(*t)),
+                    removed: p.removed,
+                })
+            })
+            .collect()
     }
 
     pub fn info(&self) -> SessionInfo {
@@ -258,6 +300,7 @@ impl Session {
         let Some((_, link)) = self.link.as_ref() else {
             return false;
         };
+        // (The machine is never quiet with standby paths: they are kept alive.)
         self.m.quiet(now) && link.is_quiet() && !link.conn.may_have_completions()
     }
 
@@ -289,6 +332,16 @@ impl Session {
                     });
                 }
             }
+            LinkEvent::Recv(r) if !self.join_answer_ok(lid, &r.h) => {
+                if let Some(c) = r.data {
+                    self.give_back(c, pool);
+                }
+                let e = Error::fixed(
+                    ErrorKind::Auth,
+                    "path-join: the answer's MAC is wrong (not the session's peer)",
+                );
+                self.m.on_link_error(now, lid, e);
+            }
             LinkEvent::Recv(r) => match self.m.on_frame(now, lid, &r.h) {
                 Verdict::Accept(seq) => {
                     if let Err(e) = self.accept(seq, r, s, pool) {
@@ -301,6 +354,34 @@ impl Session {
                     }
                 }
             },
+        }
+    }
+
+    /// The session opened: its path secret from the connection it opened on (with auth).
+    pub fn note_path_secret(&mut self) {
+        if self.path_secret.is_none()
+            && let Some(b) = self.link().and_then(|l| l.conn.binding())
+        {
+            self.path_secret = Some(crate::msgr::auth::pathjoin::path_secret(b));
+        }
+    }
+
+    /// Whether a frame on link `lid` that is a path-join answer carries the right MAC (a
+    /// frame that is not one, or a session without auth, passes).
+    fn join_answer_ok(&self, lid: u64, h: &Header) -> bool {
+        if self.m.incoming || h.kind() != Some(wire::Kind::Hello) || !h.has(flags::JOIN) {
+            return true;
+        }
+        let Some((_, link)) = self.standby.iter().find(|(l, _)| *l == lid) else {
+            return true;
+        };
+        match (self.path_secret.as_deref(), link.conn.binding()) {
+            (_, None) => true,
+            (Some(s), Some(b)) => {
+                use crate::msgr::auth::pathjoin::{Role, verify};
+                verify(s, Role::Answer, h.aux2, h.aux, h.ack, b, h.aux3)
+            }
+            (None, Some(_)) => false,
         }
     }
 
@@ -402,6 +483,47 @@ impl Session {
         }
         self.exec(now, ev, closing);
         self.flush(now, ev, closing);
+        self.step_standby(now, ev, closing);
+    }
+
+    /// The standby paths' part of a pass: receives reposted, keepalives and credit
+    /// announcements, one post each.
+    pub fn step_standby(
+        &mut self,
+        now: Instant,
+        ev: &mut Vec<Event>,
+        closing: &mut Vec<(Link, Instant)>,
+    ) {
+        if self.standby.is_empty() {
+            return;
+        }
+        let lids: smallvec::SmallVec<[u64; 4]> = self.standby.iter().map(|(l, _)| *l).collect();
+        for lid in lids {
+            let Some(link) = self
+                .standby
+                .iter_mut()
+                .find(|(l, _)| *l == lid)
+                .map(|(_, l)| l)
+            else {
+                continue;
+            };
+            match link.replenish(self.m.receives_wanted_on(lid)) {
+                Ok(n) => {
+                    self.m.on_posted(lid, n);
+                    self.m.pump_standby(now, lid, link.sq_room());
+                }
+                Err(e) => self.m.on_link_error(now, lid, e),
+            }
+            self.exec(now, ev, closing);
+            if let Some((_, link)) = self.standby.iter_mut().find(|(l, _)| *l == lid) {
+                let r = link.flush();
+                take_counters(&mut self.m, link);
+                if let Err(e) = r {
+                    self.m.on_link_error(now, lid, e);
+                    self.exec(now, ev, closing);
+                }
+            }
+        }
     }
 
     /// READs, delivery in order, receives reposted.
@@ -470,6 +592,27 @@ impl Session {
         }
     }
 
+    /// Posts what the standby links queued (a join hello, a keepalive).
+    pub fn flush_standby(
+        &mut self,
+        now: Instant,
+        ev: &mut Vec<Event>,
+        closing: &mut Vec<(Link, Instant)>,
+    ) {
+        let mut failed: smallvec::SmallVec<[(u64, Error); 2]> = smallvec::SmallVec::new();
+        for (lid, link) in &mut self.standby {
+            let r = link.flush();
+            take_counters(&mut self.m, link);
+            if let Err(e) = r {
+                failed.push((*lid, e));
+            }
+        }
+        for (lid, e) in failed {
+            self.m.on_link_error(now, lid, e);
+        }
+        self.exec(now, ev, closing);
+    }
+
     /// Carries out the machine's actions, in order: posts queued on the link (a post it
     /// refuses is a fault of that link, whose actions follow), links closed (a drained one
     /// goes to `closing`), callbacks queued in `ev`. A connection attempt it asks for is
@@ -477,7 +620,8 @@ impl Session {
     pub fn exec(&mut self, now: Instant, ev: &mut Vec<Event>, closing: &mut Vec<(Link, Instant)>) {
         while let Some(a) = self.m.poll_action() {
             match a {
-                Action::Connect => self.want_connect = true,
+                Action::Connect { path } => self.want_connect.push(path),
+                Action::Activate { link } => self.activate(now, link),
                 Action::Post {
                     link,
                     mut header,
@@ -494,13 +638,20 @@ impl Session {
                     }
                 }
                 Action::CloseLink { link, drain } => {
-                    if self.link.as_ref().is_some_and(|(l, _)| *l == link)
-                        && let Some((_, mut l)) = self.link.take()
-                    {
+                    let active = self.link.as_ref().is_some_and(|(l, _)| *l == link);
+                    let taken = if active {
+                        self.link.take()
+                    } else {
+                        let k = self.standby.iter().position(|(l, _)| *l == link);
+                        k.map(|k| self.standby.remove(k))
+                    };
+                    if let Some((_, mut l)) = taken {
                         take_counters(&mut self.m, &mut l);
-                        // Windows bound for this link's QP end (a replay binds new ones).
-                        let segs = self.m.bodies_mut().flat_map(|b| b.segs.iter_mut());
-                        segs.for_each(TxSeg::unexpose);
+                        if active {
+                            // Windows bound for this link's QP end (a replay binds new ones).
+                            let segs = self.m.bodies_mut().flat_map(|b| b.segs.iter_mut());
+                            segs.for_each(TxSeg::unexpose);
+                        }
                         if drain {
                             let _ = l.flush();
                             closing.push((l, now + CLOSE_DRAIN));
@@ -514,10 +665,39 @@ impl Session {
         }
     }
 
+    /// The machine moved the traffic to standby link `lid`: it becomes the current link;
+    /// the one that was stays as a standby one, what it was receiving dropped (the peer
+    /// sends it again on the new link). A link with READs in flight for those messages
+    /// cannot give their chunks back while it lives: it closes instead (its path rejoins).
+    fn activate(&mut self, now: Instant, lid: u64) {
+        let Some(k) = self.standby.iter().position(|(l, _)| *l == lid) else {
+            return;
+        };
+        let new = self.standby.remove(k);
+        if let Some((old_lid, mut old)) = self.link.replace(new) {
+            // Windows bound for the old link's QP end (the messages go again on the new).
+            let segs = self.m.bodies_mut().flat_map(|b| b.segs.iter_mut());
+            segs.for_each(TxSeg::unexpose);
+            if old.discard_rx() {
+                self.standby.push((old_lid, old));
+            } else {
+                take_counters(&mut self.m, &mut old);
+                drop(old);
+                let e = Error::fixed(
+                    ErrorKind::Closed,
+                    "the path left with READs in flight: closed, to rejoin",
+                );
+                self.m.on_link_error(now, old_lid, e);
+            }
+        }
+        self.note_peer_limits();
+    }
+
     fn notify(&mut self, n: Notice, ev: &mut Vec<Event>) {
         let sid = self.sid();
         ev.push(match n {
             Notice::Connected => {
+                self.note_path_secret();
                 let Some(p) = self.peer.or_else(|| self.link().map(|l| l.conn.peer())) else {
                     return;
                 };
@@ -530,17 +710,48 @@ impl Session {
                 log::debug!(target: "rdmx::msgr", "session {:#x}: reset: {e}", self.m.id);
                 Event::Reset(sid, e)
             }
+            Notice::Path(i, pe) => {
+                let to = self
+                    .addrs
+                    .get(i)
+                    .map_or_else(String::new, |a| format!(" ({a})"));
+                match &pe {
+                    PathEvent::Down(e) => log::warn!(
+                        target: "rdmx::msgr",
+                        "session {:#x}: path {i}{to} down: {e}", self.m.id
+                    ),
+                    PathEvent::Up => log::info!(
+                        target: "rdmx::msgr",
+                        "session {:#x}: path {i}{to} up (standby)", self.m.id
+                    ),
+                    PathEvent::Active => log::info!(
+                        target: "rdmx::msgr",
+                        "session {:#x}: traffic switched to path {i}{to}", self.m.id
+                    ),
+                }
+                Event::Path(sid, i, pe)
+            }
         });
     }
 
     /// Queues the SEND of `h` on link `lid` (if it is still the current one): a control
     /// frame, or data message `msg` from the body the machine holds for it.
     fn post(&mut self, lid: u64, h: &mut Header, msg: Option<u64>, owed: u32) -> Result<()> {
+        let Some(seq) = msg else {
+            // A control frame: on the active link or a standby path's.
+            let (incoming, secret) = (self.m.incoming, self.path_secret.clone());
+            return match self.link_mut(lid) {
+                Some(link) => {
+                    if h.kind() == Some(wire::Kind::Hello) && h.has(flags::JOIN) {
+                        sign_join(h, incoming, secret.as_deref(), link.conn.binding());
+                    }
+                    link.queue(h, &[], Body::None, owed)
+                }
+                None => Ok(()),
+            };
+        };
         let Some((_, link)) = self.link.as_mut().filter(|(l, _)| *l == lid) else {
             return Ok(());
-        };
-        let Some(seq) = msg else {
-            return link.queue(h, &[], Body::None, owed);
         };
         let Some(o) = self.m.unacked_mut(seq) else {
             return Err(Error::new(
@@ -581,6 +792,22 @@ impl Session {
             )),
         }
     }
+}
+
+/// Puts the path-join MAC into the join hello `h` (`incoming`: the accepting side's answer)
+/// when the session and the link have secrets (auth on); 0 otherwise.
+fn sign_join(
+    h: &mut Header,
+    incoming: bool,
+    secret: Option<&[u8; 32]>,
+    binding: Option<&[u8; 32]>,
+) {
+    use crate::msgr::auth::pathjoin::{Role, mac};
+    h.aux3 = match (secret, binding) {
+        (Some(s), Some(b)) if incoming => mac(s, Role::Answer, h.aux2, h.aux, h.ack, b),
+        (Some(s), Some(b)) => mac(s, Role::Join, h.aux, h.aux2, h.ack, b),
+        _ => 0,
+    };
 }
 
 /// Completes send `seq` of session `sid` with an error, before the session's `on_reset` in

@@ -113,6 +113,8 @@ pub struct MsgrSettings {
     pub eager_max: usize,
     /// Eager data as an RDMA WRITE into the receiver's granted chunk + a short SEND.
     pub eager_write: bool,
+    /// Failback to a preferred path that rejoined (`msgr_path_failback`).
+    pub path_failback: bool,
     /// Messages a session takes from its link per pass (`msgr_rx_batch`; 0 = no limit but
     /// the pass's fairness budget).
     pub rx_batch: usize,
@@ -159,6 +161,7 @@ impl MsgrSettings {
             pool_chunks: c.get_u64("msgr_pool_chunks")? as u32,
             eager_max: c.get_u64("msgr_eager_max")? as usize,
             eager_write: c.get_bool("msgr_eager_write")?,
+            path_failback: c.get_bool("msgr_path_failback")?,
             rx_batch: match c.get_u64("msgr_rx_batch")? {
                 0 => usize::MAX,
                 n => n as usize,

@@ -242,6 +242,7 @@ mod tests {
             recv_window_min: 1,
             recv_window: 1,
             eager_write: false,
+            path_failback: true,
         }
     }
 

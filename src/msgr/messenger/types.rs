@@ -32,6 +32,76 @@ pub struct SessionId(pub u64);
 /// message (1, 2, ... per session, in send order).
 pub type SendId = u64;
 
+/// How a session with several paths ([`Messenger::connect_paths`]) uses them. Non-exhaustive:
+/// the active/active policy (docs/failover.md) is to come as a new variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PathPolicy {
+    /// All traffic on one path (the active one, the lowest-index path that is up); the
+    /// others stay connected and idle (keepalives only), so that a switch costs no
+    /// handshake. For two NIC ports or two switches: no reordering cost, the second link
+    /// only carries traffic when the first fails.
+    #[default]
+    Standby,
+}
+
+/// What a path of a session is doing now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathState {
+    /// No connection (failed, or not tried yet): retried with backoff
+    /// (`msgr_reconnect_min_ms` doubling to `_max_ms`, without giving up while the session
+    /// lives on another path).
+    Down,
+    /// A connection attempt or the path-join handshake is under way.
+    Connecting,
+    /// Connected and joined to the session, idle (keepalives only).
+    Standby,
+    /// The path the session's traffic goes on.
+    Active,
+}
+
+/// What happened to a path (the dispatcher's `on_path`; a log line each: warn for
+/// `Down`, info for the others).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathEvent {
+    /// The path failed (or a join on it was refused): why.
+    Down(Error),
+    /// The path joined the session (standby).
+    Up,
+    /// The session's traffic moved to this path (a failover, or a failback to a preferred
+    /// path that rejoined).
+    Active,
+}
+
+/// Per-path counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathCounters {
+    /// Messages (first sends and replays) and their bytes sent on this path.
+    pub msgs_sent: u64,
+    pub bytes_sent: u64,
+    /// Faults of this path's connections (error completion, side-channel EOF, keepalive
+    /// loss, refused post, a refused join).
+    pub faults: u64,
+    /// Times the session's traffic moved to this path.
+    pub switches: u64,
+}
+
+/// One path of a session ([`Messenger::paths`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathInfo {
+    /// Its index (0 = the most preferred; failback moves back to the lowest index up).
+    pub index: usize,
+    /// The address it connects to (connecting side; None on the accepting side).
+    pub remote: Option<String>,
+    pub state: PathState,
+    pub counters: PathCounters,
+    /// The last fault's reason, and how long ago it was.
+    pub last_fault: Option<Error>,
+    pub since_last_fault: Option<std::time::Duration>,
+    /// Removed by `remove_path` (its index is not reused).
+    pub removed: bool,
+}
+
 /// A session's life stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionState {
@@ -419,6 +489,11 @@ pub trait Dispatcher: Send + Sync + 'static {
     /// The session ended because of a fault (lossy), a peer restart, or a reconnect that
     /// gave up. Not called for `close_session`. The session's id is dead afterwards.
     fn on_reset(&self, _m: &Messenger, _s: SessionId, _why: &Error) {}
+
+    /// A path of the session went down, joined, or became the active one
+    /// ([`Messenger::connect_paths`]). The session itself carries on: only when no path
+    /// is up does it reconnect (lossless) or end (lossy), as with one path.
+    fn on_path(&self, _m: &Messenger, _s: SessionId, _path: usize, _ev: &PathEvent) {}
 }
 
 /// Per-session counters.
@@ -535,6 +610,9 @@ pub struct MsgrStats {
     /// Links and sessions refused by `msgr_max_pending_links`, `msgr_max_sessions`,
     /// `msgr_max_sessions_per_entity`, or for resuming another entity's session.
     pub session_refusals: u64,
+    /// Path-join hellos refused: naming no open session here, or a session of another
+    /// entity ([`Messenger::connect_paths`], docs/security.md).
+    pub path_join_refusals: u64,
     /// Dispatcher callbacks that panicked: each was caught (the worker lives on), logged
     /// at error level, and ended its session (`on_reset`; the peer sees it closed).
     pub dispatcher_panics: u64,

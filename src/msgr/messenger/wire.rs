@@ -108,6 +108,18 @@ pub mod flags {
     /// The credits this header announces come with grants (the sender's receive chunks
     /// take remote writes: its `msgr_eager_write` is on); without it, none follow.
     pub const GRANTS: u16 = 16;
+    /// Hello: a path-join. The link is another path of the session the hello names
+    /// (`aux` the sender's id, `aux2` the receiver's), `ack` the path's index (a hello
+    /// acknowledges nothing); the
+    /// answer carries it too. The session goes on on its current path meanwhile.
+    pub const JOIN: u16 = 32;
+    /// Ack: the sender moved the session's traffic to this link (a path switch). `aux`:
+    /// the switch's number (the accepting side follows the newest and answers with its
+    /// own); `aux2`: every message the sender sends after this frame on the link is
+    /// numbered above it (a lossy receiver skips what did not arrive: the sender reported
+    /// it in doubt, and an immediate message, which carries no number, is numbered from
+    /// there).
+    pub const SWITCH: u16 = 64;
 }
 
 /// A receive's data chunk, granted to the peer (it may WRITE eager data there).

@@ -22,7 +22,7 @@
 //! | 0 | 4 | total length in bytes, including these 4 |
 //! | 4 | 4 | magic `b"RDMX"` |
 //! | 8 | 2 | version: major in the high byte, minor in the low byte |
-//! | 10 | 2 | flags: bit 0 [`FLAG_SRC_PORT`] (1.1), bit 1 [`FLAG_ROCE`] (1.2), bit 2 [`FLAG_LIMITS`] (1.3); unknown bits are ignored |
+//! | 10 | 2 | flags: bit 0 [`FLAG_SRC_PORT`] (1.1), bit 1 [`FLAG_ROCE`] (1.2), bit 2 [`FLAG_LIMITS`] (1.3), bit 3 [`FLAG_PATHS`] (1.4); unknown bits are ignored |
 //! | 12 | 4 | qpn (24 bits) |
 //! | 16 | 4 | psn (24 bits) |
 //! | 20 | 2 | path MTU in bytes (256, 512, 1024, 2048 or 4096) |
@@ -63,8 +63,9 @@ pub const MAGIC: [u8; 4] = *b"RDMX";
 pub const VERSION_MAJOR: u8 = 1;
 /// Minor protocol version. Minor bumps keep the layout and may only add flag bits, so any
 /// minor of a known major is accepted. 1.1 added [`FLAG_SRC_PORT`], 1.2 [`FLAG_ROCE`], 1.3
-/// [`FLAG_LIMITS`] (a 1.2 build refuses a hello carrying limits as having trailing bytes).
-pub const VERSION_MINOR: u8 = 3;
+/// [`FLAG_LIMITS`] (a 1.2 build refuses a hello carrying limits as having trailing bytes),
+/// 1.4 [`FLAG_PATHS`].
+pub const VERSION_MINOR: u8 = 4;
 /// Flag bit: a 2-byte UDP source port follows the regions ([`Hello::src_port`]). Without
 /// it (a 1.0 peer), the receiver learns the port from the peer's first RC packet.
 pub const FLAG_SRC_PORT: u16 = 1;
@@ -79,6 +80,12 @@ pub const FLAG_ROCE: u16 = 2;
 /// so that the other side refuses at `send` what the receiver would refuse. Sent inside
 /// the authenticated handshake (with `auth` on, the hello is tagged with the session key).
 pub const FLAG_LIMITS: u16 = 4;
+/// Flag bit: the sender's messenger takes path-joins (a session hello with
+/// `wire::flags::JOIN` adds the connection as another path of an open session:
+/// `Messenger::connect_paths`). No bytes follow. A messenger joins a path only to a peer
+/// that set it: an older one would take the join for a resume and drop the session's
+/// active link.
+pub const FLAG_PATHS: u16 = 8;
 
 /// Bytes of [`MsgLimitsWire`] on the wire.
 const LIMITS_LEN: usize = 10;

@@ -2,6 +2,7 @@
 //! application ([`Notice`]), and what it made of a received frame ([`Verdict`]).
 
 use crate::error::Error;
+use crate::msgr::messenger::types::PathEvent;
 use crate::msgr::messenger::wire::Header;
 
 /// One step for the driver, in order. `link` names the link (its generation, given by
@@ -9,9 +10,9 @@ use crate::msgr::messenger::wire::Header;
 /// driver whose current link has another generation ignores it (that link is gone).
 #[derive(Debug)]
 pub enum Action {
-    /// Connecting side: start a connection attempt; report [`super::Machine::link_up`] or
-    /// [`super::Machine::attempt_failed`].
-    Connect,
+    /// Connecting side: start a connection attempt on path `path` (its address is the
+    /// driver's); report [`super::Machine::link_up`] or [`super::Machine::attempt_failed`].
+    Connect { path: usize },
     /// Post a SEND of `header` on the link. `msg`: the data message of that sequence
     /// number (its body: [`super::Machine::unacked`]), None for a control frame (hello,
     /// ack, keepalive, bye). The header's `credits` are decided; `owed` is how many
@@ -29,6 +30,10 @@ pub enum Action {
     /// Close the link (its connection is gone for the session; whatever it carried and
     /// was not acknowledged is in doubt). `drain`: let its last SENDs (a bye) go first.
     CloseLink { link: u64, drain: bool },
+    /// The session's traffic goes on `link` from now on (a path switch): the driver makes
+    /// it its current link; the one that was (if not closed) becomes a standby link, and
+    /// what it was receiving is dropped (the peer sends it again on the new one).
+    Activate { link: u64 },
     /// Tell the application.
     Notify(Notice),
 }
@@ -45,6 +50,8 @@ pub enum Notice {
     Ready,
     /// The session ended by a fault (not by `close`).
     Reset(Error),
+    /// Path `0` went down, joined, or became the active one.
+    Path(usize, PathEvent),
 }
 
 /// What a received frame was.

@@ -23,6 +23,9 @@
 
 mod action;
 mod life;
+mod paths;
+#[cfg(test)]
+mod paths_tests;
 mod pump;
 mod recv;
 mod rules;
@@ -33,6 +36,7 @@ mod sim;
 mod tests;
 
 pub use action::{Action, HelloId, Notice, SqRoom, Verdict};
+pub use paths::{MAX_PATHS, PathMeta, is_in_doubt};
 pub use send::{check_send, has_room};
 
 use super::credits::Credits;
@@ -59,6 +63,9 @@ pub struct Rules {
     /// Our receives are granted to the peer (`msgr_eager_write`): announcements carry
     /// grants, as many as the header slot holds.
     pub eager_write: bool,
+    /// A preferred (lower-index) path that rejoins takes the traffic back
+    /// (`msgr_path_failback`).
+    pub path_failback: bool,
 }
 
 impl Rules {
@@ -75,6 +82,7 @@ impl Rules {
             recv_window_min: s.recv_window_min,
             recv_window: s.recv_window,
             eager_write: s.eager_write,
+            path_failback: s.path_failback,
         }
     }
 
@@ -123,10 +131,13 @@ pub struct Out<M> {
     pub body: M,
 }
 
-/// The protocol state of the session's current link.
+/// The protocol state of one link of the session: the active one, or a standby path's
+/// (receives are per QP, so credits and liveness are per link).
 #[derive(Debug, Clone)]
 pub struct LinkState {
     pub lid: u64,
+    /// The path it is a connection of.
+    pub path: usize,
     pub credits: Credits,
     pub live: Liveness,
     /// The peer's hello arrived (messages may flow).
@@ -166,14 +177,37 @@ pub struct Machine<M> {
     stalled: bool,
     /// `Connected` was told.
     announced: bool,
-    /// Connecting side: the reconnect budget and schedule; an attempt is under way.
+    /// Connecting side: the reconnect budget and schedule (no path up).
     backoff: Option<Backoff>,
-    connecting: bool,
     /// Accepting side of a lossless session without a link: since when.
     down_since: Option<Instant>,
     /// Accepting side: the connecting messenger's address and incarnation.
     pub peer_entity: Option<(SocketAddr, u64)>,
+    /// The active link: the session's traffic goes on it.
     link: Option<LinkState>,
+    /// The links of the other paths (joined, or joining: `hello_done` false).
+    standby: Vec<LinkState>,
+    /// The session's paths (index = preference).
+    paths: Vec<PathMeta>,
+    /// Connecting side without a path up: the path of the session-level attempt under way,
+    /// and where the next one goes.
+    session_attempt: Option<usize>,
+    next_try: usize,
+    /// Connecting side: switches made (each [`wire::flags::SWITCH`] frame carries its
+    /// number); accepting side: the last one followed (an older one, overtaken on another
+    /// link, is ignored).
+    switch_epoch: u64,
+    /// A SWITCH frame is due on the active link (before any message on it): the
+    /// connecting side's switch, or the accepting side's answer to one.
+    switch_due: bool,
+    /// Connecting side: the accepting side answered the last switch. Until then a message
+    /// beyond the next one is dropped, not a fault: the peer sent it on this link before
+    /// it saw the switch (it follows, and sends it again after its answer).
+    switch_acked: bool,
+    /// A preferred path rejoined: the next pump moves the traffic back to it (a lossy
+    /// session waits until nothing is unacknowledged, so that a failback puts nothing in
+    /// doubt).
+    failback_due: bool,
     next_lid: u64,
     /// The application paused the peer's data (`Messenger::pause_receive`): every link's
     /// credits keep a window of one receive (`Credits::set_paused`).
@@ -206,10 +240,17 @@ impl<M> Machine<M> {
             stalled: false,
             announced: false,
             backoff: (!incoming).then(|| rules.backoff(now)),
-            connecting: false,
             down_since: None,
             peer_entity: None,
             link: None,
+            standby: Vec::new(),
+            paths: vec![PathMeta::default()],
+            session_attempt: None,
+            next_try: 0,
+            switch_epoch: 0,
+            switch_due: false,
+            switch_acked: true,
+            failback_due: false,
             next_lid: 1,
             recv_paused: false,
             actions: VecDeque::new(),
@@ -291,12 +332,6 @@ impl<M> Machine<M> {
             .map(|o| &mut o.body)
     }
 
-    /// A connection attempt is under way (connecting side).
-    #[cfg(test)]
-    pub fn connecting(&self) -> bool {
-        self.connecting
-    }
-
     /// The earliest time [`Machine::handle_timeout`] or a pump has something to do that
     /// no other event brings: a keepalive, the silent-peer timeout, a reconnect attempt,
     /// the accepting side's give-up. None: nothing timed.
@@ -306,6 +341,15 @@ impl<M> Machine<M> {
         if self.state == SessionState::Closed {
             return None;
         }
+        let own = self.active_timeout();
+        let paths = self.paths_timeout();
+        match (own, paths) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn active_timeout(&self) -> Option<Instant> {
         match &self.link {
             // A keepalive waits for a credit to go with (a frame brings it): until then
             // only the silent-peer timeout is timed.
@@ -319,7 +363,7 @@ impl<M> Machine<M> {
             None if self.incoming => self
                 .down_since
                 .map(|t| t + self.rules.reconnect_timeout * 2),
-            None if self.connecting => None,
+            None if self.session_attempt.is_some() => None,
             None => self.backoff.map(|b| b.next_at),
         }
     }
@@ -331,11 +375,17 @@ impl<M> Machine<M> {
     // The driver runs passes on its own cadence; the simulator runs on these.
     #[cfg_attr(not(test), allow(dead_code))]
     pub fn wants_pass(&self) -> bool {
+        if self.state == SessionState::Open && self.standby_wants_pass() {
+            return true;
+        }
         let Some(l) = self.link.as_ref().filter(|l| l.hello_done) else {
             return false;
         };
         self.state == SessionState::Open
-            && ((l.credits.can_send_control()
+            && ((self.switch_due && l.credits.can_send_control())
+                || (self.failback_due
+                    && (self.policy == Policy::Lossless || self.unacked.is_empty()))
+                || (l.credits.can_send_control()
                 && (self.ack_deferred
                     || self.delivered > self.acked_to_peer
                     || l.credits.announce_due()))
@@ -354,6 +404,11 @@ impl<M> Machine<M> {
         };
         self.state == SessionState::Open
             && l.hello_done
+            // Paths to keep alive or to retry: the session's passes must run.
+            && self.standby.is_empty()
+            && self.live_paths() <= 1
+            && !self.switch_due
+            && !self.failback_due
             && self.waiting.is_empty()
             && self.delivered <= self.acked_to_peer
             && !self.ack_deferred
@@ -375,7 +430,7 @@ impl<M> Machine<M> {
     /// `credits.rs`. Holds for the links made later too.
     pub fn set_receive_paused(&mut self, paused: bool) {
         self.recv_paused = paused;
-        if let Some(l) = self.link.as_mut() {
+        for l in self.link.iter_mut().chain(self.standby.iter_mut()) {
             l.credits.set_paused(paused);
         }
     }
@@ -385,11 +440,41 @@ impl<M> Machine<M> {
         self.recv_paused
     }
 
-    /// `n` receives were posted on link `lid`.
+    /// Receives wanted on every link of the session (the simulator's pool check).
+    #[cfg(test)]
+    pub fn receives_wanted_all(&self) -> u32 {
+        self.link
+            .iter()
+            .chain(self.standby.iter())
+            .map(|l| l.credits.deficit())
+            .sum()
+    }
+
+    /// [`Machine::receives_wanted`] for any link of the session (a standby path's too).
+    pub fn receives_wanted_on(&self, lid: u64) -> u32 {
+        self.link_state(lid).map_or(0, |l| l.credits.deficit())
+    }
+
+    /// `n` receives were posted on link `lid` (the active one or a standby path's).
     pub fn on_posted(&mut self, lid: u64, n: u32) {
-        if let Some(l) = self.link.as_mut().filter(|l| l.lid == lid) {
+        if let Some(l) = self.link_state_mut(lid) {
             l.credits.on_posted(n);
         }
+    }
+
+    /// The protocol state of link `lid`, active or standby.
+    pub fn link_state(&self, lid: u64) -> Option<&LinkState> {
+        self.link
+            .iter()
+            .chain(self.standby.iter())
+            .find(|l| l.lid == lid)
+    }
+
+    fn link_state_mut(&mut self, lid: u64) -> Option<&mut LinkState> {
+        self.link
+            .iter_mut()
+            .chain(self.standby.iter_mut())
+            .find(|l| l.lid == lid)
     }
 
     fn notify(&mut self, n: Notice) {

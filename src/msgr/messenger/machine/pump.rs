@@ -17,11 +17,14 @@ impl<M> Machine<M> {
         if self.state == SessionState::Closed {
             return;
         }
+        self.maybe_failback();
         let Some(lid) = self.link.as_ref().filter(|l| l.hello_done).map(|l| l.lid) else {
             return;
         };
         let mut free = room.free;
-        self.send_messages(lid, &mut free, room.reserve);
+        if self.send_switch(&mut free) {
+            self.send_messages(lid, &mut free, room.reserve);
+        }
         self.send_control(now, lid, free);
         let Some(l) = self.link.as_mut() else { return };
         if l.sent_in_pass {
@@ -50,6 +53,7 @@ impl<M> Machine<M> {
     /// Messages, oldest first, while a data credit (one stays for control) and send-queue
     /// room (`reserve` entries stay for control) last.
     fn send_messages(&mut self, lid: u64, free: &mut usize, reserve: usize) {
+        let path = self.link.as_ref().map_or(0, |l| l.path);
         while let Some(m) = self.waiting.front() {
             let (need, imm, shape) = (m.shape.sq_need, m.shape.imm, m.shape);
             let Some(l) = self.link.as_mut() else { return };
@@ -102,6 +106,10 @@ impl<M> Machine<M> {
             } else {
                 self.counters.msgs_sent += 1;
                 self.counters.bytes_sent += shape.bytes;
+            }
+            if let Some(p) = self.paths.get_mut(path) {
+                p.counters.msgs_sent += 1;
+                p.counters.bytes_sent += shape.bytes;
             }
             self.counters.remote_writes += u64::from(shape.writes);
             self.counters.remote_write_bytes += shape.write_bytes;
@@ -175,8 +183,16 @@ impl<M> Machine<M> {
     /// the inline front) and takes a credit for sending it. Returns the credits owed
     /// before (the driver grants the oldest of those receives).
     pub(super) fn announce(&mut self, h: &mut Header) -> u32 {
+        match self.link.as_ref().map(|l| l.lid) {
+            Some(lid) => self.announce_on(lid, h),
+            None => 0,
+        }
+    }
+
+    /// [`Machine::announce`] on link `lid` (the active one or a standby path's).
+    pub(super) fn announce_on(&mut self, lid: u64, h: &mut Header) -> u32 {
         let eager_write = self.rules.eager_write;
-        let Some(l) = self.link.as_mut() else {
+        let Some(l) = self.link_state_mut(lid) else {
             return 0;
         };
         let owed = l.credits.owed;

@@ -5,7 +5,7 @@
 use super::rules::{self, Order};
 use super::{Machine, Verdict};
 use crate::error::{Error, ErrorKind};
-use crate::msgr::messenger::types::SessionState;
+use crate::msgr::messenger::types::{Policy, SessionState};
 use crate::msgr::messenger::wire::{Header, Kind, Malformed, flags};
 use std::time::Instant;
 
@@ -13,6 +13,9 @@ impl<M> Machine<M> {
     /// A receive of link `lid` completed with a parsed header (the driver checked the
     /// bytes: a malformed one is [`Machine::on_link_error`] with `InvalidValue`).
     pub fn on_frame(&mut self, now: Instant, lid: u64, h: &Header) -> Verdict {
+        if let Some(i) = self.standby.iter().position(|l| l.lid == lid) {
+            return self.on_standby_frame(now, i, h);
+        }
         let Some(l) = self.link.as_mut().filter(|l| l.lid == lid) else {
             return Verdict::Stale;
         };
@@ -32,6 +35,10 @@ impl<M> Machine<M> {
         match kind {
             Kind::Hello => self.on_hello(now, h),
             Kind::Msg => self.on_msg(now, h.seq),
+            Kind::Ack if h.has(flags::SWITCH) => {
+                self.note_switch(h.aux, h.aux2);
+                Verdict::Consumed
+            }
             Kind::Ack | Kind::Ping | Kind::Pong => Verdict::Consumed,
             Kind::Bye => {
                 self.fault(
@@ -48,6 +55,9 @@ impl<M> Machine<M> {
     /// sequence number, in order with the others (RC delivers in order). It carries no
     /// header: no acknowledgement or credit.
     pub fn on_imm(&mut self, now: Instant, lid: u64) -> Verdict {
+        if let Some(i) = self.standby.iter().position(|l| l.lid == lid) {
+            return self.on_standby_imm(now, i);
+        }
         let Some(l) = self.link.as_mut().filter(|l| l.lid == lid) else {
             return Verdict::Stale;
         };
@@ -64,7 +74,11 @@ impl<M> Machine<M> {
     /// Message `seq` (accepted before, its data complete) went to the application. Messages
     /// are handed over in the order they were accepted.
     pub fn on_delivered(&mut self, seq: u64) {
-        debug_assert_eq!(seq, self.delivered + 1, "delivery out of order");
+        // A lossy session skips what a failed path lost (its sender reported it in doubt).
+        debug_assert!(
+            seq == self.delivered + 1 || (self.policy == Policy::Lossy && seq > self.delivered),
+            "delivery out of order"
+        );
         debug_assert!(seq <= self.received, "delivery of a message not accepted");
         self.delivered = seq;
         self.delivered_in_pass = true;
@@ -77,6 +91,18 @@ impl<M> Machine<M> {
         }
         match rules::order(self.received, seq) {
             Order::Old => {
+                self.counters.duplicates_dropped += 1;
+                Verdict::Duplicate
+            }
+            // What a failed path lost (the sender reported it in doubt and went on on
+            // another path): a lossy session accepts the gap; in order all the same.
+            Order::Gap if self.policy == Policy::Lossy => {
+                self.received = seq;
+                Verdict::Accept(seq)
+            }
+            // Sent on this link before the peer saw our switch to it (it goes again after
+            // the peer's answer).
+            Order::Gap if !self.switch_acked => {
                 self.counters.duplicates_dropped += 1;
                 Verdict::Duplicate
             }
@@ -113,7 +139,10 @@ impl<M> Machine<M> {
         }
         self.peer_id = h.aux;
         self.on_ack(h.aux3);
-        self.opened();
+        if let Some(p) = self.link.as_ref().map(|l| l.path) {
+            self.path_up(p);
+        }
+        self.opened(now);
         Verdict::Consumed
     }
 
@@ -124,7 +153,8 @@ impl<M> Machine<M> {
     }
 
     /// The session is (again) open on its link.
-    pub(super) fn opened(&mut self) {
+    pub(super) fn opened(&mut self, now: Instant) {
+        self.schedule_paths(now);
         self.state = SessionState::Open;
         self.backoff = None;
         self.down_since = None;

@@ -18,6 +18,7 @@ fn rules() -> Rules {
         recv_window_min: 4,
         recv_window: 16,
         eager_write: false,
+        path_failback: true,
     }
 }
 
@@ -84,8 +85,8 @@ fn open_connector_posting(
 ) -> (Machine<u32>, u64, Header) {
     let mut a = Machine::new(rules(), 0x100, policy, false, t0);
     a.handle_timeout(t0);
-    assert!(matches!(actions(&mut a)[..], [Action::Connect]));
-    let lid = a.link_up(t0, rules().credits(posted), HelloId::default());
+    assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 0 }]));
+    let lid = a.link_up(t0, 0, rules().credits(posted), HelloId::default());
     let hello = self::posted(&actions(&mut a))[0];
     let mut answer = Header::new(Kind::Hello);
     answer.aux = 0x200;
@@ -273,8 +274,8 @@ fn replay_after_reconnect_sends_what_the_peer_did_not_deliver() {
     assert!(done(&acts).is_empty(), "lossless: nothing fails");
     // The first attempt goes at once.
     a.handle_timeout(t0 + ms(1));
-    assert!(matches!(actions(&mut a)[..], [Action::Connect]));
-    let lid2 = a.link_up(t0 + ms(2), rules().credits(4), HelloId::default());
+    assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 0 }]));
+    let lid2 = a.link_up(t0 + ms(2), 0, rules().credits(4), HelloId::default());
     let hello = posted(&actions(&mut a))[0];
     assert_eq!(
         (hello.aux, hello.aux2),
@@ -372,7 +373,7 @@ fn a_hello_without_our_session_resets_the_connector() {
     a.on_link_error(t0, lid, Error::fixed(ErrorKind::Closed, "side channel EOF"));
     a.handle_timeout(t0);
     actions(&mut a);
-    let lid2 = a.link_up(t0, rules().credits(4), HelloId::default());
+    let lid2 = a.link_up(t0, 0, rules().credits(4), HelloId::default());
     actions(&mut a);
     // The peer restarted: it answers with no identity.
     a.on_frame(t0, lid2, &Header::new(Kind::Hello));
@@ -440,21 +441,21 @@ fn reconnect_backs_off_and_gives_up() {
     r.reconnect_attempts = 3;
     let mut a: Machine<u32> = Machine::new(r, 0x100, Policy::Lossless, false, t0);
     a.handle_timeout(t0);
-    assert!(matches!(actions(&mut a)[..], [Action::Connect]));
+    assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 0 }]));
     a.handle_timeout(t0);
     assert!(actions(&mut a).is_empty(), "one attempt at a time");
     let refused = || Error::fixed(ErrorKind::Io, "connection refused");
-    a.attempt_failed(t0, refused());
+    a.attempt_failed(t0, 0, refused());
     assert_eq!(a.poll_timeout(), Some(t0 + ms(10)));
     a.handle_timeout(t0 + ms(9));
     assert!(actions(&mut a).is_empty());
     a.handle_timeout(t0 + ms(10));
-    assert!(matches!(actions(&mut a)[..], [Action::Connect]));
-    a.attempt_failed(t0 + ms(10), refused());
+    assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 0 }]));
+    a.attempt_failed(t0 + ms(10), 0, refused());
     assert_eq!(a.poll_timeout(), Some(t0 + ms(30)));
     a.handle_timeout(t0 + ms(30));
     actions(&mut a);
-    a.attempt_failed(t0 + ms(30), refused());
+    a.attempt_failed(t0 + ms(30), 0, refused());
     assert!(has_reset(&actions(&mut a)));
     assert_eq!(a.state, SessionState::Closed);
 }
@@ -466,8 +467,8 @@ fn a_link_lost_before_the_hello_answer_is_a_failed_attempt() {
     r.reconnect_attempts = 2;
     let mut a: Machine<u32> = Machine::new(r, 0x100, Policy::Lossless, false, t0);
     a.handle_timeout(t0);
-    assert!(matches!(actions(&mut a)[..], [Action::Connect]));
-    let lid = a.link_up(t0, r.credits(4), HelloId::default());
+    assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 0 }]));
+    let lid = a.link_up(t0, 0, r.credits(4), HelloId::default());
     actions(&mut a);
     // The acceptor took the connection and dropped it without answering.
     a.on_link_error(t0, lid, Error::fixed(ErrorKind::Closed, "side channel EOF"));
@@ -479,8 +480,8 @@ fn a_link_lost_before_the_hello_answer_is_a_failed_attempt() {
         "backed off, not at once"
     );
     a.handle_timeout(t0 + ms(10));
-    assert!(matches!(actions(&mut a)[..], [Action::Connect]));
-    let lid = a.link_up(t0 + ms(10), r.credits(4), HelloId::default());
+    assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 0 }]));
+    let lid = a.link_up(t0 + ms(10), 0, r.credits(4), HelloId::default());
     actions(&mut a);
     a.on_link_error(
         t0 + ms(10),
@@ -559,7 +560,7 @@ fn grants_are_bounded_by_the_slot_room_after_the_front() {
     r.recv_window = 64;
     let mut a: Machine<u32> = Machine::new(r, 1, Policy::Lossless, false, t0);
     a.handle_timeout(t0);
-    let lid = a.link_up(t0, r.credits(64), HelloId::default());
+    let lid = a.link_up(t0, 0, r.credits(64), HelloId::default());
     let hello = posted(&actions(&mut a))[0];
     // (512 - 64) / 12 = 37 grants in a hello; the rest wait for later headers.
     assert_eq!(hello.credits, 37);

@@ -27,24 +27,44 @@ impl Core {
     }
 
     pub fn connect(&self, addr: &str, policy: Policy) -> Result<SessionId> {
+        self.connect_paths(&[addr], policy, PathPolicy::Standby)
+    }
+
+    /// A session to one peer over several paths (`addrs[0]` preferred): see
+    /// [`crate::msgr::Messenger::connect_paths`].
+    pub fn connect_paths(
+        &self,
+        addrs: &[&str],
+        policy: Policy,
+        path_policy: PathPolicy,
+    ) -> Result<SessionId> {
         if self.stopping.load(Ordering::Acquire) {
             return Err(Error::fixed(ErrorKind::Closed, "messenger: shut down"));
         }
+        let PathPolicy::Standby = path_policy;
+        if addrs.is_empty() || addrs.len() > MAX_PATHS {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "connect: {} addresses (a session has 1 to {MAX_PATHS} paths)",
+                    addrs.len()
+                ),
+            ));
+        }
         // Refuse a malformed address now rather than on the helper thread.
-        let peer = std::net::ToSocketAddrs::to_socket_addrs(addr)
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!("connect: address '{addr}' (expected HOST:PORT)"),
-                )
-            })?;
+        let peer = check_addr(addrs[0])?;
+        for a in &addrs[1..] {
+            check_addr(a)?;
+        }
         let shard = self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len();
         let id = self.new_id(shard);
-        let m = Machine::new(self.rules, id, policy, false, Instant::now());
+        let now = Instant::now();
+        let mut m = Machine::new(self.rules, id, policy, false, now);
+        for _ in 1..addrs.len() {
+            m.add_path(now);
+        }
         let mut s = Session::new(m);
-        s.addr = Some(addr.to_string());
+        s.addrs = addrs.iter().map(|a| a.to_string()).collect();
         s.peer = Some(peer);
         {
             let mut st = self.shards[shard].st.lock();
@@ -54,6 +74,78 @@ impl Core {
         }
         self.shards[shard].wake.signal();
         Ok(SessionId(id))
+    }
+
+    /// Adds a path to session `s` (connecting side): its index.
+    pub fn add_path(&self, s: SessionId, addr: &str) -> Result<usize> {
+        check_addr(addr)?;
+        self.with_session(s, "add_path", |sess| {
+            if sess.m.incoming {
+                return Err(Error::fixed(
+                    ErrorKind::InvalidArgument,
+                    "add_path: the connecting side adds paths (this side accepted the session)",
+                ));
+            }
+            if sess.m.path_count() >= MAX_PATHS {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("add_path: the session has {MAX_PATHS} paths already"),
+                ));
+            }
+            let i = sess.m.add_path(Instant::now());
+            sess.addrs.push(addr.to_string());
+            Ok(i)
+        })
+    }
+
+    /// Removes path `index` of session `s` (connecting side).
+    pub fn remove_path(&self, s: SessionId, index: usize) -> Result<()> {
+        self.with_session(s, "remove_path", |sess| {
+            if sess.m.incoming {
+                return Err(Error::fixed(
+                    ErrorKind::InvalidArgument,
+                    "remove_path: the connecting side removes paths (this side accepted the \
+                     session)",
+                ));
+            }
+            sess.m.remove_path(Instant::now(), index)
+        })
+    }
+
+    /// The paths of session `s`, with their state and counters.
+    pub fn paths(&self, s: SessionId) -> Result<Vec<PathInfo>> {
+        let shard = self.shard_of(s.0).ok_or_else(|| closed("paths"))?;
+        let st = shard.st.lock();
+        st.sessions
+            .get(&s.0)
+            .map(|sess| sess.paths(Instant::now()))
+            .ok_or_else(|| Error::fixed(ErrorKind::InvalidArgument, "paths: no such session"))
+    }
+
+    /// Runs `f` on session `s` under its shard's lock, then its actions; wakes the shard.
+    fn with_session<T>(
+        &self,
+        s: SessionId,
+        what: &'static str,
+        f: impl FnOnce(&mut Session) -> Result<T>,
+    ) -> Result<T> {
+        let shard = self.shard_of(s.0).ok_or_else(|| closed(what))?;
+        let mut st = shard.st.lock();
+        let g = &mut *st;
+        let sess = g.sessions.get_mut(&s.0).ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("{what}: no such session"),
+            )
+        })?;
+        let r = f(sess);
+        let mut ev = Vec::new();
+        sess.exec(Instant::now(), &mut ev, &mut g.closing);
+        g.queued.extend(ev);
+        g.park.wake(&mut g.sessions, s.0);
+        drop(st);
+        shard.wake.signal();
+        r
     }
 
     pub fn send(&self, s: SessionId, msg: OutMessage) -> std::result::Result<SendId, Refused> {
@@ -275,6 +367,7 @@ impl Core {
         }
         sess.exec(Instant::now(), &mut ev, &mut st.closing);
         sess.link = None;
+        sess.standby.clear();
         st.queued.extend(ev);
         self.forget(&sess);
         drop(st);
@@ -359,4 +452,17 @@ impl Core {
     pub fn udp_port(&self) -> u16 {
         self.ctx.udp_addr().port()
     }
+}
+
+/// A connect address: HOST:PORT that resolves.
+fn check_addr(addr: &str) -> Result<SocketAddr> {
+    std::net::ToSocketAddrs::to_socket_addrs(addr)
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("connect: address '{addr}' (expected HOST:PORT)"),
+            )
+        })
 }

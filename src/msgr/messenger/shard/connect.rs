@@ -18,18 +18,38 @@ impl Core {
     ) {
         sess.m.handle_timeout(now);
         sess.exec(now, ev, closing);
-        if std::mem::take(&mut sess.want_connect)
-            && let Some(addr) = sess.addr.clone()
-        {
-            sess.attempt = Some(self.spawn_attempt(addr, sess.id()));
+        for path in std::mem::take(&mut sess.want_connect) {
+            if let Some(addr) = sess.addrs.get(path).cloned() {
+                let rx = self.spawn_attempt(addr, sess.id());
+                sess.attempts.push((path, rx));
+            }
         }
-        let Some(rx) = &sess.attempt else { return };
-        let r = match rx.try_recv() {
-            Err(mpsc::TryRecvError::Empty) => return,
-            Err(mpsc::TryRecvError::Disconnected) => Err(closed("connect")),
-            Ok(r) => r,
-        };
-        sess.attempt = None;
+        let mut k = 0;
+        while k < sess.attempts.len() {
+            let r = match sess.attempts[k].1.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => {
+                    k += 1;
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => Err(closed("connect")),
+                Ok(r) => r,
+            };
+            let (path, _) = sess.attempts.swap_remove(k);
+            self.attempt_done(sess, path, r, now, ev, closing);
+        }
+    }
+
+    /// A connection attempt of path `path` ended: its connection becomes a link of the
+    /// session (the hello, or a path-join, goes at once), or the machine hears it failed.
+    fn attempt_done(
+        &self,
+        sess: &mut Session,
+        path: usize,
+        r: Result<(Connection, Vec<RecvSlot>)>,
+        now: Instant,
+        ev: &mut Vec<Event>,
+        closing: &mut Vec<(Link, Instant)>,
+    ) {
         if sess.m.state == SessionState::Closed {
             if let Ok((conn, slots)) = r {
                 drop(conn);
@@ -40,12 +60,24 @@ impl Core {
         let (conn, slots) = match r {
             Ok(c) => c,
             Err(e) => {
-                log::debug!(target: "rdmx::msgr", "session {:#x}: connect attempt failed: {e}", sess.id());
-                sess.m.attempt_failed(now, e);
+                log::debug!(target: "rdmx::msgr", "session {:#x}: connect attempt (path {path}) failed: {e}", sess.id());
+                sess.m.attempt_failed(now, path, e);
                 sess.exec(now, ev, closing);
                 return;
             }
         };
+        if sess.m.is_join_attempt(path) && !conn.peer_takes_paths() {
+            // An older peer would take the join for a resume and drop the active link.
+            drop(conn);
+            release_slots(&self.bufs, slots);
+            let e = Error::fixed(
+                ErrorKind::Unsupported,
+                "the peer's messenger does not take path-joins (protocol before 1.4)",
+            );
+            sess.m.attempt_failed(now, path, e);
+            sess.exec(now, ev, closing);
+            return;
+        }
         self.admit.set_outgoing(sess.id(), conn.peer_entity());
         let (mut link, credits) = self.link_from(conn, slots);
         self.hook_link(&mut link, sess.id());
@@ -58,13 +90,18 @@ impl Core {
                 .as_ref()
                 .map_or(0, |l| l.local_addr().port()),
         };
-        let lid = sess.m.link_up(now, credits, id);
-        sess.link = Some((lid, link));
-        sess.note_peer_limits();
+        let lid = sess.m.link_up(now, path, credits, id);
+        if sess.m.link().is_some_and(|l| l.lid == lid) {
+            sess.link = Some((lid, link));
+            sess.note_peer_limits();
+        } else {
+            sess.standby.push((lid, link));
+        }
         // The hello goes at once (a link that cannot take it is a failed attempt: the
         // machine's fault before the hello's answer).
         sess.exec(now, ev, closing);
         sess.flush(now, ev, closing);
+        sess.flush_standby(now, ev, closing);
     }
 
     /// Connects on a helper thread (setup blocks up to the handshake timeout).

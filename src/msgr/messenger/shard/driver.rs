@@ -140,6 +140,7 @@ impl Core {
                 }),
                 Event::Ready(s) => d.call(s, "on_send_ready", |d| d.on_send_ready(&m, s)),
                 Event::Reset(s, why) => d.call(s, "on_reset", |d| d.on_reset(&m, s, &why)),
+                Event::Path(s, i, pe) => d.call(s, "on_path", |d| d.on_path(&m, s, i, &pe)),
             };
             panicked.extend(p);
         }
@@ -288,7 +289,8 @@ impl Core {
         if sess.m.state == SessionState::Closed {
             return;
         }
-        if sess.link.is_none() {
+        // Without a link: its timers and attempt; with several paths: theirs too.
+        if sess.link.is_none() || sess.m.path_count() > 1 {
             self.connect_step(sess, now, ev, closing);
         }
         if sess.link.is_none() || sess.m.queued() == 0 {
@@ -310,21 +312,43 @@ impl Core {
         if sess.m.state == SessionState::Closed {
             return;
         }
-        let Some((lid, link)) = sess.link.as_mut() else {
-            return;
-        };
-        let lid = *lid;
-        // `out` is the shard's scratch (empty between uses): no list per session per pass.
-        if let Err(e) = link.poll(POLL_BUDGET, self.settings.rx_batch, out) {
-            // The link faults: what came with it is stale to the machine (dropped here,
-            // replayed by the peer).
-            sess.m.on_link_error(now, lid, e);
+        // The standby paths' links: their completions (keepalives, credits, a switch).
+        if !sess.standby.is_empty() {
+            let lids: SmallVec<[u64; 4]> = sess.standby.iter().map(|(l, _)| *l).collect();
+            for lid in lids {
+                let Some((_, link)) = sess.standby.iter_mut().find(|(l, _)| *l == lid) else {
+                    continue;
+                };
+                if let Err(e) = link.poll(POLL_BUDGET, self.settings.rx_batch, out) {
+                    sess.m.on_link_error(now, lid, e);
+                }
+                // Actions after each event: a switch to this link (the accepting side
+                // following the peer's) makes it the current one before its next frame.
+                for e in out.drain(..) {
+                    sess.on_link_event(now, lid, e, &self.settings, &self.bufs.data);
+                    sess.exec(now, ev, closing);
+                }
+            }
         }
-        for e in out.drain(..) {
-            sess.on_link_event(now, lid, e, &self.settings, &self.bufs.data);
+        if let Some((lid, link)) = sess.link.as_mut() {
+            let lid = *lid;
+            // `out` is the shard's scratch (empty between uses): no list per session per
+            // pass.
+            if let Err(e) = link.poll(POLL_BUDGET, self.settings.rx_batch, out) {
+                // The link faults: what came with it is stale to the machine (dropped
+                // here, replayed by the peer).
+                sess.m.on_link_error(now, lid, e);
+            }
+            for e in out.drain(..) {
+                sess.on_link_event(now, lid, e, &self.settings, &self.bufs.data);
+            }
+            sess.exec(now, ev, closing);
         }
-        sess.exec(now, ev, closing);
-        sess.step(now, &self.bufs.data, ev, closing);
+        if sess.link.is_some() {
+            sess.step(now, &self.bufs.data, ev, closing);
+        } else {
+            sess.step_standby(now, ev, closing);
+        }
         // Acknowledgements may have freed room: a send refused at the gate is owed a Ready.
         sess.sync_gate(ev);
     }

@@ -39,7 +39,7 @@ use super::admit::Admission;
 use super::buffers::Buffers;
 use super::credits::Credits;
 use super::link::{Link, LinkEvent, RecvSlot};
-use super::machine::{HelloId, Machine, Rules, Shape};
+use super::machine::{HelloId, MAX_PATHS, Machine, Rules, Shape};
 use super::park::{PARK_AFTER, Parking, ReadyList};
 use super::session::{CLOSE_DRAIN, Event, OutMsg, Session};
 use super::settings::{MsgrSettings, adjust};
@@ -344,6 +344,7 @@ impl Core {
                 let mut ev = Vec::new();
                 sess.close_gate(&mut ev);
                 sess.link = None;
+                sess.standby.clear();
                 self.add_totals(&sess);
             }
             st.pending.clear();

@@ -28,6 +28,9 @@ impl Core {
             && st.sessions.contains_key(&id)
             && !self.admit.may_resume(id, auth_entity.as_deref(), ip)
         {
+            if h.has(flags::JOIN) {
+                self.admit.refuse_join();
+            }
             // A link naming another entity's session: it gets nothing of it, and its
             // incarnation resets nobody.
             return;
@@ -54,6 +57,39 @@ impl Core {
                 .get(id)
                 .is_some_and(|s| s.m.state != SessionState::Closed)
         };
+        if h.has(flags::JOIN) {
+            // Another path of an open session (the entity check above holds for it too).
+            let Some(id) = known.filter(|id| open(id)) else {
+                self.admit.refuse_join();
+                let _ = link.send_bare(&mut Header::new(Kind::Hello));
+                st.closing.push((link, now + CLOSE_DRAIN));
+                return;
+            };
+            let g = &mut *st;
+            let Some(sess) = g.sessions.get_mut(&id) else {
+                return;
+            };
+            if !join_mac_ok(sess, &link, h) {
+                self.admit.refuse_join();
+                log::warn!(
+                    target: "rdmx::msgr",
+                    "messenger: refused a path-join of session {id:#x} from {}: its MAC is \
+                     wrong (not the session's peer)",
+                    link.conn.peer()
+                );
+                let _ = link.send_bare(&mut Header::new(Kind::Hello));
+                g.closing.push((link, now + CLOSE_DRAIN));
+                return;
+            }
+            self.hook_link(&mut link, id);
+            let lid = sess.m.join_link(now, credits, h);
+            sess.standby.push((lid, link));
+            sess.exec(now, ev, &mut g.closing);
+            sess.flush_standby(now, ev, &mut g.closing);
+            sess.sync_gate(ev);
+            g.park.wake(&mut g.sessions, id);
+            return;
+        }
         let id = match known {
             // (One that ended and is not removed yet stays ended: its peer is told so.)
             Some(id) if open(&id) => id,
@@ -98,9 +134,12 @@ impl Core {
             sess.m.counters.rnr_naks += old.take_rnr();
             drop(old);
         }
+        // A resuming hello: the connecting side has no other path up (the machine closes
+        // their links in `accept_link`).
         self.hook_link(&mut link, id);
         let lid = sess.m.accept_link(now, credits, h);
         sess.link = Some((lid, link));
+        sess.note_path_secret();
         sess.note_peer_limits();
         sess.exec(now, ev, &mut g.closing);
         sess.flush(now, ev, &mut g.closing);
@@ -128,5 +167,17 @@ impl Core {
                 sess.exec(now, ev, &mut g.closing);
             }
         }
+    }
+}
+
+/// Whether path-join hello `h` on `link` carries the session's MAC: with auth (the link
+/// has a handshake secret), the session must have a path secret and the MAC must verify
+/// (`auth::pathjoin`); without auth there is nothing to check (docs/security.md).
+fn join_mac_ok(sess: &Session, link: &Link, h: &Header) -> bool {
+    use crate::msgr::auth::pathjoin::{Role, verify};
+    match (sess.path_secret.as_deref(), link.conn.binding()) {
+        (_, None) => true,
+        (Some(s), Some(b)) => verify(s, Role::Join, h.aux, h.aux2, h.ack, b, h.aux3),
+        (None, Some(_)) => false,
     }
 }

@@ -32,6 +32,7 @@ impl Core {
             handshake_refusals: hs.refused,
             handshake_timeouts: hs.timed_out,
             session_refusals: self.admit.refusals.load(Ordering::Relaxed),
+            path_join_refusals: self.admit.join_refusals.load(Ordering::Relaxed),
             sessions,
             pending_connections: pending,
             data_pool: self.bufs.data.stats(),

@@ -2,7 +2,7 @@
 //! the faults of the schedule, and the bounds checked after every event.
 
 use super::net::{Ev, Fault, MS, US};
-use super::world::{ACC, CONN, Proc, World};
+use super::world::{ACC, CONN, MAX_LINKS, Proc, World};
 use crate::msgr::messenger::machine::Shape;
 use crate::msgr::messenger::types::SessionState;
 use crate::msgr::messenger::wire::FRONT_INLINE_MAX;
@@ -79,15 +79,22 @@ impl World {
     pub(super) fn fault(&mut self, f: Fault) {
         self.log(|| format!("FAULT {f:?}"));
         match f {
-            Fault::QpError(side) | Fault::SideChannel(side) => {
-                let first = if matches!(f, Fault::QpError(_)) {
+            Fault::QpError(side)
+            | Fault::SideChannel(side)
+            | Fault::PathQpError(side, _)
+            | Fault::PathSideChannel(side, _) => {
+                let only = match f {
+                    Fault::PathQpError(_, p) | Fault::PathSideChannel(_, p) => Some(p),
+                    _ => None,
+                };
+                let first = if matches!(f, Fault::QpError(_) | Fault::PathQpError(..)) {
                     "completion with status error"
                 } else {
                     "side channel closed"
                 };
                 for li in 0..self.links.len() {
                     let l = &self.links[li];
-                    if !(l.open[0] && l.open[1]) {
+                    if !(l.open[0] && l.open[1]) || only.is_some_and(|p| p != l.path) {
                         continue;
                     }
                     // Both ends learn, each at its own time, in either order with the
@@ -112,7 +119,16 @@ impl World {
                     );
                 }
             }
-            Fault::BlackHole(len) => self.hole = Some((self.now, self.now + len)),
+            Fault::BlackHole(len) => {
+                for h in &mut self.holes {
+                    *h = Some((self.now, self.now + len));
+                }
+            }
+            Fault::PathHole(p, len) => {
+                if let Some(h) = self.holes.get_mut(p) {
+                    *h = Some((self.now, self.now + len));
+                }
+            }
             Fault::Restart(side) => self.restart(side),
         }
     }
@@ -151,11 +167,19 @@ impl World {
                     let n = s.m.held_msgs();
                     return self.violation(format!("{n} messages held: over the bound"));
                 }
-                if let Some(l) = s.m.link()
-                    && l.credits.posted > max_window
-                {
-                    let n = l.credits.posted;
+                let over =
+                    s.m.link()
+                        .into_iter()
+                        .chain(s.m.standby_links())
+                        .find(|l| l.credits.posted > max_window)
+                        .map(|l| l.credits.posted);
+                if let Some(n) = over {
                     return self.violation(format!("{n} receives posted: over the window"));
+                }
+                // A link per path at most (and the simulator's copies hold them all).
+                if s.links.len() > self.p.paths.max(1) || s.links.len() > MAX_LINKS {
+                    let n = s.links.len();
+                    return self.violation(format!("{n} links for {} paths", self.p.paths));
                 }
             }
             if p.pool + p.held > self.p.pool[side] {

@@ -47,7 +47,16 @@ impl Ledger {
 
     /// Session `to` (whose peer is session `peer`) delivered its message `seq`, which
     /// carried message id `body`.
-    pub fn on_deliver(&mut self, to: u64, peer: u64, seq: u64, body: u64) -> Result<(), String> {
+    /// `lossy`: sequence numbers may skip what a failed path lost (its sender reported
+    /// those sends in doubt); still in order.
+    pub fn on_deliver(
+        &mut self,
+        to: u64,
+        peer: u64,
+        seq: u64,
+        body: u64,
+        lossy: bool,
+    ) -> Result<(), String> {
         let Some(s) = self.sent.get_mut(body as usize) else {
             return Err(format!(
                 "session {to:#x} delivered an unknown message {body}"
@@ -65,7 +74,7 @@ impl Ledger {
             return Err(format!("message {body} (seq {seq}) delivered twice"));
         }
         let last = self.last.entry(to).or_insert(0);
-        if seq != *last + 1 {
+        if seq != *last + 1 && !(lossy && seq > *last) {
             return Err(format!(
                 "session {to:#x} delivered seq {seq} after {}: out of order",
                 *last

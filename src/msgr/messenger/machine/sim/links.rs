@@ -5,6 +5,7 @@
 use super::net::{Ev, Frame, Link, MS, US};
 use super::world::{ACC, CONN, MAX_SQ, RETRY_BUDGET, Sess, World, conn_addr};
 use crate::error::{Error, ErrorKind};
+use crate::msgr::messenger::credits::Credits;
 use crate::msgr::messenger::machine::{HelloId, Machine, Verdict};
 use crate::msgr::messenger::types::{Policy, SessionState};
 use crate::msgr::messenger::wire::{Header, Kind, flags};
@@ -36,7 +37,7 @@ impl World {
         l.in_flight[to] += 1;
         let delay = 5 * US + self.rng.below(25 * US);
         let mut arrive = (now + delay).max(l.last_arrival[to]);
-        if let Some((start, end)) = self.hole
+        if let Some((start, end)) = self.holes[l.path]
             && arrive >= start
             && arrive < end
         {
@@ -138,7 +139,15 @@ impl World {
             s.m.on_frame(at, lid, &f.header)
         };
         match v {
-            Verdict::Accept(seq) => s.rx.push_back((seq, f.body)),
+            Verdict::Accept(seq) => {
+                if s.active != Some(lid) {
+                    self.violation(format!(
+                        "a message accepted on link {lid}, not the active one"
+                    ));
+                    return;
+                }
+                s.rx.push_back((seq, f.body))
+            }
             _ => self.procs[to].pool += 1,
         }
         self.exec(to, si);
@@ -170,7 +179,7 @@ impl World {
     /// A connection attempt of the connector's session `si` ends: made (receives posted
     /// on both sides by the on-connect hooks, the accepting side waits for the hello) or
     /// refused (the accepting side's pool could not post, or a connect failure).
-    pub(super) fn connected(&mut self, si: usize) {
+    pub(super) fn connected(&mut self, si: usize, path: usize) {
         let w = self.p.rules.recv_window_min;
         let refused = self.procs[ACC].pool < w || self.procs[CONN].pool < w || self.rng.pct(5);
         let at = self.at();
@@ -179,11 +188,11 @@ impl World {
         let credits = self.p.rules.credits(w);
         let li = self.links.len();
         let Some(s) = self.sess(CONN, si) else { return };
-        if !s.m.connecting() {
+        if !s.m.attempting(path) {
             return;
         }
         if refused {
-            s.m.attempt_failed(at, Error::fixed(ErrorKind::Io, "connect refused"));
+            s.m.attempt_failed(at, path, Error::fixed(ErrorKind::Io, "connect refused"));
             return self.exec(CONN, si);
         }
         let id = HelloId {
@@ -191,9 +200,13 @@ impl World {
             incarnation: inc,
             port,
         };
-        let lid = s.m.link_up(at, credits, id);
-        s.link = Some((lid, li));
+        let lid = s.m.link_up(at, path, credits, id);
+        s.links.push((lid, li));
+        if s.m.link().is_some_and(|l| l.lid == lid) {
+            s.active = Some(lid);
+        }
         self.links.push(Link {
+            path,
             lid: [Some(lid), None],
             sess: [Some(si), None],
             open: [true, true],
@@ -242,6 +255,9 @@ impl World {
                 .as_ref()
                 .is_some_and(|s| s.m.state != SessionState::Closed)
         });
+        if h.has(flags::JOIN) {
+            return self.join(li, known, credits, &h);
+        }
         let si = match known {
             Some(si) => si,
             None if h.aux2 != 0 || h.aux == 0 => {
@@ -269,7 +285,8 @@ impl World {
                 }
                 self.procs[ACC].sessions.push(Some(Sess {
                     m,
-                    link: None,
+                    links: Vec::new(),
+                    active: None,
                     rx: VecDeque::new(),
                 }));
                 let si = self.procs[ACC].sessions.len() - 1;
@@ -279,14 +296,38 @@ impl World {
         };
         let Some(s) = self.sess(ACC, si) else { return };
         let lid = s.m.accept_link(at, credits, &h);
-        if let Some((_, old)) = s.link.replace((lid, li)) {
-            // The session's previous link (its CloseLink names an id no longer current):
-            // what it was receiving comes again.
-            let n = s.rx.len() as u32;
+        let mut back = 0;
+        if s.active.take().is_some() {
+            // What the previous link was receiving comes again.
+            back = s.rx.len() as u32;
             s.rx.clear();
-            self.procs[ACC].pool += n;
-            self.close_end(ACC, old, false);
         }
+        s.links.push((lid, li));
+        s.active = Some(lid);
+        self.procs[ACC].pool += back;
+        self.links[li].lid[ACC] = Some(lid);
+        self.links[li].sess[ACC] = Some(si);
+        // The links it had (their CloseLink actions name them) go in this exec.
+        self.exec(ACC, si);
+    }
+
+    /// A path-join hello: the link becomes a standby path of the session it names (as
+    /// `Core::attach_incoming` does); one naming no open session is refused (a hello
+    /// without an identity) and closed.
+    fn join(&mut self, li: usize, known: Option<usize>, credits: Credits, h: &Header) {
+        let Some(si) = known else {
+            let r = Frame {
+                header: Header::new(Kind::Hello),
+                imm: false,
+                body: None,
+            };
+            self.post(ACC, li, r, 1);
+            return self.close_end(ACC, li, true);
+        };
+        let at = self.at();
+        let Some(s) = self.sess(ACC, si) else { return };
+        let lid = s.m.join_link(at, credits, h);
+        s.links.push((lid, li));
         self.links[li].lid[ACC] = Some(lid);
         self.links[li].sess[ACC] = Some(si);
         self.exec(ACC, si);

@@ -45,6 +45,18 @@ pub struct Summary {
     pub replays: u64,
     pub duplicates: u64,
     pub events: u64,
+    /// Path events: down, up (joined), active (switches).
+    pub path_events: [u32; 3],
+}
+
+/// A black hole's length: mostly short, some beyond the retry budget, a few beyond the
+/// keepalive timeout and near the reconnect budget.
+fn hole_len(rng: &mut Rng) -> Ns {
+    match rng.below(10) {
+        0..7 => rng.range(100 * US, 8 * MS),
+        7..9 => rng.range(8 * MS, 60 * MS),
+        _ => rng.range(60 * MS, 1_000 * MS),
+    }
 }
 
 fn params(rng: &mut Rng) -> Params {
@@ -65,23 +77,40 @@ fn params(rng: &mut Rng) -> Params {
         recv_window_min: win_min,
         recv_window: win,
         eager_write: rng.pct(50),
+        path_failback: rng.pct(70),
     };
     let mut pool = [0; 2];
     for p in &mut pool {
         *p = rng.range(u64::from(3 * win_min + 2), u64::from(4 * win + 8)) as u32;
     }
+    // Sessions of one path (as before issue 30), two and three.
+    let paths = match rng.below(100) {
+        0..40 => 1,
+        40..85 => 2,
+        _ => 3,
+    };
     let mut faults = Vec::new();
     for _ in 0..rng.below(7) {
         let at = rng.below(300 * MS);
-        let f = match rng.below(100) {
-            0..30 => Fault::QpError(rng.below(2) as usize),
-            30..60 => Fault::SideChannel(rng.below(2) as usize),
-            60..90 => Fault::BlackHole(match rng.below(10) {
-                0..7 => rng.range(100 * US, 8 * MS),
-                7..9 => rng.range(8 * MS, 60 * MS),
-                _ => rng.range(60 * MS, 1_000 * MS),
-            }),
-            _ => Fault::Restart(rng.below(2) as usize),
+        let side = rng.below(2) as usize;
+        let path = rng.below(paths) as usize;
+        let roll = if paths == 1 {
+            rng.below(100)
+        } else {
+            // Half the faults hit one path.
+            match rng.below(100) {
+                0..50 => rng.below(100),
+                r => 100 + r,
+            }
+        };
+        let f = match roll {
+            0..30 => Fault::QpError(side),
+            30..60 => Fault::SideChannel(side),
+            60..90 => Fault::BlackHole(hole_len(rng)),
+            90..100 => Fault::Restart(side),
+            100..120 => Fault::PathQpError(side, path),
+            120..130 => Fault::PathSideChannel(side, path),
+            _ => Fault::PathHole(path, hole_len(rng)),
         };
         faults.push((at, f));
     }
@@ -93,6 +122,7 @@ fn params(rng: &mut Rng) -> Params {
         slow: [rng.pct(15), rng.pct(15)],
         conn_listens: rng.pct(70),
         send_gap: rng.range(0, 500 * US),
+        paths: paths as usize,
         faults,
     }
 }
@@ -109,17 +139,35 @@ pub fn run(seed: u64, trace: bool) -> Result<Summary, (String, Vec<String>)> {
 pub fn run_params(p: Params, rng: Rng, trace: bool) -> Result<Summary, (String, Vec<String>)> {
     // No reset is expected of a lossless session when no process restarts and no outage
     // comes near the reconnect budget.
+    // With several paths, a long outage of one path alone is calm too (the others carry
+    // the session), unless another path is out meanwhile.
+    let long = |f: &Fault| match *f {
+        Fault::BlackHole(len) if len >= 60 * MS => Some((None, len)),
+        Fault::PathHole(p, len) if len >= 60 * MS => Some((Some(p), len)),
+        _ => None,
+    };
+    let outages: Vec<(Option<usize>, Ns, Ns)> = p
+        .faults
+        .iter()
+        .filter_map(|(t, f)| long(f).map(|(path, len)| (path, *t, t + len + 400 * MS)))
+        .collect();
+    let overlapping = outages.iter().enumerate().any(|(i, a)| {
+        a.0.is_none()
+            || p.paths == 1
+            || outages[i + 1..]
+                .iter()
+                .any(|b| (b.0.is_none() || b.0 != a.0) && a.1 < b.2 && b.1 < a.2)
+    });
     let calm = !p.lossy
-        && p.faults.iter().all(|(_, f)| match f {
-            Fault::Restart(_) => false,
-            Fault::BlackHole(len) => *len < 60 * MS,
-            _ => true,
-        });
+        && !overlapping
+        && p.faults
+            .iter()
+            .all(|(_, f)| !matches!(f, Fault::Restart(_)));
     let faults_end = p
         .faults
         .iter()
         .map(|(t, f)| match f {
-            Fault::BlackHole(len) => t + len,
+            Fault::BlackHole(len) | Fault::PathHole(_, len) => t + len,
             _ => *t,
         })
         .max()
@@ -178,6 +226,7 @@ pub fn run_params(p: Params, rng: Rng, trace: bool) -> Result<Summary, (String, 
         resets: w.resets[0] + w.resets[1],
         faults: nfaults,
         events,
+        path_events: w.path_events,
         ..Summary::default()
     };
     for p in &w.procs {
@@ -227,18 +276,41 @@ fn seeded_schedules_hold_every_invariant() {
         t.replays += s.replays;
         t.duplicates += s.duplicates;
         t.events += s.events;
+        for k in 0..3 {
+            t.path_events[k] += s.path_events[k];
+        }
     }
     eprintln!("msgr sim: {n} seeds from {first}: {t:?}");
     // The schedules do exercise what they claim to. (Duplicates stay rare: a hello says
     // how far its side delivered, so a replay starts after it; counted all the same.)
     assert!(t.faults > n as usize && t.replays > 0 && t.resets > 0 && t.died > 0);
+    if n >= 1_000 {
+        // Paths went down, joined and took the traffic over.
+        assert!(t.path_events.iter().all(|&k| k > 0), "{t:?}");
+    }
 }
 
 /// A schedule of one lossless session, 200 messages each way, with `faults`.
 fn scenario(faults: Vec<(Ns, Fault)>, conn_listens: bool) -> Summary {
+    paths_scenario(1, false, faults, conn_listens)
+}
+
+/// [`scenario`] with `paths` paths, lossless or lossy (keepalive on: idle paths are
+/// watched).
+fn paths_scenario(
+    paths: usize,
+    lossy: bool,
+    faults: Vec<(Ns, Fault)>,
+    conn_listens: bool,
+) -> Summary {
     let mut rng = Rng::new(7);
     let mut p = params(&mut rng);
-    p.lossy = false;
+    p.paths = paths;
+    if paths > 1 {
+        p.rules.keepalive = Some(Duration::from_millis(10));
+        p.rules.path_failback = true;
+    }
+    p.lossy = lossy;
     p.quota = [200, 200];
     p.slow = [false, false];
     p.conn_listens = conn_listens;
@@ -272,6 +344,69 @@ fn lossless_replays_across_qp_errors_side_channel_closes_and_a_black_hole() {
 }
 
 #[test]
+fn a_failed_path_moves_the_session_to_another_without_a_reset_and_fails_back() {
+    // QP error, side-channel close and a black hole beyond the retry budget, each on
+    // path 0 (the active one) alone.
+    for f in [
+        Fault::PathQpError(0, 0),
+        Fault::PathSideChannel(1, 0),
+        Fault::PathHole(0, 200 * MS),
+    ] {
+        let s = paths_scenario(2, false, vec![(15 * MS, f)], true);
+        assert_eq!(s.resets, 0, "{f:?}: {s:?}");
+        assert_eq!((s.failed, s.died), (0, 0), "{f:?}: {s:?}");
+        let [down, _, active] = s.path_events;
+        // Down (at either side); active: the switch to path 1 at both sides, then (once
+        // path 0 answers again, before the traffic ends unless it is a long hole) the
+        // failback to path 0 at both.
+        let failback = !matches!(f, Fault::PathHole(..));
+        let want = if failback { 4 } else { 2 };
+        assert!(down >= 1 && active >= want, "{f:?}: {s:?}");
+    }
+}
+
+#[test]
+fn a_flapping_path_loses_nothing() {
+    let faults = (0..6)
+        .map(|k| {
+            (
+                5 * MS + k * 12 * MS,
+                Fault::PathHole(0, 4 * MS + k * 3 * MS),
+            )
+        })
+        .chain([(30 * MS, Fault::PathQpError(0, 0))])
+        .collect();
+    let s = paths_scenario(2, false, faults, true);
+    assert_eq!(s.resets, 0, "{s:?}");
+    assert_eq!((s.failed, s.died), (0, 0), "{s:?}");
+}
+
+#[test]
+fn all_paths_down_then_one_back_reconnects_without_a_reset() {
+    // Both paths out (each its own hole), path 1 back after 80 ms, path 0 after 250 ms:
+    // the session reconnects on path 1 within the budget (300 ms), path 0 rejoins later.
+    let s = paths_scenario(
+        2,
+        false,
+        vec![
+            (10 * MS, Fault::PathHole(0, 250 * MS)),
+            (10 * MS, Fault::PathHole(1, 80 * MS)),
+        ],
+        true,
+    );
+    assert_eq!(s.resets, 0, "{s:?}");
+    assert_eq!((s.failed, s.died), (0, 0), "{s:?}");
+    assert!(s.replays > 0, "{s:?}");
+}
+
+#[test]
+fn a_lossy_session_reports_in_doubt_sends_and_goes_on_on_another_path() {
+    let s = paths_scenario(2, true, vec![(15 * MS, Fault::PathQpError(0, 0))], true);
+    assert_eq!(s.resets, 0, "no reset: another path was up: {s:?}");
+    assert!(s.path_events[2] >= 1, "{s:?}");
+}
+
+#[test]
 fn a_restarted_listening_connector_is_seen_at_its_next_hello() {
     let s = scenario(vec![(10 * MS, Fault::Restart(0))], true);
     // The acceptor resets the old session when the new incarnation says hello, long
@@ -291,8 +426,13 @@ fn seed_costs() {
     if let Some(n) = env("RDMX_MSGR_SIM_COSTS") {
         for seed in 0..n {
             let t = std::time::Instant::now();
+            let paths = params(&mut Rng::new(seed)).paths;
             let r = run(seed, false);
-            eprintln!("seed {seed}: {:?} {:?}", t.elapsed(), r.map(|s| s.events));
+            eprintln!(
+                "seed {seed}: {paths} paths {:?} {:?}",
+                t.elapsed(),
+                r.map(|s| (s.events, s.path_events))
+            );
         }
     }
 }

@@ -61,6 +61,12 @@ pub enum Fault {
     BlackHole(Ns),
     /// A process dies and starts again with a new incarnation.
     Restart(usize),
+    /// A QP error on one side's end of the links of one path (side, path).
+    PathQpError(usize, usize),
+    /// The side channel of one path's links closes (side, path).
+    PathSideChannel(usize, usize),
+    /// Nothing crosses one path for this long (path, length).
+    PathHole(usize, Ns),
 }
 
 #[derive(Debug)]
@@ -86,6 +92,7 @@ pub enum Ev {
     Connected {
         sess: usize,
         inc: u64,
+        path: usize,
     },
     Wake {
         side: usize,
@@ -149,4 +156,6 @@ pub struct Link {
     pub retry_at: [Option<Ns>; 2],
     /// The incarnations of the processes at the ends when the link was made.
     pub inc: [u64; 2],
+    /// The path it is a connection of.
+    pub path: usize,
 }

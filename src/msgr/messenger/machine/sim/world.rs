@@ -10,7 +10,7 @@ use super::net::{Ev, Fault, Frame, Link, MS, Ns, Queue, Rng, US};
 use crate::error::{Error, ErrorKind};
 use crate::msgr::messenger::credits::Credits;
 use crate::msgr::messenger::machine::{Action, Machine, Notice, Rules, SqRoom};
-use crate::msgr::messenger::types::{Policy, SessionState};
+use crate::msgr::messenger::types::{PathEvent, Policy, SessionState};
 use crate::msgr::messenger::wire::Header;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
@@ -22,6 +22,9 @@ pub const CONN: usize = 0;
 pub const ACC: usize = 1;
 /// Send-queue entries of a link end.
 pub const MAX_SQ: usize = 32;
+/// Most links a simulated session holds at once (one per path, 3 paths, and a link
+/// being replaced).
+pub const MAX_LINKS: usize = 8;
 /// How long RC retries through a black hole before RETRY_EXC_ERR.
 pub const RETRY_BUDGET: Ns = 10 * MS;
 
@@ -40,13 +43,17 @@ pub struct Params {
     pub conn_listens: bool,
     /// Gap between an application's sends.
     pub send_gap: Ns,
+    /// The connector's paths to the acceptor (1 = a session as before issue 30).
+    pub paths: usize,
     pub faults: Vec<(Ns, Fault)>,
 }
 
 pub struct Sess {
     pub m: Machine<u64>,
-    /// The machine's link id and the simulated link.
-    pub link: Option<(u64, usize)>,
+    /// The machine's link ids and the simulated links of the session (one per path at
+    /// most), and which one is active (its traffic).
+    pub links: Vec<(u64, usize)>,
+    pub active: Option<u64>,
     /// Accepted messages (sequence number, message id) not yet delivered.
     pub rx: VecDeque<(u64, Option<u64>)>,
 }
@@ -78,7 +85,10 @@ pub struct World {
     pub ledger: Ledger,
     pub p: Params,
     pub next_id: u64,
-    pub hole: Option<(Ns, Ns)>,
+    /// A black hole on each path: nothing crosses it from the first instant to the second.
+    pub holes: Vec<Option<(Ns, Ns)>>,
+    /// Path events seen (down, up, active) at either side.
+    pub path_events: [u32; 3],
     /// Sessions reset (lossless ones, and all).
     pub resets: [u32; 2],
     pub trace: Option<Vec<String>>,
@@ -100,7 +110,8 @@ impl World {
             procs: [Proc::default(), Proc::default()],
             ledger: Ledger::default(),
             next_id: 1,
-            hole: None,
+            holes: vec![None; p.paths.max(1)],
+            path_events: [0; 3],
             resets: [0; 2],
             trace: trace.then(Vec::new),
             err: None,
@@ -153,10 +164,15 @@ impl World {
     pub fn open_session(&mut self) {
         let id = self.next_id << 8;
         self.next_id += 1;
-        let m = Machine::new(self.p.rules, id, self.policy(), false, self.at());
+        let now = self.at();
+        let mut m = Machine::new(self.p.rules, id, self.policy(), false, now);
+        for _ in 1..self.p.paths {
+            m.add_path(now);
+        }
         self.procs[CONN].sessions.push(Some(Sess {
             m,
-            link: None,
+            links: Vec::new(),
+            active: None,
             rx: VecDeque::new(),
         }));
         self.log(|| format!("conn: new session {id:#x}"));
@@ -198,9 +214,9 @@ impl World {
                 self.link_err(link, side, why);
                 side
             }
-            Ev::Connected { sess, inc } => {
+            Ev::Connected { sess, inc, path } => {
                 if self.procs[CONN].inc == inc {
-                    self.connected(sess);
+                    self.connected(sess, path);
                 }
                 CONN
             }
@@ -248,7 +264,7 @@ impl World {
         let mut next: Option<Ns> = None;
         for s in self.procs[side].sessions.iter().flatten() {
             // A pass that needs receives waits for the pool (a release brings a pass).
-            let starved = s.m.receives_wanted() > 0 && self.procs[side].pool == 0;
+            let starved = s.m.receives_wanted_all() > 0 && self.procs[side].pool == 0;
             let t = if s.m.wants_pass() && !starved {
                 Some(self.now + US)
             } else {
@@ -268,29 +284,39 @@ impl World {
     fn drive(&mut self, side: usize, si: usize) {
         let now = self.at();
         let Some(s) = self.sess(side, si) else { return };
-        if s.m.state == SessionState::Closed && s.link.is_none() {
+        if s.m.state == SessionState::Closed && s.links.is_empty() {
             return;
         }
         s.m.handle_timeout(now);
         self.exec(side, si);
-        // Receives up to the window, as the pool allows.
-        let pool = self.procs[side].pool;
-        let Some(s) = self.sess(side, si) else { return };
-        if let Some((lid, li)) = s.link {
-            let k = s.m.receives_wanted().min(pool);
+        // Receives up to the window on every link, as the pool allows.
+        let mut links = [(0u64, 0usize); MAX_LINKS];
+        let n = match self.sess(side, si) {
+            Some(s) => {
+                let n = s.links.len().min(MAX_LINKS);
+                links[..n].copy_from_slice(&s.links[..n]);
+                n
+            }
+            None => 0,
+        };
+        for &(lid, li) in &links[..n] {
+            let pool = self.procs[side].pool;
+            let Some(s) = self.sess(side, si) else { return };
+            let k = s.m.receives_wanted_on(lid).min(pool);
             s.m.on_posted(lid, k);
             self.procs[side].pool -= k;
             self.links[li].posted[side] += k;
         }
         // Delivery, in order.
         let slow = self.p.slow[side];
+        let lossy = self.p.lossy;
         while let Some(s) = self.sess(side, si)
             && let Some((seq, body)) = s.rx.pop_front()
         {
             let (me, peer) = (s.m.id, s.m.peer_id);
             s.m.on_delivered(seq);
             if let Some(b) = body
-                && let Err(e) = self.ledger.on_deliver(me, peer, seq, b)
+                && let Err(e) = self.ledger.on_deliver(me, peer, seq, b, lossy)
             {
                 self.violation(e);
             }
@@ -300,12 +326,27 @@ impl World {
                 self.procs[side].pool += 1;
             }
         }
-        let link = self.sess(side, si).and_then(|s| s.link);
-        if let Some((_, li)) = link {
-            let free = MAX_SQ.saturating_sub(self.links[li].sq[side]);
-            if let Some(s) = self.sess(side, si) {
-                s.m.pump(now, SqRoom { free, reserve: 1 });
+        let (mut links, active) = (
+            [(0u64, 0usize); MAX_LINKS],
+            self.sess(side, si).and_then(|s| s.active),
+        );
+        let n = match self.sess(side, si) {
+            Some(s) => {
+                let n = s.links.len().min(MAX_LINKS);
+                links[..n].copy_from_slice(&s.links[..n]);
+                n
             }
+            None => return,
+        };
+        for &(lid, li) in &links[..n] {
+            let free = MAX_SQ.saturating_sub(self.links[li].sq[side]);
+            let Some(s) = self.sess(side, si) else { return };
+            if Some(lid) == active {
+                s.m.pump(now, SqRoom { free, reserve: 1 });
+            } else {
+                s.m.pump_standby(now, lid, free);
+            }
+            self.exec(side, si);
         }
         self.exec(side, si);
     }
@@ -315,16 +356,42 @@ impl World {
         loop {
             let Some(s) = self.sess(side, si) else { return };
             let Some(a) = s.m.poll_action() else { return };
-            let (id, cur) = (s.m.id, s.link);
+            let id = s.m.id;
+            // The session's links (at most one per path): a copy without an allocation.
+            let mut links = [(0u64, 0usize); MAX_LINKS];
+            let n = s.links.len().min(MAX_LINKS);
+            links[..n].copy_from_slice(&s.links[..n]);
+            let find = |l: u64| links[..n].iter().copied().find(|c| c.0 == l);
             if self.trace.is_some() {
                 let txt = format!("  {} sess {id:#x}: {a:?}", ["conn", "acc"][side]);
                 self.log(|| txt);
             }
             match a {
-                Action::Connect => {
+                Action::Connect { path } => {
                     let d = self.rng.range(100 * US, 2 * MS);
                     let inc = self.procs[side].inc;
-                    self.q.push(self.now + d, Ev::Connected { sess: si, inc });
+                    self.q.push(
+                        self.now + d,
+                        Ev::Connected {
+                            sess: si,
+                            inc,
+                            path,
+                        },
+                    );
+                }
+                Action::Activate { link } => {
+                    let Some(s) = self.sess(side, si) else { return };
+                    if s.links.iter().all(|c| c.0 != link) {
+                        self.violation(format!("activate link {link}, not the session's"));
+                        return;
+                    }
+                    if s.active != Some(link) {
+                        // What the old active link was receiving comes again.
+                        s.active = Some(link);
+                        let n = s.rx.len() as u32;
+                        s.rx.clear();
+                        self.procs[side].pool += n;
+                    }
                 }
                 Action::Post {
                     link,
@@ -336,7 +403,7 @@ impl World {
                         let c = header.credits;
                         self.violation(format!("announced {c} credits of {owed} owed"));
                     }
-                    let Some((lid, li)) = cur.filter(|c| c.0 == link) else {
+                    let Some((lid, li)) = find(link) else {
                         self.violation(format!("post on link {link}, not the session's"));
                         return;
                     };
@@ -367,7 +434,7 @@ impl World {
                     }
                 }
                 Action::PostImm { link, seq, value } => {
-                    let Some((lid, li)) = cur.filter(|c| c.0 == link) else {
+                    let Some((lid, li)) = find(link) else {
                         self.violation(format!("immediate on link {link}, not the session's"));
                         return;
                     };
@@ -398,19 +465,38 @@ impl World {
                     }
                 }
                 Action::CloseLink { link, drain } => {
-                    if let Some((_, li)) = cur.filter(|c| c.0 == link) {
+                    if let Some((_, li)) = find(link) {
                         self.close_end(side, li, drain);
                         let s = self.sess(side, si).expect("session");
-                        s.link = None;
-                        let n = s.rx.len() as u32;
-                        s.rx.clear();
-                        self.procs[side].pool += n;
+                        s.links.retain(|c| c.0 != link);
+                        if s.active == Some(link) {
+                            s.active = None;
+                            let n = s.rx.len() as u32;
+                            s.rx.clear();
+                            self.procs[side].pool += n;
+                        }
                     }
                 }
                 Action::Notify(Notice::Connected) => {}
+                Action::Notify(Notice::Path(path, ev)) => {
+                    let k = match ev {
+                        PathEvent::Down(_) => 0,
+                        PathEvent::Up => 1,
+                        PathEvent::Active => 2,
+                    };
+                    self.path_events[k] += 1;
+                    if path >= self.p.paths.max(1) {
+                        self.violation(format!("event of path {path}: no such path"));
+                    }
+                }
                 Action::Notify(Notice::SendDone(seq, r)) => {
+                    // A lossy session that went on on another path reports in doubt what
+                    // the failed one carried.
+                    let in_doubt = self.p.lossy
+                        && r.as_ref()
+                            .is_err_and(crate::msgr::messenger::machine::is_in_doubt);
                     let s = self.sess(side, si).expect("session");
-                    if r.is_err() && s.m.state != SessionState::Closed {
+                    if r.is_err() && s.m.state != SessionState::Closed && !in_doubt {
                         self.violation(format!("send {seq} failed on a session not ended"));
                     }
                     if let Err(e) = self.ledger.on_done(id, seq, r.is_ok()) {
@@ -469,12 +555,13 @@ impl World {
             );
             for s in p.sessions.iter().flatten() {
                 out += &format!(
-                    "sess {:#x} {:?} queued {} unacked {} link {:?} credits {:?}; ",
+                    "sess {:#x} {:?} queued {} unacked {} links {:?} active {:?} credits {:?}; ",
                     s.m.id,
                     s.m.state,
                     s.m.queued(),
                     s.m.unacked_len(),
-                    s.link,
+                    s.links,
+                    s.active,
                     s.m.link().map(|l| &l.credits)
                 );
             }
