@@ -602,6 +602,103 @@ fn a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted() {
     );
 }
 
+/// A peer that sends SEND_WITH_INVALIDATE naming the window of the receive its SEND
+/// consumes (its own grant): the messenger never sends one, so S ends that peer's link (on
+/// verbs the receive completes with the invalidation: a protocol fault; on the soft
+/// provider the window is not a verbs window and the receive completes with
+/// REM_INV_REQ_ERR) and nothing else: A's session goes on, every echo intact.
+#[test]
+fn a_send_with_invalidate_ends_only_the_senders_link() {
+    let mut w = World::new();
+    let end = Instant::now() + Duration::from_secs(60);
+    while w.verified < 6 {
+        assert!(Instant::now() < end, "A's echoes stalled at {}", w.verified);
+        w.pass();
+    }
+    let before = w.s.stats().totals;
+    let mut r = Rogue::new(&mut w);
+    let g = r.next_grant();
+    r.grants.pop_front();
+    r.sent += 1;
+    let mut h = Header::new(Kind::Msg);
+    h.seq = 1;
+    h.msg_type = 99; // S would ignore it
+    h.emit(&mut r.buf[SEND_AT..SEND_AT + SLOT]);
+    r.cookie += 1;
+    let c = r.cookie;
+    let sge = Sge {
+        addr: r.mr.addr + SEND_AT as u64,
+        length: HDR_LEN as u32,
+        lkey: r.mr.lkey,
+    };
+    let posted = r
+        .conn()
+        .post_send(&[SendReq {
+            cookie: c,
+            opcode: WrOpcode::SendWithInv,
+            flags: send_flags::SIGNALED,
+            sges: smallvec![sge],
+            remote_addr: 0,
+            rkey: 0,
+            imm: g.rkey,
+        }])
+        .unwrap();
+    assert_eq!(posted, 1);
+    r.wait_wc(&mut w, c);
+    // S ended the link: whatever the rogue sends next fails (S's QP is in error or gone,
+    // its side channel closed), within the retry budget.
+    let end = Instant::now() + T;
+    loop {
+        let mut h = Header::new(Kind::Ping);
+        h.seq = 0;
+        h.emit(&mut r.buf[SEND_AT..SEND_AT + SLOT]);
+        r.cookie += 1;
+        let c = r.cookie;
+        let req = SendReq {
+            cookie: c,
+            opcode: WrOpcode::Send,
+            flags: send_flags::SIGNALED,
+            sges: smallvec![sge],
+            remote_addr: 0,
+            rkey: 0,
+            imm: 0,
+        };
+        // Refused at the post (the side channel closed) or completed in error.
+        if r.conn().post_send(&[req]).is_err() || r.wait_wc(&mut w, c) != WcStatus::Success {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "S kept the link of a peer that invalidated"
+        );
+        for _ in 0..10 {
+            w.pass();
+        }
+    }
+    drop(r);
+    let after = w.s.stats().totals;
+    assert!(after.faults > before.faults, "S counted the link's fault");
+    if support::on_verbs() {
+        // The receive completed with the invalidation: a protocol error, counted as such
+        // (not mistaken for a send completion out of order).
+        assert!(
+            after.malformed > before.malformed,
+            "a SEND_WITH_INVALIDATE is a malformed frame: {after:?}"
+        );
+    }
+    let target = w.verified + 12;
+    let end = Instant::now() + Duration::from_secs(60);
+    while w.verified < target {
+        assert!(Instant::now() < end, "A's echoes stalled at {}", w.verified);
+        w.pass();
+    }
+    assert_eq!(
+        w.client.resets.load(Ordering::Relaxed),
+        0,
+        "A was never reset"
+    );
+}
+
 /// With `msgr_scoped_rkeys=false` (the comparison setting) the pool's own rkey is what a
 /// peer gets, so the same READ of A's chunk succeeds: the switch is what the test above
 /// measures against.
@@ -654,6 +751,7 @@ fn scoping_holds_on_verbs_under_rdmx_ibv() {
         "127.0.93.10",
         &[
             "a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted",
+            "a_send_with_invalidate_ends_only_the_senders_link",
             "without_scoping_the_pool_rkey_reaches_another_sessions_chunk",
         ],
         Duration::from_secs(180),

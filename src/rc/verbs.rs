@@ -41,7 +41,8 @@ pub enum WcOpcode {
     /// this as IBV_WC_RECV with `wc_flags & IBV_WC_WITH_INV` and `invalidated_rkey` (a union
     /// with `imm_data`, as `imm` is here). rdmx-ibv and the verbs provider convert both
     /// ways; everything that treats `Recv` as a receive treats this as one too. The
-    /// messenger never sees it: it never posts IBV_WR_SEND_WITH_INV.
+    /// messenger never posts IBV_WR_SEND_WITH_INV; one from a peer faults that peer's link
+    /// as a malformed frame (`msgr/messenger/link.rs`).
     RecvWithInv = 130,
 }
 

@@ -763,7 +763,7 @@ impl Link {
             out.reserve(n);
             total += n;
             for wc in &wcs[..n] {
-                if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                if wc.opcode.is_recv() {
                     recvs += 1;
                 }
                 self.complete(wc, out)?;
@@ -782,6 +782,23 @@ impl Link {
         }
         let mismatch = || Error::fixed(ErrorKind::Closed, "completion out of order");
         match wc.opcode {
+            WcOpcode::RecvWithInv => {
+                // The peer sent SEND_WITH_INV, which the protocol never does: it ended one
+                // of this link's windows early. A protocol fault (the session replays on a
+                // new link); the receive is consumed, and its slot (whose window is the
+                // one ended, or another) goes through the scope like any other.
+                if let Some((_, mut slot)) = self.recvs.pop_front() {
+                    if let Some(sc) = &self.scope {
+                        sc.end(std::mem::take(&mut slot.window));
+                    }
+                    self.spare_hdr.push(slot.hdr);
+                    self.spare_data.push(slot.data);
+                }
+                return Err(Malformed(
+                    "the peer sent SEND_WITH_INVALIDATE (not part of the protocol)",
+                )
+                .into());
+            }
             WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
                 let (cookie, mut slot) = self.recvs.pop_front().ok_or_else(mismatch)?;
                 if cookie != wc.cookie {
