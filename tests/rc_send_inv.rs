@@ -8,9 +8,10 @@
 mod common;
 
 use common::{Faults, Params, Sim};
-use rdmx::rc::verbs::{access, send_flags};
+use rdmx::rc::verbs::{access, attr_mask, send_flags};
 use rdmx::rc::{
-    Completion, QpCaps, QpState, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode, smallvec,
+    Completion, QpAttr, QpCaps, QpState, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode,
+    smallvec,
 };
 
 const A_BUF: u32 = 1;
@@ -371,4 +372,34 @@ fn a_read_before_a_refused_send_with_inv_is_still_answered() {
         "the READ returned the window's bytes"
     );
     assert!(s.nodes[1].mem.window_valid(WIN));
+}
+
+/// The other side of that rule: a QP that fails on its own side (here a modify to ERR; the
+/// same path as retries exhausted or a local error) drops the READ responses it had
+/// queued: its peer may be gone, and a zero-copy response that cannot leave would hold the
+/// window it reads through (on the soft provider, an invalidation then waits for it; a
+/// veth taken down made the messenger's link fault 1 s late that way).
+#[test]
+fn a_qp_failing_on_its_own_side_drops_queued_read_responses() {
+    let mut s = sim(Some(B_QPN));
+    let mut read = wr(8, WrOpcode::RdmaRead, 600, WIN_VA, WIN, 0);
+    read.sges[0].addr = 0x1800;
+    s.nodes[0].qp.post_send(read).unwrap();
+    s.nodes[0]
+        .qp
+        .post_send(wr(9, WrOpcode::Send, 8, 0, 0, 0))
+        .unwrap();
+    let requests = transmit(&mut s, 0);
+    deliver(&mut s, 1, &requests);
+    // Queued at B now: the READ's responses, then the SEND's ACK.
+    let attr = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    s.nodes[1].qp.modify(&attr, attr_mask::STATE).unwrap();
+    let opcodes: Vec<u8> = transmit(&mut s, 1).iter().map(|p| p[0]).collect();
+    assert!(
+        opcodes.iter().all(|&o| o == 0x11),
+        "only the ACK leaves a QP in ERR, no READ response (0x0d-0x10): {opcodes:x?}"
+    );
 }

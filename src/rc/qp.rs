@@ -349,7 +349,7 @@ impl Qp {
         self.state = target;
         a.qp_state = target;
         match target {
-            QpState::Err if from != QpState::Err => self.flush_all(),
+            QpState::Err if from != QpState::Err => self.flush_all(false),
             QpState::Reset => {
                 // A reset QP forgets its queues (verbs: WRs are discarded, no completions).
                 self.req = Requester::default();
@@ -606,16 +606,32 @@ impl Qp {
         });
     }
 
-    /// Moves to ERR and flushes every outstanding send and receive WR (§4.8).
+    /// Moves to ERR and flushes every outstanding send and receive WR (§4.8). Queued READ
+    /// responses are dropped: the QP failed on its own side (retries exhausted, a local
+    /// error, a modify), and the peer may be gone (a response that cannot leave would hold
+    /// its memory window until it does).
     pub(super) fn enter_error(&mut self) {
+        self.enter_error_with(false);
+    }
+
+    /// As [`Qp::enter_error`], for the responder refusing a request (an error NAK, or a
+    /// SEND_WITH_INVALIDATE whose invalidation failed): the READ responses queued before
+    /// that answer still go out, since those READs came first and were executed in order
+    /// (rxe answers a READ in full before it looks at the next request; the answer without
+    /// them would fail READs the peer was entitled to). The peer is there: it just sent.
+    pub(super) fn enter_error_answering(&mut self) {
+        self.enter_error_with(true);
+    }
+
+    fn enter_error_with(&mut self, answer_reads: bool) {
         if self.state != QpState::Err {
             self.state = QpState::Err;
             self.attr.qp_state = QpState::Err;
-            self.flush_all();
+            self.flush_all(answer_reads);
         }
     }
 
-    fn flush_all(&mut self) {
+    fn flush_all(&mut self, answer_reads: bool) {
         self.req.ack_deadline = None;
         self.req.rnr_until = None;
         let sq: Vec<_> = self.req.sq.drain(..).collect();
@@ -630,17 +646,18 @@ impl Qp {
         for w in rq {
             self.push_completion(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, true);
         }
-        // Queued acknowledgements still go out (a NAK: the peer must learn why), and so do
-        // the READ responses queued before the last of them: those READs came before the
-        // request acknowledged (or refused) last and were executed in order (rxe answers a
-        // READ in full before it looks at the next request; an ACK or NAK without them
-        // would fail READs the peer was entitled to). Other READ responses do not.
-        let upto = self
-            .resp
-            .out
-            .iter()
-            .rposition(|i| i.is_ack())
-            .map_or(0, |k| k + 1);
+        // Queued acknowledgements still go out (a NAK: the peer must learn why); READ
+        // responses only with `answer_reads`, and only those queued before the last
+        // acknowledgement (see `enter_error_answering`).
+        let upto = if answer_reads {
+            self.resp
+                .out
+                .iter()
+                .rposition(|i| i.is_ack())
+                .map_or(0, |k| k + 1)
+        } else {
+            0
+        };
         let mut at = 0;
         self.resp.out.retain(|i| {
             at += 1;

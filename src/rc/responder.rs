@@ -226,7 +226,7 @@ impl Qp {
                 Refuse::RemOp => NAK_REM_OP,
             };
             self.resp.push_ack(syn, hdr.psn);
-            self.enter_error();
+            self.enter_error_answering();
         }
     }
 
@@ -463,7 +463,7 @@ impl Qp {
                                 if hdr.ack_req {
                                     self.resp.push_ack(ACK, hdr.psn);
                                 }
-                                self.enter_error();
+                                self.enter_error_answering();
                                 return Ok(());
                             }
                             (WcOpcode::RecvWithInv, Some(rkey))
