@@ -286,7 +286,7 @@ impl Session {
         let r = self.m.rules();
         self.m
             .link()
-            .and_then(|l| l.live.next_due(r.keepalive, r.keepalive_timeout))
+            .and_then(|l| l.live.next_due(r.ping(), r.keepalive_timeout))
     }
 
     /// Whether this pass may skip the session: the machine has nothing to do

@@ -99,6 +99,10 @@ pub struct MsgrSettings {
     pub threads: usize,
     /// None = no keepalive.
     pub keepalive: Option<Duration>,
+    /// A keepalive this long after a message the peer has not answered (the transport's
+    /// retry budget, (retry_cnt + 1) x 4.096 us x 2^timeout, at least 10 ms; None with
+    /// keepalive off, `timeout` 0 (infinite) or a budget not below the keepalive).
+    pub probe: Option<Duration>,
     pub keepalive_timeout: Duration,
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
@@ -137,6 +141,18 @@ fn ms(c: &Config, key: &str) -> Result<Duration> {
     Ok(Duration::from_millis(c.get_u64(key)?))
 }
 
+/// The probe interval (`MsgrSettings::probe`): the retry budget of a link's QP.
+fn probe_after(c: &Config, keepalive: Duration) -> Result<Option<Duration>> {
+    let timeout = c.get_u64("timeout")?;
+    if keepalive.is_zero() || timeout == 0 {
+        return Ok(None);
+    }
+    let tries = c.get_u64("retry_cnt")? + 1;
+    let budget = Duration::from_nanos(tries * (4096u64 << timeout.min(31)));
+    let probe = budget.max(Duration::from_millis(10));
+    Ok((probe < keepalive).then_some(probe))
+}
+
 impl MsgrSettings {
     /// Reads and cross-checks the messenger keys of `c` (after [`adjust`] made the
     /// transport keys fit).
@@ -149,6 +165,7 @@ impl MsgrSettings {
             },
             threads: c.get_u64("msgr_threads")? as usize,
             keepalive: (!keepalive.is_zero()).then_some(keepalive),
+            probe: probe_after(c, keepalive)?,
             keepalive_timeout: ms(c, "msgr_keepalive_timeout_ms")?,
             reconnect_min: ms(c, "msgr_reconnect_min_ms")?,
             reconnect_max: ms(c, "msgr_reconnect_max_ms")?,

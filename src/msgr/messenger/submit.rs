@@ -232,6 +232,7 @@ mod tests {
     fn rules(msgs: usize, bytes: u64) -> Rules {
         Rules {
             keepalive: None,
+            probe: None,
             keepalive_timeout: Duration::from_secs(1),
             reconnect_min: Duration::from_millis(1),
             reconnect_max: Duration::from_millis(1),

@@ -40,7 +40,7 @@ pub use paths::{MAX_PATHS, PathMeta, is_in_doubt};
 pub use send::{check_send, has_room};
 
 use super::credits::Credits;
-use super::keepalive::{Backoff, Liveness};
+use super::keepalive::{Backoff, Liveness, PingRule};
 use super::settings::MsgrSettings;
 use super::types::{Policy, SessionCounters, SessionState};
 use std::collections::VecDeque;
@@ -51,6 +51,10 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rules {
     pub keepalive: Option<Duration>,
+    /// A keepalive also goes this long after a message the peer has not answered with
+    /// anything (see [`PingRule`]): the transport's retry budget, so that a link dead in
+    /// both directions is found in about twice that, not `keepalive` later.
+    pub probe: Option<Duration>,
     pub keepalive_timeout: Duration,
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
@@ -69,9 +73,18 @@ pub struct Rules {
 }
 
 impl Rules {
+    /// When keepalives go.
+    pub fn ping(&self) -> PingRule {
+        PingRule {
+            interval: self.keepalive,
+            probe: self.probe,
+        }
+    }
+
     pub fn from_settings(s: &MsgrSettings) -> Rules {
         Rules {
             keepalive: s.keepalive,
+            probe: s.probe,
             keepalive_timeout: s.keepalive_timeout,
             reconnect_min: s.reconnect_min,
             reconnect_max: s.reconnect_max,
@@ -173,6 +186,8 @@ pub struct Machine<M> {
     delivered_in_pass: bool,
     /// The acknowledgement of messages delivered in the last pass was held back a pass.
     ack_deferred: bool,
+    /// A message went in this pump (`Liveness::last_msg`, stamped once per pump).
+    msg_in_pass: bool,
     /// Messages wait for credits (counted once per stall).
     stalled: bool,
     /// `Connected` was told.
@@ -237,6 +252,7 @@ impl<M> Machine<M> {
             acked_to_peer: 0,
             delivered_in_pass: false,
             ack_deferred: false,
+            msg_in_pass: false,
             stalled: false,
             announced: false,
             backoff: (!incoming).then(|| rules.backoff(now)),
@@ -359,7 +375,7 @@ impl<M> Machine<M> {
             }
             Some(l) => l
                 .live
-                .next_due(self.rules.keepalive, self.rules.keepalive_timeout),
+                .next_due(self.rules.ping(), self.rules.keepalive_timeout),
             None if self.incoming => self
                 .down_since
                 .map(|t| t + self.rules.reconnect_timeout * 2),
@@ -416,7 +432,7 @@ impl<M> Machine<M> {
             && l.credits.deficit() == 0
             && !l.credits.announce_due()
             && l.live
-                .next_due(self.rules.keepalive, self.rules.keepalive_timeout)
+                .next_due(self.rules.ping(), self.rules.keepalive_timeout)
                 .is_none_or(|t| now < t)
     }
 

@@ -427,7 +427,7 @@ impl<M> Machine<M> {
             .iter()
             .filter(|l| l.hello_done)
             .filter_map(|l| match l.credits.can_send_control() {
-                true => l.live.next_due(r.keepalive, r.keepalive_timeout),
+                true => l.live.next_due(r.ping(), r.keepalive_timeout),
                 false => {
                     r.keepalive?;
                     l.live.last_heard.checked_add(r.keepalive_timeout)
@@ -680,12 +680,16 @@ impl<M> Machine<M> {
         else {
             return;
         };
-        let (keepalive, timeout) = (self.rules.keepalive, self.rules.keepalive_timeout);
+        let (ping, keepalive, timeout) = (
+            self.rules.ping(),
+            self.rules.keepalive,
+            self.rules.keepalive_timeout,
+        );
         let l = &mut self.standby[i];
         // Credits are announced with the keepalive only: an announcement of its own would
         // consume a receive the peer then announces back, for ever on an idle link with a
         // small window (2-3 receives); nothing else uses a standby link.
-        if l.live.ping_due(now, keepalive) {
+        if l.live.ping_due(now, ping) {
             if !l.credits.can_send_control() {
                 l.credits.room_to_speak();
             } else if free > 0 {
@@ -693,7 +697,7 @@ impl<M> Machine<M> {
                 h.ack = self.delivered;
                 let owed = self.announce_on(lid, &mut h);
                 let l = &mut self.standby[i];
-                l.live.last_sent = now;
+                l.live.pinged(now);
                 l.sent_in_pass = false;
                 l.credits.shrink();
                 self.counters.keepalives_sent += 1;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 fn rules() -> Rules {
     Rules {
         keepalive: Some(Duration::from_millis(100)),
+        probe: None,
         keepalive_timeout: Duration::from_millis(500),
         reconnect_min: Duration::from_millis(10),
         reconnect_max: Duration::from_millis(40),

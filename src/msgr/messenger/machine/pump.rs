@@ -34,6 +34,9 @@ impl<M> Machine<M> {
             l.live.last_sent = now;
             self.ack_deferred = false;
         }
+        if std::mem::take(&mut self.msg_in_pass) {
+            l.live.last_msg = now;
+        }
         l.sent_in_pass = false;
         self.delivered_in_pass = false;
         if l.live
@@ -115,6 +118,7 @@ impl<M> Machine<M> {
             self.counters.remote_write_bytes += shape.write_bytes;
             m.replay = true;
             self.unacked.push_back(m);
+            self.msg_in_pass = true;
         }
     }
 
@@ -141,7 +145,7 @@ impl<M> Machine<M> {
             delivered_in_pass: self.delivered_in_pass,
             ack_deferred: self.ack_deferred,
             announce_due: l.credits.announce_due(),
-            ping_due: l.live.ping_due(now, self.rules.keepalive),
+            ping_due: l.live.ping_due(now, self.rules.ping()),
             peer_can_send_data: l.credits.peer_can_send_data(),
             can_send_control: l.credits.can_send_control(),
             sq_free: free,
@@ -169,6 +173,7 @@ impl<M> Machine<M> {
             self.counters.keepalives_sent += 1;
             if let Some(l) = self.link.as_mut() {
                 l.credits.shrink();
+                l.live.last_ping = now;
             }
         }
         self.actions.push_back(Action::Post {

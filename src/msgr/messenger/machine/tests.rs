@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 fn rules() -> Rules {
     Rules {
         keepalive: Some(Duration::from_millis(100)),
+        probe: None,
         keepalive_timeout: Duration::from_millis(500),
         reconnect_min: Duration::from_millis(10),
         reconnect_max: Duration::from_millis(40),
@@ -347,6 +348,48 @@ fn keepalive_pings_when_idle_and_a_silent_peer_faults() {
             .iter()
             .any(|x| matches!(x, Action::CloseLink { .. }))
     );
+}
+
+/// A probe (`Rules::probe`): a message the peer answers with nothing brings a keepalive
+/// after the probe interval, long before the keepalive interval (a link dead both ways:
+/// the transport acknowledged the message, the answer never comes), then one per
+/// interval while the peer stays silent; hearing from it stops them.
+#[test]
+fn a_message_the_peer_never_answers_brings_a_probe() {
+    let t0 = Instant::now();
+    let r = Rules {
+        probe: Some(ms(20)),
+        ..rules()
+    };
+    let mut a = Machine::new(r, 0x100, Policy::Lossless, false, t0);
+    a.handle_timeout(t0);
+    actions(&mut a);
+    let lid = a.link_up(t0, 0, r.credits(4), HelloId::default());
+    actions(&mut a);
+    let mut answer = Header::new(Kind::Hello);
+    answer.aux = 0x200;
+    answer.aux2 = 0x100;
+    answer.credits = 8;
+    a.on_frame(t0, lid, &answer);
+    actions(&mut a);
+    a.pump(t0, room());
+    actions(&mut a);
+    assert_eq!(a.poll_timeout(), Some(t0 + ms(100)), "idle: the keepalive");
+    a.enqueue(1, shape()).unwrap();
+    a.pump(t0 + ms(5), room());
+    assert_eq!(posted(&actions(&mut a))[0].kind(), Some(Kind::Msg));
+    assert_eq!(a.poll_timeout(), Some(t0 + ms(20)), "the probe");
+    a.pump(t0 + ms(20), room());
+    let hs = posted(&actions(&mut a));
+    assert_eq!(hs.len(), 1);
+    assert_eq!(hs[0].kind(), Some(Kind::Ping));
+    assert_eq!(a.poll_timeout(), Some(t0 + ms(40)), "the next probe");
+    // The peer answers: no probe until another message goes unanswered.
+    a.on_frame(t0 + ms(30), lid, &ack(1, 1));
+    actions(&mut a);
+    a.pump(t0 + ms(30), room());
+    actions(&mut a);
+    assert!(a.poll_timeout().is_some_and(|t| t >= t0 + ms(100)));
 }
 
 #[test]

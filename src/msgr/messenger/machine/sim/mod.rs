@@ -67,6 +67,8 @@ fn params(rng: &mut Rng) -> Params {
     let win = (win_min << rng.below(4)).max(4);
     let rules = Rules {
         keepalive: (!rng.pct(10)).then(|| Duration::from_millis(rng.range(5, 40))),
+        // A probe shorter than the keepalive (the driver's rule), or none.
+        probe: rng.pct(50).then(|| Duration::from_millis(rng.range(2, 5))),
         keepalive_timeout: Duration::from_millis(100),
         reconnect_min: Duration::from_millis(1),
         reconnect_max: Duration::from_millis(16),
