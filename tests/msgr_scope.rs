@@ -207,6 +207,25 @@ impl World {
         }
     }
 
+    /// A's session goes on: 12 more echoes, each intact, and it was never reset.
+    fn goes_on(&mut self) {
+        let target = self.verified + 12;
+        let end = Instant::now() + Duration::from_secs(60);
+        while self.verified < target {
+            assert!(
+                Instant::now() < end,
+                "A's echoes stalled at {}",
+                self.verified
+            );
+            self.pass();
+        }
+        assert_eq!(
+            self.client.resets.load(Ordering::Relaxed),
+            0,
+            "A was never reset"
+        );
+    }
+
     fn canary_intact(&self, data: &[u8]) {
         let c = self.server.canaries.lock().unwrap();
         assert_eq!(
@@ -578,17 +597,7 @@ fn a_peer_reaches_only_what_is_granted_to_its_own_session_while_granted() {
 
     // A's traffic went on all along, every echo intact, and goes on.
     w.canary_intact(&a_data);
-    let target = w.verified + 12;
-    let end = Instant::now() + Duration::from_secs(60);
-    while w.verified < target {
-        assert!(Instant::now() < end, "A's echoes stalled at {}", w.verified);
-        w.pass();
-    }
-    assert_eq!(
-        w.client.resets.load(Ordering::Relaxed),
-        0,
-        "A was never reset"
-    );
+    w.goes_on();
     let st = w.a.session_info(w.sa).unwrap();
     assert!(
         st.counters.written_segments > 0,
@@ -686,17 +695,7 @@ fn a_send_with_invalidate_ends_only_the_senders_link() {
             "a SEND_WITH_INVALIDATE is a malformed frame: {after:?}"
         );
     }
-    let target = w.verified + 12;
-    let end = Instant::now() + Duration::from_secs(60);
-    while w.verified < target {
-        assert!(Instant::now() < end, "A's echoes stalled at {}", w.verified);
-        w.pass();
-    }
-    assert_eq!(
-        w.client.resets.load(Ordering::Relaxed),
-        0,
-        "A was never reset"
-    );
+    w.goes_on();
 }
 
 /// With `msgr_scoped_rkeys=false` (the comparison setting) the pool's own rkey is what a
