@@ -2,40 +2,17 @@
 //! the active path (lossless replay, lossy in doubt), the accepting side following the
 //! newest switch, failback, retries of a failed path, and no path up.
 
+use super::tests::{ms, shape};
 use super::*;
 use crate::error::{Error, ErrorKind};
 use crate::msgr::messenger::types::{PathEvent, PathState};
 use crate::msgr::messenger::wire::{Header, Kind, flags};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 fn rules() -> Rules {
     Rules {
-        keepalive: Some(Duration::from_millis(100)),
-        probe: None,
-        keepalive_timeout: Duration::from_millis(500),
-        reconnect_min: Duration::from_millis(10),
-        reconnect_max: Duration::from_millis(40),
-        reconnect_timeout: Duration::from_millis(1000),
-        reconnect_attempts: 0,
         send_queue_msgs: 16,
-        send_queue_bytes: 1 << 20,
-        recv_window_min: 4,
-        recv_window: 16,
-        eager_write: false,
-        path_failback: true,
-    }
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn shape() -> Shape {
-    Shape {
-        bytes: 100,
-        sq_need: 1,
-        front_len: 100,
-        ..Shape::default()
+        ..super::tests::rules()
     }
 }
 

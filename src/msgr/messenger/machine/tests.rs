@@ -5,7 +5,8 @@ use crate::error::{Error, ErrorKind};
 use crate::msgr::messenger::wire::{Header, Kind, flags};
 use std::time::{Duration, Instant};
 
-fn rules() -> Rules {
+/// The rules the machine tests run with (`paths_tests.rs` too, with a longer send queue).
+pub(super) fn rules() -> Rules {
     Rules {
         keepalive: Some(Duration::from_millis(100)),
         probe: None,
@@ -23,11 +24,11 @@ fn rules() -> Rules {
     }
 }
 
-fn ms(n: u64) -> Duration {
+pub(super) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn shape() -> Shape {
+pub(super) fn shape() -> Shape {
     Shape {
         bytes: 100,
         sq_need: 1,
