@@ -131,6 +131,13 @@ fn deliver(s: &mut Sim, to: usize, packets: &[Vec<u8>]) {
     }
 }
 
+/// A posts WR 8: an RDMA READ of the window's first 600 bytes into its buffer at 0x1800.
+fn post_window_read(s: &mut Sim) {
+    let mut read = wr(8, WrOpcode::RdmaRead, 600, WIN_VA, WIN, 0);
+    read.sges[0].addr = 0x1800;
+    s.nodes[0].qp.post_send(read).unwrap();
+}
+
 /// The wire: a 600-byte SEND_WITH_INV is SEND_FIRST, SEND_MIDDLE, SEND_LAST_WITH_INVALIDATE
 /// (0x16) with the rkey in the IETH; a short one is SEND_ONLY_WITH_INVALIDATE (0x17).
 #[test]
@@ -243,9 +250,7 @@ fn an_unknown_rkey_cannot_be_invalidated() {
 fn a_read_queued_before_the_invalidation_is_still_served() {
     let mut s = sim(Some(B_QPN));
     let buf_b: Vec<u8> = s.nodes[1].mem.region(B_RW).unwrap()[..600].to_vec();
-    let mut read = wr(8, WrOpcode::RdmaRead, 600, WIN_VA, WIN, 0);
-    read.sges[0].addr = 0x1800;
-    s.nodes[0].qp.post_send(read).unwrap();
+    post_window_read(&mut s);
     s.nodes[0].qp.post_send(send_inv(9, 8, WIN)).unwrap();
     let requests = transmit(&mut s, 0);
     assert_eq!(
@@ -300,9 +305,7 @@ fn a_read_queued_before_the_invalidation_is_still_served() {
 fn read_then_send_with_inv_then_write_in_one_burst() {
     let mut s = sim(Some(B_QPN));
     let buf_b: Vec<u8> = s.nodes[1].mem.region(B_RW).unwrap()[..600].to_vec();
-    let mut read = wr(8, WrOpcode::RdmaRead, 600, WIN_VA, WIN, 0);
-    read.sges[0].addr = 0x1800;
-    s.nodes[0].qp.post_send(read).unwrap();
+    post_window_read(&mut s);
     s.nodes[0].qp.post_send(send_inv(9, 8, WIN)).unwrap();
     s.nodes[0]
         .qp
@@ -351,9 +354,7 @@ fn read_then_send_with_inv_then_write_in_one_burst() {
 fn a_read_before_a_refused_send_with_inv_is_still_answered() {
     let mut s = sim(Some(B_QPN));
     let buf_b: Vec<u8> = s.nodes[1].mem.region(B_RW).unwrap()[..600].to_vec();
-    let mut read = wr(8, WrOpcode::RdmaRead, 600, WIN_VA, WIN, 0);
-    read.sges[0].addr = 0x1800;
-    s.nodes[0].qp.post_send(read).unwrap();
+    post_window_read(&mut s);
     s.nodes[0].qp.post_send(send_inv(9, 8, 0x300)).unwrap(); // a region's rkey
     let requests = transmit(&mut s, 0);
     deliver(&mut s, 1, &requests);
@@ -382,9 +383,7 @@ fn a_read_before_a_refused_send_with_inv_is_still_answered() {
 #[test]
 fn a_qp_failing_on_its_own_side_drops_queued_read_responses() {
     let mut s = sim(Some(B_QPN));
-    let mut read = wr(8, WrOpcode::RdmaRead, 600, WIN_VA, WIN, 0);
-    read.sges[0].addr = 0x1800;
-    s.nodes[0].qp.post_send(read).unwrap();
+    post_window_read(&mut s);
     s.nodes[0]
         .qp
         .post_send(wr(9, WrOpcode::Send, 8, 0, 0, 0))

@@ -185,16 +185,7 @@ impl<M> Machine<M> {
         r.aux = self.id;
         r.aux2 = self.peer_id;
         r.ack = path as u64;
-        if self.policy == Policy::Lossy {
-            r.flags |= flags::LOSSY;
-        }
-        let owed = self.announce_on(lid, &mut r);
-        self.actions.push_back(Action::Post {
-            link: lid,
-            header: r,
-            msg: None,
-            owed,
-        });
+        self.post_join_hello(lid, r);
         self.path_up(path);
         self.path_event(path, PathEvent::Up);
         lid
@@ -238,16 +229,7 @@ impl<M> Machine<M> {
         h.ack = path as u64;
         h.seq = id.incarnation;
         h.msg_type = id.port;
-        if self.policy == Policy::Lossy {
-            h.flags |= flags::LOSSY;
-        }
-        let owed = self.announce_on(lid, &mut h);
-        self.actions.push_back(Action::Post {
-            link: lid,
-            header: h,
-            msg: None,
-            owed,
-        });
+        self.post_join_hello(lid, h);
         lid
     }
 
@@ -494,6 +476,21 @@ impl<M> Machine<M> {
         self.switch_acked = false;
         self.failback_due = false;
         self.activated(lid, path);
+    }
+
+    /// Posts a path-join hello (or its answer) `h` on link `lid`: the policy flag, and the
+    /// credits that link owes.
+    fn post_join_hello(&mut self, lid: u64, mut h: Header) {
+        if self.policy == Policy::Lossy {
+            h.flags |= flags::LOSSY;
+        }
+        let owed = self.announce_on(lid, &mut h);
+        self.actions.push_back(Action::Post {
+            link: lid,
+            header: h,
+            msg: None,
+            owed,
+        });
     }
 
     /// Accepting side: the connecting side's switch number `epoch` arrived on standby link
