@@ -12,7 +12,8 @@
 //!   Latency: request sent to reply delivered.
 //!
 //! The client's messenger is driven by this thread (`msgr_threads = 0` unless set): one
-//! `poll` pass, then the callbacks, as read_bw polls its connection. The server's messenger
+//! `poll` (which spins, or sleeps on a contended CPU, until something completes: at most
+//! [`IDLE_POLL`]), then the callbacks. The server's messenger
 //! listens on a second port; the client learns it from the server's ready message on a
 //! plain connection to `--connect` (so every test takes the same address).
 
@@ -46,6 +47,13 @@ pub const REP: u16 = 0x5250; // reply
 pub const REQ_FRONT: usize = 64;
 /// Most idle sessions (`--idle-sessions`): each is a TCP side channel and a QP on both sides.
 const MAX_IDLE: usize = 10_000;
+/// How long the client's `poll` may wait when nothing completed: the messenger's own
+/// spin-then-sleep decides (it spins its budget while the thread gets a CPU, sleeps at once
+/// on a contended one), where a `poll(0)` loop spins on regardless. Under two CPU hogs on
+/// 2 cores a client spinning on `poll(0)` held the CPU the server's worker needed: rpc_bw
+/// 43-63K ops/s against 63-99K waiting in `poll` (alternating runs, 2026-12-03); on a
+/// quiet host the same (168-225K against 183-210K). Short enough to see the run's end.
+const IDLE_POLL: Duration = Duration::from_millis(1);
 /// Largest reply (`--size` of rpc tests).
 pub const MAX_REPLY: usize = 4 << 20;
 /// The first bytes of the server's ready message when it serves the messenger tests,
@@ -568,7 +576,7 @@ fn drive(
         if !got {
             if workers {
                 std::thread::yield_now();
-            } else if let Err(e) = m.poll(Duration::ZERO) {
+            } else if let Err(e) = m.poll(IDLE_POLL) {
                 out.error(format!("poll: {e}"));
             }
         }
