@@ -12,7 +12,18 @@ cd "$root"
 # ffi-tests/require.h). RDMX_TEST_REQUIRE= (empty) turns that off: skips, printed.
 export RDMX_TEST_REQUIRE=${RDMX_TEST_REQUIRE-all}
 
-step() { echo; echo "==== $*"; }
+# Each step's wall time, printed as the next starts and summed up at the end: CI has 90
+# minutes and should stay well under 30, so the log says where the time goes.
+STEP_NAME="install-deps.sh"
+STEP_START=$SECONDS
+STEP_TIMES=()
+step_done() { STEP_TIMES+=("$(printf '%5d s  %s' $((SECONDS - STEP_START)) "$STEP_NAME")"); }
+step() {
+  step_done
+  STEP_NAME=$*
+  STEP_START=$SECONDS
+  echo; echo "==== $* (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"
+}
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -63,5 +74,8 @@ cargo build --release -p rdmx-ibv
 # TERM at 240 s lets the harness stop the cluster from its trap; KILL 15 s later.
 timeout -k 15 240 "$root/ceph-harness/run.sh" smoke
 
+step_done
 echo
-echo "==== all tests passed"
+echo "==== step times"
+printf '%s\n' "${STEP_TIMES[@]}"
+echo "==== all tests passed in $((SECONDS / 60)) min $((SECONDS % 60)) s"
