@@ -510,7 +510,11 @@ impl Session {
             match link.replenish(self.m.receives_wanted_on(lid)) {
                 Ok(n) => {
                     self.m.on_posted(lid, n);
-                    self.m.pump_standby(now, lid, link.sq_room());
+                    let room = SqRoom {
+                        free: link.sq_room(),
+                        reserve: CONTROL_RESERVE,
+                    };
+                    self.m.pump_standby(now, lid, room);
                 }
                 Err(e) => self.m.on_link_error(now, lid, e),
             }

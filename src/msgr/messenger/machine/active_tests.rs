@@ -1,0 +1,1 @@
+//! Active/active rules on literal inputs.
