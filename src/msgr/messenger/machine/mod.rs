@@ -39,6 +39,7 @@ mod sim;
 mod tests;
 
 pub use action::{Action, HelloId, Notice, SqRoom, Verdict};
+pub use active::imm_refused;
 pub use paths::{MAX_PATHS, PathMeta, is_in_doubt};
 pub use send::{check_send, has_room};
 
