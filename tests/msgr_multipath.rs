@@ -498,7 +498,11 @@ fn active_active_spreads_messages_on_both_paths_and_a_qp_error_loses_nothing() {
     wait("every message delivered and acknowledged", || {
         db.last.load(Ordering::Relaxed) == 2999 && da.ok.load(Ordering::Relaxed) == 2999
     });
-    assert!(events(&da).iter().any(|e| e.1 == "down"), "{:?}", events(&da));
+    assert!(
+        events(&da).iter().any(|e| e.1 == "down"),
+        "{:?}",
+        events(&da)
+    );
     assert_eq!(db.bad.load(Ordering::Relaxed), 0, "exactly once, in order");
     assert_eq!(db.delivered.load(Ordering::Relaxed), 2999);
     assert_eq!(da.failed.load(Ordering::Relaxed), 0);
@@ -543,7 +547,11 @@ fn active_active_lossy_reports_in_doubt_and_delivers_in_order() {
         da.in_doubt.load(Ordering::Relaxed)
     );
     assert_eq!(db.bad.load(Ordering::Relaxed), 0, "at most once, in order");
-    assert_eq!(da.failed.load(Ordering::Relaxed), 0, "in doubt, or delivered");
+    assert_eq!(
+        da.failed.load(Ordering::Relaxed),
+        0,
+        "in doubt, or delivered"
+    );
     assert_eq!(da.resets.load(Ordering::Relaxed), 0);
     assert_eq!(db.resets.load(Ordering::Relaxed), 0);
     // Everything acknowledged was delivered.
@@ -583,7 +591,10 @@ fn active_active_black_hole_of_one_path_loses_nothing() {
     assert!(p[0].last_fault.is_some(), "{p:?}");
     drop(hole);
     wait("path 0 back", || {
-        a.paths(s).unwrap().iter().all(|x| x.state == PathState::Active)
+        a.paths(s)
+            .unwrap()
+            .iter()
+            .all(|x| x.state == PathState::Active)
     });
     send_range(&a, s, 1500, 2000);
     wait("delivery after the rejoin", || {

@@ -604,7 +604,9 @@ impl Session {
             let Some((seq, lid, i)) = lowest.filter(|(seq, _, _)| *seq <= upto) else {
                 break;
             };
-            let Some(link) = self.link_mut(lid) else { break };
+            let Some(link) = self.link_mut(lid) else {
+                break;
+            };
             if !link.rx[i].complete() {
                 break;
             }

@@ -133,7 +133,9 @@ impl<M> Machine<M> {
     /// this side keeps.
     pub(super) fn on_giveup(&mut self, h: &Header) -> std::result::Result<(), Malformed> {
         if !self.active || self.policy != Policy::Lossy {
-            return Err(Malformed("give-up frame on a session that cannot lose messages"));
+            return Err(Malformed(
+                "give-up frame on a session that cannot lose messages",
+            ));
         }
         for i in 0..128u64 {
             let word = if i < 64 { h.aux2 } else { h.aux3 };

@@ -86,7 +86,10 @@ fn two_active(policy: Policy, t0: Instant) -> (Machine<u32>, u64, u64) {
     actions(&mut a);
     let l0 = a.link_up(t0, 0, rules().credits(8), HelloId::default());
     let hello = headers(&actions(&mut a));
-    assert!(hello[0].1.has(flags::ACTIVE), "the session hello says active");
+    assert!(
+        hello[0].1.has(flags::ACTIVE),
+        "the session hello says active"
+    );
     let mut answer = Header::new(Kind::Hello);
     answer.aux = 0x200;
     answer.aux2 = 0x100;
@@ -190,12 +193,17 @@ fn a_failed_link_replays_only_what_went_on_it_in_order() {
         acts.iter()
             .any(|x| matches!(x, Action::Activate { link } if *link == l1))
     );
-    assert!(!acts.iter().any(|x| matches!(
-        x,
-        Action::Notify(Notice::Reset(_) | Notice::SendDone(..))
-    )));
+    assert!(
+        !acts
+            .iter()
+            .any(|x| matches!(x, Action::Notify(Notice::Reset(_) | Notice::SendDone(..))))
+    );
     assert_eq!(a.state, SessionState::Open);
-    assert_eq!(a.held_ahead(), 0, "what path 0 brought and was not delivered goes");
+    assert_eq!(
+        a.held_ahead(),
+        0,
+        "what path 0 brought and was not delivered goes"
+    );
     // No switch frame: 1 and 4 again, in order, on path 1; 2 and 3 stay where they are.
     let acts = pass(&mut a, t0 + ms(1), l1);
     let h = headers(&acts);
@@ -227,14 +235,25 @@ fn a_lossy_failed_link_reports_its_sends_in_doubt_and_gives_their_numbers_up() {
     let d = done(&acts);
     assert_eq!(d.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![2, 3]);
     assert!(d.iter().all(|(_, r)| r.as_ref().is_err_and(is_in_doubt)));
-    assert!(!acts.iter().any(|x| matches!(x, Action::Notify(Notice::Reset(_)))));
+    assert!(
+        !acts
+            .iter()
+            .any(|x| matches!(x, Action::Notify(Notice::Reset(_))))
+    );
     // The give-up frame on the link left: 2 and 3, as bits 0 and 1 from 2.
     let h = headers(&pass(&mut a, t0, l1));
     let g: Vec<_> = h.iter().filter(|(_, h)| h.has(flags::GIVEUP)).collect();
     assert_eq!(g.len(), 1);
-    assert_eq!((g[0].0, g[0].1.aux, g[0].1.aux2, g[0].1.aux3), (l0, 2, 0b11, 0));
+    assert_eq!(
+        (g[0].0, g[0].1.aux, g[0].1.aux2, g[0].1.aux3),
+        (l0, 2, 0b11, 0)
+    );
     // Sent once; again only if a link fails before the peer's ack passes them.
-    assert!(!headers(&pass(&mut a, t0, l1)).iter().any(|(_, h)| h.has(flags::GIVEUP)));
+    assert!(
+        !headers(&pass(&mut a, t0, l1))
+            .iter()
+            .any(|(_, h)| h.has(flags::GIVEUP))
+    );
     a.on_frame(t0, l0, &ack(4));
     assert_eq!(done(&actions(&mut a)).len(), 2);
     assert!(a.giveup.is_empty());
@@ -336,7 +355,11 @@ fn no_link_left_falls_back_to_the_single_path_rules() {
     a.on_link_error(t0, l1, err());
     a.on_link_error(t0, l0, err());
     let acts = actions(&mut a);
-    assert!(!acts.iter().any(|x| matches!(x, Action::Notify(Notice::Reset(_)))));
+    assert!(
+        !acts
+            .iter()
+            .any(|x| matches!(x, Action::Notify(Notice::Reset(_))))
+    );
     assert_eq!(a.state, SessionState::Reconnecting);
     // Everything queued again in order for the reconnect.
     assert_eq!(a.unacked_len(), 0);
