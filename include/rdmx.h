@@ -243,7 +243,8 @@ typedef struct rdmx_conn rdmx_conn;
 #define RDMX_PATH_STANDBY 2
 
 /**
- * `rdmx_msgr_path.state`: the session's traffic goes on it.
+ * `rdmx_msgr_path.state`: the session's traffic goes on it (with
+ * RDMX_PATH_POLICY_ACTIVE: every joined path).
  */
 #define RDMX_PATH_ACTIVE 3
 

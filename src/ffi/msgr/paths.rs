@@ -35,7 +35,8 @@ pub const RDMX_PATH_DOWN: u32 = 0;
 pub const RDMX_PATH_CONNECTING: u32 = 1;
 /// `rdmx_msgr_path.state`: joined to the session, idle.
 pub const RDMX_PATH_STANDBY: u32 = 2;
-/// `rdmx_msgr_path.state`: the session's traffic goes on it.
+/// `rdmx_msgr_path.state`: the session's traffic goes on it (with
+/// RDMX_PATH_POLICY_ACTIVE: every joined path).
 pub const RDMX_PATH_ACTIVE: u32 = 3;
 
 /// A path of a session (`rdmx_msgr_path_info`).

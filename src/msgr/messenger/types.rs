@@ -67,7 +67,8 @@ pub enum PathState {
     Connecting,
     /// Connected and joined to the session, idle (keepalives only).
     Standby,
-    /// The path the session's traffic goes on.
+    /// The path the session's traffic goes on (with `PathPolicy::Active`: every joined
+    /// path).
     Active,
 }
 

@@ -365,3 +365,41 @@ fn no_link_left_falls_back_to_the_single_path_rules() {
     assert_eq!(a.unacked_len(), 0);
     assert_eq!(a.queued(), 3);
 }
+
+#[test]
+fn an_accepting_side_left_with_no_link_goes_on_on_the_next_join() {
+    // Simulator seed 843: both of its links failed while the peer kept a third joining;
+    // no switch frame comes with active/active, so the join takes the session at once.
+    let t0 = Instant::now();
+    let mut b: Machine<u32> = Machine::new(rules(), 0x200, Policy::Lossless, true, t0);
+    let mut c = rules().credits(8);
+    c.on_receive();
+    c.on_grant(8);
+    let mut hello = Header::new(Kind::Hello);
+    hello.flags |= flags::ACTIVE;
+    hello.aux = 0x100;
+    hello.credits = 8;
+    let l0 = b.accept_link(t0, c.clone(), &hello);
+    b.enqueue(1, shape()).unwrap();
+    b.pump(t0, room());
+    actions(&mut b);
+    b.on_link_error(t0, l0, err());
+    actions(&mut b);
+    assert_eq!(b.state, SessionState::Reconnecting);
+    let mut join = Header::new(Kind::Hello);
+    join.flags |= flags::JOIN | flags::ACTIVE;
+    join.aux = 0x100;
+    join.aux2 = 0x200;
+    join.ack = 1;
+    join.credits = 8;
+    let l1 = b.join_link(t0, c, &join);
+    let acts = actions(&mut b);
+    assert!(
+        acts.iter()
+            .any(|x| matches!(x, Action::Activate { link } if *link == l1))
+    );
+    assert_eq!(b.state, SessionState::Open);
+    // What went on the failed link goes again on the new one.
+    b.pump(t0, room());
+    assert_eq!(sent(&actions(&mut b)), vec![(l1, 1)]);
+}

@@ -16,6 +16,9 @@
 //! and in order thanks to the sequence numbers; a lossy session reports them in doubt
 //! instead and accepts the gap they leave). The session becomes `Reconnecting`
 //! (lossless) or ends (lossy) only when no path is up.
+//!
+//! With the active/active policy (`active.rs`) every joined link carries data instead, and
+//! there is no switch, no failback and no rewind of the links that did not fail.
 
 use super::{Action, LinkState, Machine, Notice, SqRoom, Verdict};
 use crate::error::{Error, ErrorKind};
