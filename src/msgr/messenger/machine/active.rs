@@ -99,14 +99,27 @@ impl<M> Machine<M> {
 
     /// A message on joined link `lid`, active/active: held if new (handed over once
     /// nothing before it is missing), dropped if delivered, held or given up already.
-    pub(super) fn on_msg_active(&mut self, lid: u64, seq: u64) -> Verdict {
+    /// Err: the hold is full. What it holds the peer has not had acknowledged, so its
+    /// send queue bounds it; twice ours (the same config on both sides, and room for a
+    /// lossy peer's sends given up while this side still holds them) stops a broken or
+    /// hostile peer from taking the data pool with numbers far ahead.
+    pub(super) fn on_msg_active(
+        &mut self,
+        lid: u64,
+        seq: u64,
+    ) -> std::result::Result<Verdict, Malformed> {
         if seq <= self.received || self.got.contains_key(&seq) || self.skipped.contains(&seq) {
             self.counters.duplicates_dropped += 1;
-            return Verdict::Duplicate;
+            return Ok(Verdict::Duplicate);
+        }
+        if self.got.len() >= 2 * self.rules.send_queue_msgs.max(1) {
+            return Err(Malformed(
+                "messages ahead of a gap beyond twice msgr_send_queue_msgs",
+            ));
         }
         self.got.insert(seq, lid);
         self.advance();
-        Verdict::Accept(seq)
+        Ok(Verdict::Accept(seq))
     }
 
     /// `received` up to the last number before a gap.

@@ -403,3 +403,22 @@ fn an_accepting_side_left_with_no_link_goes_on_on_the_next_join() {
     b.pump(t0, room());
     assert_eq!(sent(&actions(&mut b)), vec![(l1, 1)]);
 }
+
+#[test]
+fn the_hold_is_bounded_by_twice_the_send_queue() {
+    let t0 = Instant::now();
+    let (mut a, _, l1) = two_active(Policy::Lossless, t0);
+    // 1 never comes; 2..=33 are held (twice the send queue of 16), 34 is one too many.
+    for seq in 2..=33 {
+        assert_eq!(a.on_frame(t0, l1, &msg(seq)), Verdict::Accept(seq));
+    }
+    assert_eq!(a.on_frame(t0, l1, &msg(34)), Verdict::Fault);
+    assert_eq!(a.counters.malformed, 1, "counted once");
+    // The link that brought them goes, and what it brought with it.
+    assert_eq!(a.held_ahead(), 0);
+    assert!(
+        actions(&mut a)
+            .iter()
+            .any(|x| matches!(x, Action::CloseLink { link, .. } if *link == l1))
+    );
+}

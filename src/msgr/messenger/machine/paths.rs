@@ -296,7 +296,10 @@ impl<M> Machine<M> {
             // Active/active: data on any joined link.
             Kind::Msg if self.active && joined => {
                 let lid = self.standby[i].lid;
-                self.on_msg_active(lid, h.seq)
+                match self.on_msg_active(lid, h.seq) {
+                    Ok(v) => v,
+                    Err(m) => self.standby_malformed(now, i, m.0),
+                }
             }
             Kind::Msg => {
                 self.counters.duplicates_dropped += 1;
@@ -304,11 +307,7 @@ impl<M> Machine<M> {
             }
             Kind::Ack if h.has(flags::GIVEUP) => match self.on_giveup(h) {
                 Ok(()) => Verdict::Consumed,
-                Err(m) => {
-                    self.counters.malformed += 1;
-                    self.standby_fault(now, i, m.into());
-                    Verdict::Fault
-                }
+                Err(m) => self.standby_malformed(now, i, m.0),
             },
             Kind::Ack if h.has(flags::SWITCH) && self.incoming => {
                 self.follow_switch(now, i, h.aux, h.aux2);
@@ -337,7 +336,7 @@ impl<M> Machine<M> {
     }
 
     fn standby_malformed(&mut self, now: Instant, i: usize, why: &'static str) -> Verdict {
-        self.counters.malformed += 1;
+        // Counted by `standby_fault` (an `InvalidValue`).
         let e = crate::msgr::messenger::wire::Malformed(why).into();
         self.standby_fault(now, i, e);
         Verdict::Fault

@@ -105,7 +105,10 @@ impl<M> Machine<M> {
             return self.malformed(now, "message before the session hello");
         }
         if self.active {
-            return self.on_msg_active(lid, seq);
+            return match self.on_msg_active(lid, seq) {
+                Ok(v) => v,
+                Err(m) => self.malformed(now, m.0),
+            };
         }
         match rules::order(self.received, seq) {
             Order::Old => {
