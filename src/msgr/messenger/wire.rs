@@ -120,9 +120,10 @@ pub mod flags {
     /// it in doubt, and an immediate message, which carries no number, is numbered from
     /// there).
     pub const SWITCH: u16 = 64;
-    /// Hello (a session's or a path-join): the sender's session uses every joined path
-    /// for data (path policy active/active): messages arrive on any link, out of order
-    /// across links, and the receiver holds those ahead of a gap.
+    /// Hello (a session's, a path-join and its answer): the sender's session uses every
+    /// joined path for data (path policy active/active): messages arrive on any link, out
+    /// of order across links, and the receiver holds those ahead of a gap. A join answered
+    /// without it (a peer built before it) keeps that path out of the session.
     pub const ACTIVE: u16 = 128;
     /// Ack of an active/active lossy session: sequence numbers that will not come (they
     /// went on a link that failed; the sender reported them in doubt). `aux` = the first,

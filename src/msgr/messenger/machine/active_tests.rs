@@ -102,7 +102,7 @@ fn two_active(policy: Policy, t0: Instant) -> (Machine<u32>, u64, u64) {
     let join = headers(&actions(&mut a));
     assert!(join[0].1.has(flags::JOIN) && join[0].1.has(flags::ACTIVE));
     let mut ok = Header::new(Kind::Hello);
-    ok.flags |= flags::JOIN;
+    ok.flags |= flags::JOIN | flags::ACTIVE;
     ok.aux = 0x200;
     ok.aux2 = 0x100;
     ok.ack = 1;
@@ -330,7 +330,9 @@ fn the_accepting_side_learns_the_policy_and_moves_on_by_itself() {
     join.ack = 1;
     join.credits = 8;
     let l1 = b.join_link(t0, c, &join);
-    actions(&mut b);
+    let answer = headers(&actions(&mut b));
+    let join_answer = answer.iter().find(|(l, _)| *l == l1).unwrap().1;
+    assert!(join_answer.has(flags::JOIN) && join_answer.has(flags::ACTIVE));
     // Data on the joined link is taken.
     assert_eq!(b.on_frame(t0, l1, &msg(1)), Verdict::Accept(1));
     for i in 0..2 {
@@ -421,4 +423,46 @@ fn the_hold_is_bounded_by_twice_the_send_queue() {
             .iter()
             .any(|x| matches!(x, Action::CloseLink { link, .. } if *link == l1))
     );
+}
+
+#[test]
+fn a_peer_whose_join_answer_does_not_say_active_keeps_the_path_out() {
+    // A peer built before active/active answers a join without the flag: it would drop
+    // the data sent on that path (never acknowledged, never sent again).
+    let t0 = Instant::now();
+    let mut a: Machine<u32> = Machine::new(rules(), 0x100, Policy::Lossless, false, t0);
+    a.set_active(true);
+    a.add_path(t0);
+    a.handle_timeout(t0);
+    actions(&mut a);
+    let l0 = a.link_up(t0, 0, rules().credits(8), HelloId::default());
+    let mut answer = Header::new(Kind::Hello);
+    answer.aux = 0x200;
+    answer.aux2 = 0x100;
+    answer.credits = 8;
+    a.on_frame(t0, l0, &answer);
+    a.handle_timeout(t0);
+    actions(&mut a);
+    let l1 = a.link_up(t0, 1, rules().credits(8), HelloId::default());
+    actions(&mut a);
+    let mut old = Header::new(Kind::Hello);
+    old.flags |= flags::JOIN;
+    old.aux = 0x200;
+    old.aux2 = 0x100;
+    old.ack = 1;
+    old.credits = 8;
+    assert_eq!(a.on_frame(t0, l1, &old), Verdict::Fault);
+    assert!(
+        actions(&mut a)
+            .iter()
+            .any(|x| matches!(x, Action::CloseLink { link, .. } if *link == l1))
+    );
+    assert_eq!(a.path_state(1), PathState::Down);
+    let why = a.path(1).unwrap().last_fault.as_ref().unwrap().0.clone();
+    assert_eq!(why.kind(), ErrorKind::Unsupported, "{why}");
+    // The session goes on on path 0.
+    assert_eq!(a.state, SessionState::Open);
+    a.enqueue(1, shape()).unwrap();
+    a.pump(t0, room());
+    assert_eq!(sent(&actions(&mut a)), vec![(l0, 1)]);
 }

@@ -243,9 +243,6 @@ impl<M> Machine<M> {
         h.ack = path as u64;
         h.seq = id.incarnation;
         h.msg_type = id.port;
-        if self.active {
-            h.flags |= flags::ACTIVE;
-        }
         self.post_join_hello(lid, h);
         lid
     }
@@ -278,6 +275,17 @@ impl<M> Machine<M> {
                     let e = Error::fixed(
                         ErrorKind::Closed,
                         "the peer refused the path-join (it does not know the session)",
+                    );
+                    self.standby_fault(now, i, e);
+                    return Verdict::Fault;
+                }
+                if self.active && !h.has(flags::ACTIVE) {
+                    // It would take data only on the first path and drop the rest
+                    // (never acknowledged, never sent again): this path stays out.
+                    let e = Error::fixed(
+                        ErrorKind::Unsupported,
+                        "the peer does not support active/active paths (an older build): \
+                         the session runs on its first path",
                     );
                     self.standby_fault(now, i, e);
                     return Verdict::Fault;
@@ -519,6 +527,11 @@ impl<M> Machine<M> {
     fn post_join_hello(&mut self, lid: u64, mut h: Header) {
         if self.policy == Policy::Lossy {
             h.flags |= flags::LOSSY;
+        }
+        if self.active {
+            // The answer says it too: a peer built before active/active does not, and
+            // would drop the data sent on the path.
+            h.flags |= flags::ACTIVE;
         }
         let owed = self.announce_on(lid, &mut h);
         self.actions.push_back(Action::Post {
