@@ -208,9 +208,23 @@ typedef struct rdmx_conn rdmx_conn;
 /**
  * `path_policy` of `rdmx_msgr_connect_paths`: all traffic on the active path (the
  * lowest-index path up), the others connected and idle (keepalives only) so that a
- * switch costs no handshake. For two NIC ports or two switches.
+ * switch costs no handshake. For one preferred path: two switches, or a second path that
+ * costs more (another subnet, a slower link), used only when the first fails.
  */
 #define RDMX_PATH_POLICY_STANDBY 0
+
+/**
+ * `path_policy` of `rdmx_msgr_connect_paths`: every joined path carries data, each
+ * message on the one with the fewest unacknowledged messages. For two NIC ports whose
+ * bandwidth is wanted together (spread the load). The receiver holds a message that
+ * arrives ahead of an earlier one still on another path (bounded by the sender's
+ * `msgr_send_queue_msgs`; its buffers stay taken meanwhile) and delivers in order. When
+ * a path fails, a lossless session sends again on the others only what went on it
+ * (exactly once, in order); a lossy one completes those sends "in doubt" and the
+ * receiver skips them. (The Rust API's immediate messages are refused on such a
+ * session: they carry no sequence number to order them across paths.)
+ */
+#define RDMX_PATH_POLICY_ACTIVE 1
 
 /**
  * `rdmx_msgr_path.state`: no connection (failed, or not tried yet); retried with the
@@ -229,7 +243,8 @@ typedef struct rdmx_conn rdmx_conn;
 #define RDMX_PATH_STANDBY 2
 
 /**
- * `rdmx_msgr_path.state`: the session's traffic goes on it.
+ * `rdmx_msgr_path.state`: the session's traffic goes on it (with
+ * RDMX_PATH_POLICY_ACTIVE: every joined path).
  */
 #define RDMX_PATH_ACTIVE 3
 
@@ -2280,12 +2295,13 @@ void rdmx_msg_free(rdmx_msg *msg);
 /**
  * Opens a session to one peer over `n` paths: `addrs[0..n]` ("HOST:PORT" each, of the
  * same messenger: two NIC ports, two subnets; `addrs[0]` preferred; 1 to 16) with
- * `policy` (RDMX_POLICY_*) and `path_policy` (RDMX_PATH_POLICY_STANDBY). `*session`
- * receives its id at once; the first path that answers carries the session (a CONNECT
- * event), the others join it. When the active path fails the traffic moves to the
- * lowest-index path up without a new session: a lossless session replays what the peer
- * has not acknowledged, a lossy one completes those sends with an "in doubt" error text
- * (status RDMX_CLOSED) and goes on. Only when no path is up does the session reconnect
+ * `policy` (RDMX_POLICY_*) and `path_policy` (RDMX_PATH_POLICY_STANDBY: one path carries
+ * the traffic, the others wait; RDMX_PATH_POLICY_ACTIVE: every joined path carries it,
+ * least outstanding first). `*session` receives its id at once; the first path that
+ * answers carries the session (a CONNECT event), the others join it. When a path fails
+ * its traffic moves to the paths up without a new session: a lossless session replays
+ * what the peer has not acknowledged, a lossy one completes those sends with an "in
+ * doubt" error text (status RDMX_CLOSED) and goes on. Only when no path is up does the session reconnect
  * (lossless) or end (lossy). Path events: `rdmx_msgr_next_path_event`. The strings are
  * copied; the caller keeps ownership of `addrs`.
  *

@@ -12,6 +12,11 @@
 //! nft table named for this test and its pid, removed after), the RC retries run out
 //! (RETRY_EXC_ERR), the session moves to path 1, and path 0 rejoins once the table is gone.
 //!
+//! Active/active (`PathPolicy::Active`): both paths carry messages (each path's counters
+//! on both sides), a QP error and a black hole of path 0 mid-stream lose nothing
+//! (lossless: exactly once, in order, no reset), a lossy session reports what the failed
+//! path carried in doubt and delivers the rest in order; immediate messages are refused.
+//!
 //! Behaviour, not timing: every wait is bounded generously.
 
 use rdmx::msgr::messenger::{
@@ -118,6 +123,16 @@ fn pair_with(
     ka: &[(&str, &str)],
     kb: &[(&str, &str)],
 ) -> (Messenger, Messenger, Arc<Side>, Arc<Side>, SessionId) {
+    pair_policy(policy, PathPolicy::Standby, ka, kb)
+}
+
+/// [`pair_with`] with the path policy (active/active: both paths `Active` once joined).
+fn pair_policy(
+    policy: Policy,
+    pp: PathPolicy,
+    ka: &[(&str, &str)],
+    kb: &[(&str, &str)],
+) -> (Messenger, Messenger, Arc<Side>, Arc<Side>, SessionId) {
     let lossy = policy == Policy::Lossy;
     let da = Arc::new(Side {
         lossy,
@@ -137,12 +152,14 @@ fn pair_with(
     let port = b.listen("0.0.0.0:0").unwrap().port();
     let p0 = format!("127.0.0.1:{port}");
     let p1 = format!("127.0.0.2:{port}");
-    let s = a
-        .connect_paths(&[&p0, &p1], policy, PathPolicy::Standby)
-        .unwrap();
+    let s = a.connect_paths(&[&p0, &p1], policy, pp).unwrap();
+    let second = match pp {
+        PathPolicy::Active => PathState::Active,
+        _ => PathState::Standby,
+    };
     wait("both paths up", || {
         let p = a.paths(s).unwrap();
-        p[0].state == PathState::Active && p[1].state == PathState::Standby
+        p[0].state == PathState::Active && p[1].state == second
     });
     wait("the accepting side's session", || {
         db.session.lock().unwrap().is_some()
@@ -439,6 +456,153 @@ fn a_black_hole_on_the_active_path_moves_the_session_and_the_path_rejoins() {
     });
     assert_eq!(db.bad.load(Ordering::Relaxed), 0, "exactly once, in order");
     assert_eq!(db.delivered.load(Ordering::Relaxed), 999);
+    assert_eq!(da.resets.load(Ordering::Relaxed), 0);
+    assert_eq!(db.resets.load(Ordering::Relaxed), 0);
+}
+
+/// Messages each path carried, at the connecting side and at the accepting side.
+fn path_msgs(a: &Messenger, s: SessionId, b: &Messenger, db: &Side) -> ([u64; 2], [u64; 2]) {
+    let pa = a.paths(s).unwrap();
+    let sb = db.session.lock().unwrap().unwrap();
+    let pb = b.paths(sb).unwrap();
+    let n = |p: &[rdmx::msgr::messenger::PathInfo], i: usize| {
+        p.get(i).map_or(0, |x| x.counters.msgs_sent)
+    };
+    ([n(&pa, 0), n(&pa, 1)], [n(&pb, 0), n(&pb, 1)])
+}
+
+/// Replies from the accepting side: it sends `from..to` back on its session.
+fn reply_range(b: &Messenger, db: &Side, from: u64, to: u64) {
+    let sb = db.session.lock().unwrap().unwrap();
+    send_range(b, sb, from, to);
+}
+
+#[test]
+fn active_active_spreads_messages_on_both_paths_and_a_qp_error_loses_nothing() {
+    let _serial = support::serial();
+    let (a, b, da, db, s) = pair_policy(Policy::Lossless, PathPolicy::Active, &[], &[]);
+    // Both directions, so that both sides' senders spread.
+    send_range(&a, s, 1, 1000);
+    reply_range(&b, &db, 1, 500);
+    wait("delivery on both sides", || {
+        db.last.load(Ordering::Relaxed) == 999 && da.last.load(Ordering::Relaxed) == 499
+    });
+    let (ma, mb) = path_msgs(&a, s, &b, &db);
+    eprintln!("messages per path: connecting side {ma:?}, accepting side {mb:?}");
+    assert!(ma.iter().all(|&n| n > 0), "both paths carry data: {ma:?}");
+    assert!(mb.iter().all(|&n| n > 0), "both paths carry data: {mb:?}");
+    // A QP error on a path with messages in flight on both.
+    send_range(&a, s, 1000, 1500);
+    a.inject_fault(s, Fault::QpError).unwrap();
+    send_range(&a, s, 1500, 3000);
+    wait("every message delivered and acknowledged", || {
+        db.last.load(Ordering::Relaxed) == 2999 && da.ok.load(Ordering::Relaxed) == 2999
+    });
+    assert!(
+        events(&da).iter().any(|e| e.1 == "down"),
+        "{:?}",
+        events(&da)
+    );
+    assert_eq!(db.bad.load(Ordering::Relaxed), 0, "exactly once, in order");
+    assert_eq!(db.delivered.load(Ordering::Relaxed), 2999);
+    assert_eq!(da.failed.load(Ordering::Relaxed), 0);
+    assert_eq!(da.resets.load(Ordering::Relaxed), 0);
+    assert_eq!(db.resets.load(Ordering::Relaxed), 0);
+    let info = a.session_info(s).unwrap();
+    assert_eq!(info.counters.reconnects, 0, "no new session, no reconnect");
+    // The failed path rejoins and carries data again.
+    wait("both paths active again", || {
+        let p = a.paths(s).unwrap();
+        p.iter().all(|x| x.state == PathState::Active)
+    });
+    let (before, _) = path_msgs(&a, s, &b, &db);
+    send_range(&a, s, 3000, 3400);
+    wait("delivery after the rejoin", || {
+        db.last.load(Ordering::Relaxed) == 3399
+    });
+    let (after, _) = path_msgs(&a, s, &b, &db);
+    assert!(
+        after[0] > before[0] && after[1] > before[1],
+        "both paths carry data after the rejoin: {before:?} -> {after:?}"
+    );
+    assert_eq!(db.bad.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn active_active_lossy_reports_in_doubt_and_delivers_in_order() {
+    let _serial = support::serial();
+    let (a, _b, da, db, s) = pair_policy(Policy::Lossy, PathPolicy::Active, &[], &[]);
+    send_range(&a, s, 1, 500);
+    a.inject_fault(s, Fault::QpError).unwrap();
+    send_range(&a, s, 500, 1500);
+    wait("every send completed", || {
+        da.ok.load(Ordering::Relaxed) + da.in_doubt.load(Ordering::Relaxed) == 1499
+    });
+    wait("the last one delivered", || {
+        db.last.load(Ordering::Relaxed) == 1499
+    });
+    eprintln!(
+        "lossy: {} delivered, {} in doubt",
+        db.delivered.load(Ordering::Relaxed),
+        da.in_doubt.load(Ordering::Relaxed)
+    );
+    assert_eq!(db.bad.load(Ordering::Relaxed), 0, "at most once, in order");
+    assert_eq!(
+        da.failed.load(Ordering::Relaxed),
+        0,
+        "in doubt, or delivered"
+    );
+    assert_eq!(da.resets.load(Ordering::Relaxed), 0);
+    assert_eq!(db.resets.load(Ordering::Relaxed), 0);
+    // Everything acknowledged was delivered.
+    assert!(db.delivered.load(Ordering::Relaxed) >= da.ok.load(Ordering::Relaxed));
+    // Immediate messages have no place in the order across paths: refused at send.
+    use rdmx::msgr::messenger::{OutMessage, Payload};
+    let imm = OutMessage::immediate(7).with_write(Payload::Copy(vec![0; 8]), 0, 0);
+    let e = a.send(s, imm).map(|_| ()).unwrap_err().error;
+    assert_eq!(e.kind(), rdmx::error::ErrorKind::InvalidArgument, "{e}");
+    assert!(e.message().contains("active/active"), "{e}");
+}
+
+#[test]
+fn active_active_black_hole_of_one_path_loses_nothing() {
+    let _serial = support::serial();
+    let Some(()) = require::or_skip(support::nft_usable(), require::NFT, "a path's black hole")
+    else {
+        return;
+    };
+    let (a, b, da, db, s) = pair_policy(Policy::Lossless, PathPolicy::Active, &[], &[]);
+    send_range(&a, s, 1, 300);
+    wait("delivery before the hole", || {
+        db.last.load(Ordering::Relaxed) == 299
+    });
+    let (ma, _) = path_msgs(&a, s, &b, &db);
+    assert!(ma.iter().all(|&n| n > 0), "both paths carry data: {ma:?}");
+    let hole = PathHole::new("127.0.0.1", b.udp_port()).unwrap();
+    // Messages go on both paths into the hole: path 0's RC retries run out, what it
+    // carried goes again on path 1, nothing is lost.
+    send_range(&a, s, 300, 1500);
+    wait("path 0 down", || events(&da).contains(&(0, "down")));
+    wait("delivery through path 1", || {
+        db.last.load(Ordering::Relaxed) == 1499
+    });
+    let p = a.paths(s).unwrap();
+    eprintln!("path 0's fault under the hole: {:?}", p[0].last_fault);
+    assert!(p[0].last_fault.is_some(), "{p:?}");
+    drop(hole);
+    wait("path 0 back", || {
+        a.paths(s)
+            .unwrap()
+            .iter()
+            .all(|x| x.state == PathState::Active)
+    });
+    send_range(&a, s, 1500, 2000);
+    wait("delivery after the rejoin", || {
+        db.last.load(Ordering::Relaxed) == 1999 && da.ok.load(Ordering::Relaxed) == 1999
+    });
+    assert_eq!(db.bad.load(Ordering::Relaxed), 0, "exactly once, in order");
+    assert_eq!(db.delivered.load(Ordering::Relaxed), 1999);
+    assert_eq!(da.failed.load(Ordering::Relaxed), 0);
     assert_eq!(da.resets.load(Ordering::Relaxed), 0);
     assert_eq!(db.resets.load(Ordering::Relaxed), 0);
 }

@@ -122,7 +122,10 @@ impl Messenger {
     /// with `msgr_path_failback` (default) the traffic moves back to a preferred path.
     /// Only when no path is up does the session reconnect (lossless) or end (lossy), as
     /// with one path. `Dispatcher::on_path` reports each path going down, joining, or
-    /// becoming the active one. docs/failover.md.
+    /// becoming the active one. With `PathPolicy::Active` every joined path carries
+    /// data (each message on the one with the fewest unacknowledged), and a failed path's
+    /// unacknowledged messages go again on the others (lossless) or are reported in doubt
+    /// (lossy); see [`PathPolicy`]. docs/failover.md.
     pub fn connect_paths(
         &self,
         addrs: &[&str],

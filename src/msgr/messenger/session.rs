@@ -344,7 +344,7 @@ impl Session {
             }
             LinkEvent::Recv(r) => match self.m.on_frame(now, lid, &r.h) {
                 Verdict::Accept(seq) => {
-                    if let Err(e) = self.accept(seq, r, s, pool) {
+                    if let Err(e) = self.accept(lid, seq, r, s, pool) {
                         self.m.on_link_error(now, lid, e);
                     }
                 }
@@ -395,11 +395,28 @@ impl Session {
         }
     }
 
-    /// Message `seq` (the machine accepted it: the next in order) is queued for delivery.
-    /// `Err`: a descriptor block that does not parse, or a message over this side's
-    /// limits (`ResourceLimit`: the machine ends the session rather than have it replayed).
-    fn accept(&mut self, seq: u64, r: Received, s: &MsgrSettings, pool: &Pool) -> Result<()> {
-        let Some((_, link)) = self.link.as_mut() else {
+    /// Message `seq` (the machine accepted it: the next in order, or with active/active
+    /// one ahead of a gap) is queued for delivery on link `lid`, which holds its buffers
+    /// until then. `Err`: a descriptor block that does not parse, or a message over this
+    /// side's limits (`ResourceLimit`: the machine ends the session rather than have it
+    /// replayed).
+    fn accept(
+        &mut self,
+        lid: u64,
+        seq: u64,
+        r: Received,
+        s: &MsgrSettings,
+        pool: &Pool,
+    ) -> Result<()> {
+        let id = self.m.id;
+        let peer = self.peer;
+        let Some(link) = self
+            .link
+            .iter_mut()
+            .chain(self.standby.iter_mut())
+            .find(|(l, _)| *l == lid)
+            .map(|(_, l)| l)
+        else {
             if let Some(c) = r.data {
                 let _ = pool.put(c);
             }
@@ -430,7 +447,7 @@ impl Session {
             let bytes = segs.iter().map(|g| u64::from(g.len)).sum();
             if let Err(e) = s.limits.check_recv(segs.len(), bytes) {
                 counters.oversized += 1;
-                warn_oversized(self.m.id, self.peer, &e);
+                warn_oversized(id, peer, &e);
                 return Err(e);
             }
             entry.front = front;
@@ -466,9 +483,9 @@ impl Session {
         ev: &mut Vec<Event>,
         closing: &mut Vec<(Link, Instant)>,
     ) {
-        let Some(lid) = self.link.as_ref().map(|(l, _)| *l) else {
+        if self.link.is_none() {
             return;
-        };
+        }
         match self.deliver(data_pool, ev) {
             Ok(()) => {
                 if let Some((_, link)) = self.link.as_ref() {
@@ -479,7 +496,7 @@ impl Session {
                     self.m.pump(now, room);
                 }
             }
-            Err(e) => self.m.on_link_error(now, lid, e),
+            Err((failed, e)) => self.m.on_link_error(now, failed, e),
         }
         self.exec(now, ev, closing);
         self.flush(now, ev, closing);
@@ -510,7 +527,11 @@ impl Session {
             match link.replenish(self.m.receives_wanted_on(lid)) {
                 Ok(n) => {
                     self.m.on_posted(lid, n);
-                    self.m.pump_standby(now, lid, link.sq_room());
+                    let room = SqRoom {
+                        free: link.sq_room(),
+                        reserve: CONTROL_RESERVE,
+                    };
+                    self.m.pump_standby(now, lid, room);
                 }
                 Err(e) => self.m.on_link_error(now, lid, e),
             }
@@ -526,56 +547,84 @@ impl Session {
         }
     }
 
-    /// READs, delivery in order, receives reposted.
-    fn deliver(&mut self, data_pool: &Arc<Pool>, ev: &mut Vec<Event>) -> Result<()> {
+    /// READs, delivery in order, receives reposted. `Err`: the link that failed (a READ
+    /// or a repost it refused) and why.
+    fn deliver(
+        &mut self,
+        data_pool: &Arc<Pool>,
+        ev: &mut Vec<Event>,
+    ) -> std::result::Result<(), (u64, Error)> {
+        if self.m.is_active() {
+            return self.deliver_active(data_pool, ev);
+        }
         let sid = self.sid();
         let Some((lid, link)) = self.link.as_mut() else {
             return Ok(());
         };
-        // READs of rendezvous messages, oldest first.
-        for i in 0..link.rx.len() {
-            let all_posted = link.rx[i]
-                .segs
-                .iter()
-                .all(|g| g.next >= g.desc.len as usize);
-            if !all_posted && !link.post_reads(i)? {
-                break;
-            }
-        }
+        let lid = *lid;
+        post_reads(link).map_err(|e| (lid, e))?;
         while link.rx.front().is_some_and(|e| e.complete()) {
             let Some(e) = link.rx.pop_front() else { break };
-            let mut data = Vec::new();
-            let mut bytes = e.front.len() as u64;
-            if let Some((c, len)) = e.eager {
-                bytes += len as u64;
-                data.push(RxSeg {
-                    chunks: smallvec::smallvec![c],
-                    pool: Arc::clone(data_pool),
-                    len,
-                });
-            }
-            for g in e.segs {
-                bytes += u64::from(g.desc.len);
-                data.push(RxSeg {
-                    chunks: g.chunks,
-                    pool: Arc::clone(data_pool),
-                    len: g.desc.len as usize,
-                });
-            }
-            self.m.on_delivered(e.seq);
+            let (msg, bytes) = into_message(e, data_pool);
+            self.m.on_delivered(msg.seq);
             self.m.counters.bytes_received += bytes;
-            ev.push(Event::Message(
-                sid,
-                InMessage {
-                    msg_type: e.msg_type,
-                    seq: e.seq,
-                    front: e.front,
-                    data,
-                },
-            ));
+            ev.push(Event::Message(sid, msg));
         }
-        let n = link.replenish(self.m.receives_wanted())?;
-        self.m.on_posted(*lid, n);
+        let n = link
+            .replenish(self.m.receives_wanted())
+            .map_err(|e| (lid, e))?;
+        self.m.on_posted(lid, n);
+        Ok(())
+    }
+
+    /// [`Session::deliver`] of an active/active session: every link's READs, then the
+    /// messages of all links in sequence order up to where nothing is missing
+    /// (`Machine::deliverable`); one ahead of a gap stays in its link's `rx`, buffers and
+    /// all, until the gap fills (or its link fails: the machine forgets it, the peer sends
+    /// it again). The standby links repost in `step_standby`.
+    fn deliver_active(
+        &mut self,
+        data_pool: &Arc<Pool>,
+        ev: &mut Vec<Event>,
+    ) -> std::result::Result<(), (u64, Error)> {
+        let sid = self.sid();
+        for (lid, link) in self.link.iter_mut().chain(self.standby.iter_mut()) {
+            post_reads(link).map_err(|e| (*lid, e))?;
+        }
+        loop {
+            let upto = self.m.deliverable();
+            // The lowest number held on any link (a link's own queue is out of order
+            // after a replay: what went on a failed link comes after what it carried).
+            let lowest = self
+                .link
+                .iter()
+                .chain(self.standby.iter())
+                .flat_map(|(lid, l)| l.rx.iter().enumerate().map(move |(i, e)| (e.seq, *lid, i)))
+                .min();
+            let Some((seq, lid, i)) = lowest.filter(|(seq, _, _)| *seq <= upto) else {
+                break;
+            };
+            let Some(link) = self.link_mut(lid) else {
+                break;
+            };
+            if !link.rx[i].complete() {
+                break;
+            }
+            let Some(e) = link.rx.remove(i) else { break };
+            let (msg, bytes) = into_message(e, data_pool);
+            debug_assert_eq!(msg.seq, seq);
+            self.m.on_delivered(seq);
+            self.m.counters.bytes_received += bytes;
+            ev.push(Event::Message(sid, msg));
+        }
+        let Some((lid, link)) = self.link.as_mut() else {
+            return Ok(());
+        };
+        let lid = *lid;
+        let n = link
+            .replenish(self.m.receives_wanted())
+            .map_err(|e| (lid, e))?;
+        self.m.on_posted(lid, n);
         Ok(())
     }
 
@@ -647,8 +696,10 @@ impl Session {
                     };
                     if let Some((_, mut l)) = taken {
                         take_counters(&mut self.m, &mut l);
-                        if active {
-                            // Windows bound for this link's QP end (a replay binds new ones).
+                        if active && !self.m.is_active() {
+                            // Windows bound for this link's QP end (a replay binds new ones;
+                            // active/active: only what went on it replays, and it rebinds
+                            // them when posted again, the others' stay bound).
                             let segs = self.m.bodies_mut().flat_map(|b| b.segs.iter_mut());
                             segs.for_each(TxSeg::unexpose);
                         }
@@ -674,6 +725,14 @@ impl Session {
             return;
         };
         let new = self.standby.remove(k);
+        if self.m.is_active() {
+            // Only which link is the primary (reported first) changes: nothing moves.
+            if let Some(old) = self.link.replace(new) {
+                self.standby.push(old);
+            }
+            self.note_peer_limits();
+            return;
+        }
         if let Some((old_lid, mut old)) = self.link.replace(new) {
             // Windows bound for the old link's QP end (the messages go again on the new).
             let segs = self.m.bodies_mut().flat_map(|b| b.segs.iter_mut());
@@ -698,6 +757,8 @@ impl Session {
         ev.push(match n {
             Notice::Connected => {
                 self.note_path_secret();
+                // The accepting side knows the path policy from the hello by now.
+                self.gate.set_active(self.m.is_active());
                 let Some(p) = self.peer.or_else(|| self.link().map(|l| l.conn.peer())) else {
                     return;
                 };
@@ -750,7 +811,14 @@ impl Session {
                 None => Ok(()),
             };
         };
-        let Some((_, link)) = self.link.as_mut().filter(|(l, _)| *l == lid) else {
+        // On the link the machine chose (the active one; active/active: any joined one).
+        let Some(link) = self
+            .link
+            .iter_mut()
+            .chain(self.standby.iter_mut())
+            .find(|(l, _)| *l == lid)
+            .map(|(_, l)| l)
+        else {
             return Ok(());
         };
         let Some(o) = self.m.unacked_mut(seq) else {
@@ -781,7 +849,13 @@ impl Session {
 
     /// Queues immediate message `seq` (its WRITEs, the last carrying `value`) on `lid`.
     fn post_imm(&mut self, lid: u64, seq: u64, value: u32) -> Result<()> {
-        let Some((_, link)) = self.link.as_mut().filter(|(l, _)| *l == lid) else {
+        let Some(link) = self
+            .link
+            .iter_mut()
+            .chain(self.standby.iter_mut())
+            .find(|(l, _)| *l == lid)
+            .map(|(_, l)| l)
+        else {
             return Ok(());
         };
         match self.m.unacked(seq) {
@@ -792,6 +866,50 @@ impl Session {
             )),
         }
     }
+}
+
+/// Posts the READs of a link's rendezvous messages, oldest first, as far as the pool and
+/// the send queue allow.
+fn post_reads(link: &mut Link) -> Result<()> {
+    for i in 0..link.rx.len() {
+        let all_posted = link.rx[i]
+            .segs
+            .iter()
+            .all(|g| g.next >= g.desc.len as usize);
+        if !all_posted && !link.post_reads(i)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// A received message whose data is complete, as the application gets it, and its bytes.
+fn into_message(e: RxEntry, data_pool: &Arc<Pool>) -> (InMessage, u64) {
+    let mut data = Vec::new();
+    let mut bytes = e.front.len() as u64;
+    if let Some((c, len)) = e.eager {
+        bytes += len as u64;
+        data.push(RxSeg {
+            chunks: smallvec::smallvec![c],
+            pool: Arc::clone(data_pool),
+            len,
+        });
+    }
+    for g in e.segs {
+        bytes += u64::from(g.desc.len);
+        data.push(RxSeg {
+            chunks: g.chunks,
+            pool: Arc::clone(data_pool),
+            len: g.desc.len as usize,
+        });
+    }
+    let msg = InMessage {
+        msg_type: e.msg_type,
+        seq: e.seq,
+        front: e.front,
+        data,
+    };
+    (msg, bytes)
 }
 
 /// Puts the path-join MAC into the join hello `h` (`incoming`: the accepting side's answer)

@@ -71,6 +71,8 @@ struct GateState {
     refusals: u64,
     /// The limits the peer advertised in its last hello (set by the pass).
     peer_limits: Option<MsgLimits>,
+    /// The session is active/active: immediate messages are refused (`machine/active.rs`).
+    active: bool,
 }
 
 impl GateState {
@@ -86,6 +88,12 @@ impl GateState {
     fn check(&mut self, rules: &Rules, shape: &Shape, data: (usize, u64)) -> Result<()> {
         let (msgs, bytes) = self.held();
         let r = check_send(rules, self.policy, self.closed, msgs, bytes, shape);
+        let r = match r {
+            Ok(()) if self.active && shape.imm.is_some() => {
+                Err(crate::msgr::messenger::machine::imm_refused())
+            }
+            r => r,
+        };
         if let Err(e) = r {
             if e.kind() == ErrorKind::Full {
                 self.refused = true;
@@ -124,6 +132,7 @@ impl Gate {
             refused: false,
             refusals: 0,
             peer_limits: None,
+            active: false,
         }))
     }
 
@@ -213,6 +222,12 @@ impl Gate {
     }
 
     /// The limits the peer advertised on the session's current link.
+    /// The session is active/active (its machine refuses immediate messages: so does the
+    /// gate, at `send`).
+    pub fn set_active(&self, on: bool) {
+        self.0.lock().active = on;
+    }
+
     pub fn set_peer_limits(&self, l: MsgLimits) {
         self.0.lock().peer_limits = Some(l);
     }

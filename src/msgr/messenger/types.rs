@@ -32,8 +32,8 @@ pub struct SessionId(pub u64);
 /// message (1, 2, ... per session, in send order).
 pub type SendId = u64;
 
-/// How a session with several paths ([`Messenger::connect_paths`]) uses them. Non-exhaustive:
-/// the active/active policy (docs/failover.md) is to come as a new variant.
+/// How a session with several paths ([`Messenger::connect_paths`]) uses them
+/// (docs/failover.md). Non-exhaustive: a later policy is a new variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum PathPolicy {
@@ -43,6 +43,17 @@ pub enum PathPolicy {
     /// only carries traffic when the first fails.
     #[default]
     Standby,
+    /// Every joined path carries data: each message goes on the path with the fewest
+    /// unacknowledged messages (that has a credit). For two NIC ports whose bandwidth is
+    /// wanted together (spread the load), or paths of equal cost. The receiver holds a
+    /// message that arrives ahead of one still on another path and delivers in order
+    /// (the hold is bounded by the sender's `msgr_send_queue_msgs`, and takes receive
+    /// buffers from the data pool while it lasts). When a path fails, a lossless session
+    /// sends again, on the others, only what went on it (exactly once, in order); a lossy
+    /// one reports those sends in doubt and the receiver skips their numbers. Immediate
+    /// messages (`OutMessage::immediate`) are refused (`InvalidArgument`): they carry no
+    /// sequence number to order them across paths.
+    Active,
 }
 
 /// What a path of a session is doing now.
@@ -56,7 +67,8 @@ pub enum PathState {
     Connecting,
     /// Connected and joined to the session, idle (keepalives only).
     Standby,
-    /// The path the session's traffic goes on.
+    /// The path the session's traffic goes on (with `PathPolicy::Active`: every joined
+    /// path).
     Active,
 }
 

@@ -120,6 +120,15 @@ pub mod flags {
     /// it in doubt, and an immediate message, which carries no number, is numbered from
     /// there).
     pub const SWITCH: u16 = 64;
+    /// Hello (a session's, a path-join and its answer): the sender's session uses every
+    /// joined path for data (path policy active/active): messages arrive on any link, out
+    /// of order across links, and the receiver holds those ahead of a gap. A join answered
+    /// without it (a peer built before it) keeps that path out of the session.
+    pub const ACTIVE: u16 = 128;
+    /// Ack of an active/active lossy session: sequence numbers that will not come (they
+    /// went on a link that failed; the sender reported them in doubt). `aux` = the first,
+    /// `aux2` (bits 0-63) and `aux3` (bits 64-127) a bitmap: bit `i` names `aux + i`.
+    pub const GIVEUP: u16 = 256;
 }
 
 /// A receive's data chunk, granted to the peer (it may WRITE eager data there).

@@ -33,6 +33,8 @@ pub enum Action {
     /// The session's traffic goes on `link` from now on (a path switch): the driver makes
     /// it its current link; the one that was (if not closed) becomes a standby link, and
     /// what it was receiving is dropped (the peer sends it again on the new one).
+    /// Active/active: only which joined link is the primary (pumped first) changes;
+    /// nothing is dropped.
     Activate { link: u64 },
     /// Tell the application.
     Notify(Notice),

@@ -80,6 +80,9 @@ impl<M> Machine<M> {
         if self.policy == Policy::Lossy {
             h.flags |= flags::LOSSY;
         }
+        if self.active {
+            h.flags |= flags::ACTIVE;
+        }
         let owed = self.announce(&mut h);
         if self.peer_id != 0 {
             self.counters.reconnects += 1;
@@ -131,6 +134,8 @@ impl<M> Machine<M> {
             self.drop_link(old);
         }
         self.drop_standby_all();
+        // The connecting side chooses the path policy; its hello says it.
+        self.active = h.has(flags::ACTIVE);
         let path = self.path_index(h.ack);
         if self.announced {
             self.counters.reconnects += 1;
@@ -209,6 +214,9 @@ impl<M> Machine<M> {
     /// restarted, an oversized message).
     pub(super) fn fault(&mut self, now: Instant, e: Error, end: bool) {
         self.counters.faults += 1;
+        if !end && self.fault_active(now, &e) {
+            return;
+        }
         let failed = self.link.as_ref().map(|l| (l.lid, l.path, l.hello_done));
         if let Some((lid, path, up)) = failed {
             self.drop_link(lid);
@@ -268,6 +276,8 @@ impl<M> Machine<M> {
         }
         self.drop_standby_all();
         self.session_attempt = None;
+        self.giveup.clear();
+        self.giveup_from = None;
         self.fail_all(&e);
         self.state = SessionState::Closed;
         if reset {
@@ -303,6 +313,11 @@ impl<M> Machine<M> {
         self.received = self.delivered;
         self.ack_deferred = false;
         self.delivered_in_pass = false;
+        if self.active {
+            // Every link goes: what any carried is queued again, in order.
+            self.rewind_active();
+            return;
+        }
         while let Some(mut m) = self.unacked.pop_back() {
             m.replay = true;
             self.waiting.push_front(m);
@@ -332,6 +347,7 @@ impl LinkState {
             live: Liveness::new(now),
             hello_done: false,
             sent_in_pass: false,
+            out: 0,
         }
     }
 }

@@ -22,6 +22,9 @@
 //! what a link reports and carries out its actions, `shard.rs` runs the passes.
 
 mod action;
+mod active;
+#[cfg(test)]
+mod active_tests;
 mod life;
 mod paths;
 #[cfg(test)]
@@ -36,6 +39,7 @@ mod sim;
 mod tests;
 
 pub use action::{Action, HelloId, Notice, SqRoom, Verdict};
+pub use active::imm_refused;
 pub use paths::{MAX_PATHS, PathMeta, is_in_doubt};
 pub use send::{check_send, has_room};
 
@@ -43,7 +47,7 @@ use super::credits::Credits;
 use super::keepalive::{Backoff, Liveness, PingRule};
 use super::settings::MsgrSettings;
 use super::types::{Policy, SessionCounters, SessionState};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -141,6 +145,9 @@ pub struct Out<M> {
     pub shape: Shape,
     /// Sent before on an earlier link.
     pub replay: bool,
+    /// The link it went on (0: not sent since it was queued or requeued). Active/active
+    /// replays only what went on a link that failed.
+    pub lid: u64,
     pub body: M,
 }
 
@@ -157,6 +164,8 @@ pub struct LinkState {
     pub hello_done: bool,
     /// Something was posted since the last pump (an explicit ack would be redundant).
     sent_in_pass: bool,
+    /// Active/active: messages sent on it and not acknowledged (least outstanding).
+    pub out: u32,
 }
 
 /// One session's protocol state.
@@ -227,6 +236,20 @@ pub struct Machine<M> {
     /// The application paused the peer's data (`Messenger::pause_receive`): every link's
     /// credits keep a window of one receive (`Credits::set_paused`).
     recv_paused: bool,
+    /// Path policy active/active (`PathPolicy::Active`): every joined link carries data,
+    /// each message on the one with the fewest unacknowledged messages (`active.rs`).
+    active: bool,
+    /// Active/active receiver: messages accepted and not delivered (those ahead of a gap
+    /// among them), with the link each came on. `received` is then the highest number
+    /// below which nothing is missing.
+    got: BTreeMap<u64, u64>,
+    /// Active/active lossy receiver: numbers above `delivered` the peer gave up.
+    skipped: BTreeSet<u64>,
+    /// Active/active lossy sender: numbers given up (reported in doubt) that the peer may
+    /// not know of yet (pruned by its acknowledgements), and the first one the next
+    /// [`wire::flags::GIVEUP`] frame names (None: none due).
+    giveup: BTreeSet<u64>,
+    giveup_from: Option<u64>,
     actions: VecDeque<Action>,
     pub counters: SessionCounters,
 }
@@ -269,6 +292,11 @@ impl<M> Machine<M> {
             failback_due: false,
             next_lid: 1,
             recv_paused: false,
+            active: false,
+            got: BTreeMap::new(),
+            skipped: BTreeSet::new(),
+            giveup: BTreeSet::new(),
+            giveup_from: None,
             actions: VecDeque::new(),
             counters: SessionCounters::default(),
         }
@@ -394,6 +422,9 @@ impl<M> Machine<M> {
         if self.state == SessionState::Open && self.standby_wants_pass() {
             return true;
         }
+        if self.active && self.state == SessionState::Open && self.active_wants_pass() {
+            return true;
+        }
         let Some(l) = self.link.as_ref().filter(|l| l.hello_done) else {
             return false;
         };
@@ -429,6 +460,8 @@ impl<M> Machine<M> {
             && self.delivered <= self.acked_to_peer
             && !self.ack_deferred
             && self.received == self.delivered
+            && self.got.is_empty()
+            && self.giveup_from.is_none()
             && l.credits.deficit() == 0
             && !l.credits.announce_due()
             && l.live

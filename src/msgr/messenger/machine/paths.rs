@@ -16,8 +16,11 @@
 //! and in order thanks to the sequence numbers; a lossy session reports them in doubt
 //! instead and accepts the gap they leave). The session becomes `Reconnecting`
 //! (lossless) or ends (lossy) only when no path is up.
+//!
+//! With the active/active policy (`active.rs`) every joined link carries data instead, and
+//! there is no switch, no failback and no rewind of the links that did not fail.
 
-use super::{Action, LinkState, Machine, Notice, Verdict};
+use super::{Action, LinkState, Machine, Notice, SqRoom, Verdict};
 use crate::error::{Error, ErrorKind};
 use crate::msgr::messenger::credits::Credits;
 use crate::msgr::messenger::types::{PathCounters, PathEvent, PathState, Policy, SessionState};
@@ -130,6 +133,8 @@ impl<M> Machine<M> {
             .chain(self.standby.iter())
             .find(|l| l.path == i);
         match link {
+            // Active/active: every joined path carries data.
+            Some(l) if l.hello_done && self.active => PathState::Active,
             Some(l) if l.hello_done => PathState::Standby,
             Some(_) => PathState::Connecting,
             None if self.paths.get(i).is_some_and(|p| p.connecting) => PathState::Connecting,
@@ -188,6 +193,15 @@ impl<M> Machine<M> {
         self.post_join_hello(lid, r);
         self.path_up(path);
         self.path_event(path, PathEvent::Up);
+        // Active/active, waiting with no link (the others failed while the peer kept
+        // this one): no switch frame will come, the session goes on here at once (the
+        // peer replays what it sent on the failed links; so does this side).
+        if self.active && self.link.is_none() && self.state == SessionState::Reconnecting {
+            if let Some(i) = self.standby.iter().position(|l| l.lid == lid) {
+                self.promote(i);
+                self.opened(now);
+            }
+        }
         lid
     }
 
@@ -265,18 +279,44 @@ impl<M> Machine<M> {
                     self.standby_fault(now, i, e);
                     return Verdict::Fault;
                 }
+                if self.active && !h.has(flags::ACTIVE) {
+                    // It would take data only on the first path and drop the rest
+                    // (never acknowledged, never sent again): this path stays out.
+                    let e = Error::fixed(
+                        ErrorKind::Unsupported,
+                        "the peer does not support active/active paths (an older build): \
+                         the session runs on its first path",
+                    );
+                    self.standby_fault(now, i, e);
+                    return Verdict::Fault;
+                }
                 self.standby[i].hello_done = true;
                 self.path_up(path);
                 self.path_event(path, PathEvent::Up);
-                if self.rules.path_failback && self.active_path().is_some_and(|a| path < a) {
+                if self.rules.path_failback
+                    && !self.active
+                    && self.active_path().is_some_and(|a| path < a)
+                {
                     self.failback_due = true;
                 }
                 Verdict::Consumed
+            }
+            // Active/active: data on any joined link.
+            Kind::Msg if self.active && joined => {
+                let lid = self.standby[i].lid;
+                match self.on_msg_active(lid, h.seq) {
+                    Ok(v) => v,
+                    Err(m) => self.standby_malformed(now, i, m.0),
+                }
             }
             Kind::Msg => {
                 self.counters.duplicates_dropped += 1;
                 Verdict::Stale
             }
+            Kind::Ack if h.has(flags::GIVEUP) => match self.on_giveup(h) {
+                Ok(()) => Verdict::Consumed,
+                Err(m) => self.standby_malformed(now, i, m.0),
+            },
             Kind::Ack if h.has(flags::SWITCH) && self.incoming => {
                 self.follow_switch(now, i, h.aux, h.aux2);
                 Verdict::Consumed
@@ -304,7 +344,7 @@ impl<M> Machine<M> {
     }
 
     fn standby_malformed(&mut self, now: Instant, i: usize, why: &'static str) -> Verdict {
-        self.counters.malformed += 1;
+        // Counted by `standby_fault` (an `InvalidValue`).
         let e = crate::msgr::messenger::wire::Malformed(why).into();
         self.standby_fault(now, i, e);
         Verdict::Fault
@@ -319,6 +359,10 @@ impl<M> Machine<M> {
             self.counters.malformed += 1;
         }
         self.void_posts(l.lid);
+        if self.active {
+            // What it carried goes on the others (or is given up).
+            self.lose_link(l.lid, &e);
+        }
         self.actions.push_back(Action::CloseLink {
             link: l.lid,
             drain: false,
@@ -484,6 +528,11 @@ impl<M> Machine<M> {
         if self.policy == Policy::Lossy {
             h.flags |= flags::LOSSY;
         }
+        if self.active {
+            // The answer says it too: a peer built before active/active does not, and
+            // would drop the data sent on the path.
+            h.flags |= flags::ACTIVE;
+        }
         let owed = self.announce_on(lid, &mut h);
         self.actions.push_back(Action::Post {
             link: lid,
@@ -624,7 +673,7 @@ impl<M> Machine<M> {
     /// Connecting side, at a pump's start: the failback a rejoined preferred path asked
     /// for (a lossy session waits until nothing is unacknowledged: nothing in doubt).
     pub(super) fn maybe_failback(&mut self) {
-        if !self.failback_due || self.incoming {
+        if !self.failback_due || self.incoming || self.active {
             return;
         }
         if self.policy == Policy::Lossy && !self.unacked.is_empty() {
@@ -665,8 +714,10 @@ impl<M> Machine<M> {
     }
 
     /// Control on standby link `lid` in a pass: the keepalive when due, announcing the
-    /// credits owed (`free` send-queue entries), then the silent-peer check.
-    pub fn pump_standby(&mut self, now: Instant, lid: u64, free: usize) {
+    /// credits owed (`room`: its send-queue entries), then the silent-peer check. On an
+    /// active/active session a joined link is pumped as the primary one is ([`Machine::pump`]:
+    /// messages, acknowledgements, credits).
+    pub fn pump_standby(&mut self, now: Instant, lid: u64, room: SqRoom) {
         if self.state == SessionState::Closed {
             return;
         }
@@ -677,6 +728,10 @@ impl<M> Machine<M> {
         else {
             return;
         };
+        if self.active && self.state == SessionState::Open {
+            return self.pump_link(now, lid, room);
+        }
+        let free = room.free;
         let (ping, keepalive, timeout) = (
             self.rules.ping(),
             self.rules.keepalive,

@@ -502,11 +502,25 @@ fn a_newer_switch_to_the_link_in_use_resends_what_the_peer_dropped() {
 fn a_silent_standby_path_is_pinged_then_dropped() {
     let t0 = Instant::now();
     let (mut a, _, l1) = two_paths(Policy::Lossless, t0);
-    a.pump_standby(t0 + ms(100), l1, 8);
+    a.pump_standby(
+        t0 + ms(100),
+        l1,
+        SqRoom {
+            free: 8,
+            reserve: 1,
+        },
+    );
     let p = posted(&actions(&mut a));
     assert_eq!(p.len(), 1);
     assert_eq!((p[0].0, p[0].1.kind()), (l1, Some(Kind::Ping)));
-    a.pump_standby(t0 + ms(500), l1, 8);
+    a.pump_standby(
+        t0 + ms(500),
+        l1,
+        SqRoom {
+            free: 8,
+            reserve: 1,
+        },
+    );
     let acts = actions(&mut a);
     assert!(
         acts.iter()

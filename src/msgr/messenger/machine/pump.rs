@@ -2,6 +2,7 @@
 //! control frame (acknowledgement, credit announcement or keepalive), then the
 //! silent-peer check.
 
+use super::active::{find_link, insert_sorted};
 use super::rules::{self, ControlIn};
 use super::{Action, Machine, SqRoom};
 use crate::error::{Error, ErrorKind};
@@ -21,27 +22,47 @@ impl<M> Machine<M> {
         let Some(lid) = self.link.as_ref().filter(|l| l.hello_done).map(|l| l.lid) else {
             return;
         };
+        self.pump_link(now, lid, room);
+    }
+
+    /// [`Machine::pump`] on link `lid`: the primary one, or (active/active) any joined one.
+    /// The session-wide acknowledgement rules (held a pass, owed) run on the primary only;
+    /// every link announces its own credits and sends its keepalives.
+    pub(super) fn pump_link(&mut self, now: Instant, lid: u64, room: SqRoom) {
+        let primary = self.link.as_ref().is_some_and(|l| l.lid == lid);
         let mut free = room.free;
-        if self.send_switch(&mut free) {
+        if !primary || self.send_switch(&mut free) {
+            if self.active {
+                self.send_giveup(lid, &mut free);
+            }
             self.send_messages(lid, &mut free, room.reserve);
         }
-        self.send_control(now, lid, free);
-        let Some(l) = self.link.as_mut() else { return };
-        if l.sent_in_pass {
+        self.send_control(now, lid, free, primary);
+        let msg_in_pass = std::mem::take(&mut self.msg_in_pass);
+        let Some(l) = find_link(&mut self.link, &mut self.standby, lid) else {
+            return;
+        };
+        let sent = l.sent_in_pass;
+        if sent {
             // Stamped once per pass (a clock read per message showed in profiles); the
             // acknowledgement or keepalive just queued counts: a receiver that only
             // acknowledges must not look silent and ping every pass.
             l.live.last_sent = now;
-            self.ack_deferred = false;
         }
-        if std::mem::take(&mut self.msg_in_pass) {
+        if msg_in_pass {
             l.live.last_msg = now;
         }
         l.sent_in_pass = false;
-        self.delivered_in_pass = false;
-        if l.live
-            .dead(now, self.rules.keepalive, self.rules.keepalive_timeout)
-        {
+        let dead = l
+            .live
+            .dead(now, self.rules.keepalive, self.rules.keepalive_timeout);
+        if primary {
+            if sent {
+                self.ack_deferred = false;
+            }
+            self.delivered_in_pass = false;
+        }
+        if dead {
             let e = Error::new(
                 ErrorKind::Timeout,
                 format!(
@@ -49,17 +70,29 @@ impl<M> Machine<M> {
                     self.rules.keepalive_timeout
                 ),
             );
-            self.fault(now, e, false);
+            match self.standby.iter().position(|l| l.lid == lid) {
+                Some(i) => self.standby_fault(now, i, e),
+                None => self.fault(now, e, false),
+            }
         }
     }
 
     /// Messages, oldest first, while a data credit (one stays for control) and send-queue
-    /// room (`reserve` entries stay for control) last.
+    /// room (`reserve` entries stay for control) last on link `lid` (active/active: while
+    /// it is the least loaded, [`Machine::least_loaded`]).
     fn send_messages(&mut self, lid: u64, free: &mut usize, reserve: usize) {
-        let path = self.link.as_ref().map_or(0, |l| l.path);
+        let Some(path) = self.link_state(lid).map(|l| l.path) else {
+            return;
+        };
         while let Some(m) = self.waiting.front() {
             let (need, imm, shape) = (m.shape.sq_need, m.shape.imm, m.shape);
-            let Some(l) = self.link.as_mut() else { return };
+            if self.active && !self.least_loaded(lid) {
+                // Another link takes the next one (its pump, this pass or the next).
+                return;
+            }
+            let Some(l) = find_link(&mut self.link, &mut self.standby, lid) else {
+                return;
+            };
             if !l.credits.can_send_data() || free.saturating_sub(reserve) < need {
                 if !self.stalled {
                     self.stalled = true;
@@ -69,6 +102,9 @@ impl<M> Machine<M> {
             }
             self.stalled = false;
             *free -= need;
+            if self.active {
+                l.out += 1;
+            }
             let Some(mut m) = self.waiting.pop_front() else {
                 return;
             };
@@ -95,7 +131,7 @@ impl<M> Machine<M> {
                 if rules::starved(self.waiting.len(), l.credits.tx) {
                     h.flags |= flags::STARVED;
                 }
-                let owed = self.announce(&mut h);
+                let owed = self.announce_on(lid, &mut h);
                 self.acked_to_peer = self.delivered;
                 self.actions.push_back(Action::Post {
                     link: lid,
@@ -117,33 +153,38 @@ impl<M> Machine<M> {
             self.counters.remote_writes += u64::from(shape.writes);
             self.counters.remote_write_bytes += shape.write_bytes;
             m.replay = true;
-            self.unacked.push_back(m);
+            m.lid = lid;
+            if self.active {
+                // A replay goes before what the other links carry after it: the queue
+                // stays in order for the cumulative acknowledgements.
+                insert_sorted(&mut self.unacked, m);
+            } else {
+                self.unacked.push_back(m);
+            }
             self.msg_in_pass = true;
         }
     }
 
-    /// An acknowledgement, credit announcement or keepalive, when due. One due after
-    /// messages were delivered since the last pump waits one pass: their callbacks run
-    /// after it, and an answer sent from one (a reply) carries both. A pass that delivers
-    /// nothing new sends them; so does this one when the peer is down to its control
-    /// credit. (Announcing at once cost request/reply a control message each way per
-    /// round trip, and each consumed a receive whose repost was owed again.)
-    fn send_control(&mut self, now: Instant, lid: u64, free: usize) {
-        let Some(l) = self.link.as_ref() else { return };
+    /// An acknowledgement, credit announcement or keepalive on link `lid`, when due. One
+    /// due after messages were delivered since the last pump waits one pass: their
+    /// callbacks run after it, and an answer sent from one (a reply) carries both. A pass
+    /// that delivers nothing new sends them; so does this one when the peer is down to its
+    /// control credit. (Announcing at once cost request/reply a control message each way
+    /// per round trip, and each consumed a receive whose repost was owed again.) A link
+    /// other than the primary (active/active) acknowledges only with what it sends anyway.
+    fn send_control(&mut self, now: Instant, lid: u64, free: usize, primary: bool) {
+        let Some(l) = find_link(&mut self.link, &mut self.standby, lid) else {
+            return;
+        };
         if l.sent_in_pass {
             // The ping check below sees this pass's messages.
-            let mut live = l.live;
-            live.last_sent = now;
-            if let Some(l) = self.link.as_mut() {
-                l.live = live;
-            }
+            l.live.last_sent = now;
         }
-        let Some(l) = self.link.as_ref() else { return };
         let c = rules::control(ControlIn {
-            ack_owed: self.delivered > self.acked_to_peer,
+            ack_owed: primary && self.delivered > self.acked_to_peer,
             sent_in_pass: l.sent_in_pass,
-            delivered_in_pass: self.delivered_in_pass,
-            ack_deferred: self.ack_deferred,
+            delivered_in_pass: primary && self.delivered_in_pass,
+            ack_deferred: primary && self.ack_deferred,
             announce_due: l.credits.announce_due(),
             ping_due: l.live.ping_due(now, self.rules.ping()),
             peer_can_send_data: l.credits.peer_can_send_data(),
@@ -151,11 +192,11 @@ impl<M> Machine<M> {
             sq_free: free,
         });
         let tx = l.credits.tx;
-        self.ack_deferred = c.deferred;
-        if c.needs_receive
-            && let Some(l) = self.link.as_mut()
-        {
+        if c.needs_receive {
             l.credits.room_to_speak();
+        }
+        if primary {
+            self.ack_deferred = c.deferred;
         }
         let Some(kind) = c.frame else { return };
         let ping = kind == Kind::Ping;
@@ -167,11 +208,11 @@ impl<M> Machine<M> {
         if self.stalled || (self.waiting.len() > 1 && tx <= 2) {
             h.flags |= flags::STARVED;
         }
-        let owed = self.announce(&mut h);
+        let owed = self.announce_on(lid, &mut h);
         self.acked_to_peer = self.delivered;
         if ping {
             self.counters.keepalives_sent += 1;
-            if let Some(l) = self.link.as_mut() {
+            if let Some(l) = find_link(&mut self.link, &mut self.standby, lid) {
                 l.credits.shrink();
                 l.live.last_ping = now;
             }

@@ -34,7 +34,15 @@ impl<M> Machine<M> {
         }
         match kind {
             Kind::Hello => self.on_hello(now, h),
-            Kind::Msg => self.on_msg(now, h.seq),
+            Kind::Msg => self.on_msg(now, lid, h.seq),
+            Kind::Ack if h.has(flags::GIVEUP) => match self.on_giveup(h) {
+                Ok(()) => Verdict::Consumed,
+                Err(m) => {
+                    self.counters.malformed += 1;
+                    self.fault(now, m.into(), false);
+                    Verdict::Fault
+                }
+            },
             Kind::Ack if h.has(flags::SWITCH) => {
                 self.note_switch(h.aux, h.aux2);
                 Verdict::Consumed
@@ -66,6 +74,10 @@ impl<M> Machine<M> {
         if !l.hello_done {
             return self.malformed(now, "immediate message before the session hello");
         }
+        if self.active {
+            // Refused at send (it has no number to order it by across links).
+            return self.malformed(now, "immediate message on an active/active session");
+        }
         self.received += 1;
         self.counters.imm_received += 1;
         Verdict::Accept(self.received)
@@ -80,14 +92,23 @@ impl<M> Machine<M> {
             "delivery out of order"
         );
         debug_assert!(seq <= self.received, "delivery of a message not accepted");
+        if self.active {
+            self.delivered_active(seq);
+        }
         self.delivered = seq;
         self.delivered_in_pass = true;
         self.counters.msgs_received += 1;
     }
 
-    fn on_msg(&mut self, now: Instant, seq: u64) -> Verdict {
+    fn on_msg(&mut self, now: Instant, lid: u64, seq: u64) -> Verdict {
         if !self.link.as_ref().is_some_and(|l| l.hello_done) {
             return self.malformed(now, "message before the session hello");
+        }
+        if self.active {
+            return match self.on_msg_active(lid, seq) {
+                Ok(v) => v,
+                Err(m) => self.malformed(now, m.0),
+            };
         }
         match rules::order(self.received, seq) {
             Order::Old => {

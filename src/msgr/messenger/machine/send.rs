@@ -73,7 +73,8 @@ impl<M> Machine<M> {
             self.held_msgs(),
             self.held_bytes,
             shape,
-        );
+        )
+        .and_then(|()| self.check_active(shape.imm.is_some()));
         if r.as_ref().is_err_and(|e| e.kind() == ErrorKind::Full) {
             self.refused = true;
             self.counters.full_refusals += 1;
@@ -95,6 +96,7 @@ impl<M> Machine<M> {
             seq,
             shape,
             replay: false,
+            lid: 0,
             body,
         });
         Ok(seq)
@@ -106,8 +108,14 @@ impl<M> Machine<M> {
         while self.unacked.front().is_some_and(|m| m.seq <= ack) {
             if let Some(m) = self.unacked.pop_front() {
                 self.held_bytes -= m.shape.bytes;
+                if self.active {
+                    self.acked_active(m.lid);
+                }
                 self.notify(Notice::SendDone(m.seq, Ok(())));
             }
+        }
+        if self.active {
+            self.prune_giveup(ack);
         }
         while self
             .waiting

@@ -41,7 +41,6 @@ impl Core {
         if self.stopping.load(Ordering::Acquire) {
             return Err(Error::fixed(ErrorKind::Closed, "messenger: shut down"));
         }
-        let PathPolicy::Standby = path_policy;
         if addrs.is_empty() || addrs.len() > MAX_PATHS {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -60,10 +59,12 @@ impl Core {
         let id = self.new_id(shard);
         let now = Instant::now();
         let mut m = Machine::new(self.rules, id, policy, false, now);
+        m.set_active(path_policy == PathPolicy::Active);
         for _ in 1..addrs.len() {
             m.add_path(now);
         }
         let mut s = Session::new(m);
+        s.gate.set_active(path_policy == PathPolicy::Active);
         s.addrs = addrs.iter().map(|a| a.to_string()).collect();
         s.peer = Some(peer);
         {

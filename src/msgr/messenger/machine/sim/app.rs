@@ -23,7 +23,9 @@ impl World {
             self.q.push(self.now + gap, Ev::AppSend { side });
             return;
         };
-        let lossy = self.p.lossy;
+        // Immediate messages: refused on an active/active session (their place among
+        // messages arriving on several links is unknown).
+        let lossy = self.p.lossy && !self.p.active;
         for _ in 0..self.rng.range(1, 4) {
             if self.procs[side].sent >= quota {
                 break;
@@ -175,6 +177,13 @@ impl World {
                         .map(|l| l.credits.posted);
                 if let Some(n) = over {
                     return self.violation(format!("{n} receives posted: over the window"));
+                }
+                // The receiver's hold (active/active): what it accepted and has not
+                // delivered, the peer has not had acknowledged, so the peer's send queue
+                // bounds it (lossless: a lossy sender forgets what it gave up first).
+                if !self.p.lossy && s.rx.len() > self.p.rules.send_queue_msgs {
+                    let n = s.rx.len();
+                    return self.violation(format!("{n} messages held for delivery"));
                 }
                 // A link per path at most (and the simulator's copies hold them all).
                 if s.links.len() > self.p.paths.max(1) || s.links.len() > MAX_LINKS {

@@ -140,13 +140,18 @@ impl World {
         };
         match v {
             Verdict::Accept(seq) => {
-                if s.active != Some(lid) {
+                if s.active != Some(lid) && !s.m.is_active() {
                     self.violation(format!(
                         "a message accepted on link {lid}, not the active one"
                     ));
                     return;
                 }
-                s.rx.push_back((seq, f.body))
+                if s.rx.iter().any(|e| e.0 == seq) {
+                    self.violation(format!("message {seq} accepted twice"));
+                    return;
+                }
+                let at = s.rx.partition_point(|e| e.0 < seq);
+                s.rx.insert(at, (seq, f.body, lid));
             }
             _ => self.procs[to].pool += 1,
         }

@@ -45,6 +45,8 @@ pub struct Params {
     pub send_gap: Ns,
     /// The connector's paths to the acceptor (1 = a session as before issue 30).
     pub paths: usize,
+    /// Path policy active/active (every joined path carries data); standby if false.
+    pub active: bool,
     pub faults: Vec<(Ns, Fault)>,
 }
 
@@ -54,8 +56,9 @@ pub struct Sess {
     /// most), and which one is active (its traffic).
     pub links: Vec<(u64, usize)>,
     pub active: Option<u64>,
-    /// Accepted messages (sequence number, message id) not yet delivered.
-    pub rx: VecDeque<(u64, Option<u64>)>,
+    /// Accepted messages (sequence number, message id, link) not yet delivered, by
+    /// sequence number (active/active accepts them out of order across links).
+    pub rx: VecDeque<(u64, Option<u64>, u64)>,
 }
 
 #[derive(Default)]
@@ -166,6 +169,7 @@ impl World {
         self.next_id += 1;
         let now = self.at();
         let mut m = Machine::new(self.p.rules, id, self.policy(), false, now);
+        m.set_active(self.p.active);
         for _ in 1..self.p.paths {
             m.add_path(now);
         }
@@ -307,11 +311,12 @@ impl World {
             self.procs[side].pool -= k;
             self.links[li].posted[side] += k;
         }
-        // Delivery, in order.
+        // Delivery, in order, of what nothing is missing before.
         let slow = self.p.slow[side];
         let lossy = self.p.lossy;
         while let Some(s) = self.sess(side, si)
-            && let Some((seq, body)) = s.rx.pop_front()
+            && s.rx.front().is_some_and(|e| e.0 <= s.m.deliverable())
+            && let Some((seq, body, _)) = s.rx.pop_front()
         {
             let (me, peer) = (s.m.id, s.m.peer_id);
             s.m.on_delivered(seq);
@@ -344,7 +349,7 @@ impl World {
             if Some(lid) == active {
                 s.m.pump(now, SqRoom { free, reserve: 1 });
             } else {
-                s.m.pump_standby(now, lid, free);
+                s.m.pump_standby(now, lid, SqRoom { free, reserve: 1 });
             }
             self.exec(side, si);
         }
@@ -386,11 +391,14 @@ impl World {
                         return;
                     }
                     if s.active != Some(link) {
-                        // What the old active link was receiving comes again.
                         s.active = Some(link);
-                        let n = s.rx.len() as u32;
-                        s.rx.clear();
-                        self.procs[side].pool += n;
+                        // What the old active link was receiving comes again (active/active:
+                        // nothing moves, the link is only the first one pumped).
+                        if !s.m.is_active() {
+                            let n = s.rx.len() as u32;
+                            s.rx.clear();
+                            self.procs[side].pool += n;
+                        }
                     }
                 }
                 Action::Post {
@@ -469,7 +477,16 @@ impl World {
                         self.close_end(side, li, drain);
                         let s = self.sess(side, si).expect("session");
                         s.links.retain(|c| c.0 != link);
-                        if s.active == Some(link) {
+                        if s.m.is_active() {
+                            // What this link brought and was not delivered goes with it.
+                            let n = s.rx.len();
+                            s.rx.retain(|e| e.2 != link);
+                            let back = (n - s.rx.len()) as u32;
+                            if s.active == Some(link) {
+                                s.active = None;
+                            }
+                            self.procs[side].pool += back;
+                        } else if s.active == Some(link) {
                             s.active = None;
                             let n = s.rx.len() as u32;
                             s.rx.clear();
