@@ -299,7 +299,7 @@ for x, name in seed:
     ax.text(x, ax.get_ylim()[1] * 0.9 if ax.get_ylim()[1] > 0 else 1, name, rotation=90, fontsize=7)
 lim = max([1] + [float(r[4]) for r in rows] + [float(r[3]) for r in rows if r[3].replace(".", "").isdigit()])
 ax.plot([0, lim], [0, lim], color="black", lw=0.5)
-ax.set_xlabel("(retry_cnt + 1) x timeout (ms)"); ax.set_ylabel("longest completion gap (ms)")
+ax.set_xlabel("(retry_cnt + 1) x timeout (ms)"); ax.set_ylabel("failover IO gap (ms)")
 ax.legend(fontsize=6); fig.tight_layout(); fig.savefig(os.path.join(out, "gap.png"), dpi=110)
 print("plots in", out)
 PY
