@@ -184,9 +184,16 @@ impl Dispatcher for Hoard {
 /// beside a normal client against a target started with `limits`; returns the target's
 /// RSS growth (KiB), the normal client's completed reads and the target's stderr.
 fn slow_consumer(limits: &[&str], reads: u64) -> (u64, u64, String) {
-    let dir = std::env::temp_dir().join(format!("rdmx-target-slow-{}", std::process::id()));
+    // A directory per call: the tests run in parallel threads of one process, and each
+    // removes its directory at the end (a shared one lost a running test's volume in CI).
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "rdmx-target-slow-{}-{}",
+        std::process::id(),
+        CALLS.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("vol-{}", limits.len()));
+    let path = dir.join("vol");
     let f = std::fs::File::create(&path).unwrap();
     f.set_len(64 << 20).unwrap();
     drop(f);
