@@ -199,8 +199,12 @@ fn provider_imports_are_versioned() {
             "{sym} is not imported as {sym}@IBVERBS_PRIVATE_34:\n{t}"
         );
     }
-    // The exported replacements of the two non-provider verbs.
-    for sym in ["ibv_create_comp_channel", "ibv_destroy_comp_channel"] {
+    // The exported replacements of the two non-provider verbs, and the waiting one.
+    for sym in [
+        "ibv_create_comp_channel",
+        "ibv_destroy_comp_channel",
+        "ibv_get_cq_event",
+    ] {
         assert!(
             t.lines().any(|l| l.contains(" .text") && l.ends_with(sym)),
             "{sym} is not exported"

@@ -226,10 +226,13 @@ fn ibv_rc_pingpong_events() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     require_tool("ibv_rc_pingpong");
     skip_unless_platform!();
-    let (_, c) = pair(
+    let stats = scratch("rc_pingpong_e-stats");
+    let dir = stats.display().to_string();
+    let (_, c) = pair_env(
         "rc_pingpong_e",
-        "127.0.0.4",
-        "127.0.0.5",
+        (None, "127.0.0.4"),
+        (None, "127.0.0.5"),
+        &[("RDMXIBV_STATS_DIR", &dir)],
         &[
             "ibv_rc_pingpong",
             "-d",
@@ -245,6 +248,34 @@ fn ibv_rc_pingpong_events() {
         Duration::from_secs(60),
     );
     assert!(c.contains("200 iters in"), "{c}");
+    // Each side waits in ibv_get_cq_event (interposed, glue/cq_event.rs) for most of its
+    // 200 events, and its own thread takes the datagram that raises the event: while it
+    // polls first (`cq_event_spun`, poll_mode adaptive: up to polling_us) or once woken by
+    // the datagram (`cq_event_waits_received`), instead of the progress thread waking for
+    // it and then waking the program through the channel.
+    let files: Vec<_> = std::fs::read_dir(&stats)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(files.len(), 2, "one stats file per side in {dir}");
+    for f in &files {
+        let get = |k: &str| -> u64 {
+            f.lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {k} in\n{f}"))
+        };
+        let (spun, waits) = (get("cq_event_spun"), get("cq_event_waits"));
+        let received = get("cq_event_waits_received");
+        assert!(
+            spun + waits >= 100,
+            "{spun} + {waits} calls of ibv_get_cq_event found no event queued\n{f}"
+        );
+        assert!(
+            (spun + received) * 2 >= spun + waits,
+            "its own thread took the event's datagram for {spun} + {received} of {} calls\n{f}",
+            spun + waits
+        );
+    }
 }
 
 fn perftest(tool: &str, port: &str, extra: &[&str], srv: &str, cli: &str) -> String {

@@ -265,7 +265,7 @@ pub static KEYS: &[KeySpec] = &[
         "polling_us",
         uint(0, 1_000_000),
         "1000",
-        "adaptive mode: microseconds of empty polls before sleeping (Ceph's default too). On a host whose cores are busy, 1000 kept read_bw at 0.75x the UDP loop where 100 fell to 0.25x: an answer often takes longer than 100 us, and a thread that slept waits for a core to wake (docs/busy-hosts.md). The messenger (and the block path on it) polls 200 us unless poll_mode or polling_us is set, and backs off for 100 ms when preempted while polling (docs/messenger.md). The soft device (progress=inline) also takes it, capped at 1 ms, as the time after an application's last poll during which its progress thread leaves receiving to that application (0: the thread always receives; docs/ibv-device.md)",
+        "adaptive mode: microseconds of empty polls before sleeping (Ceph's default too). On a host whose cores are busy, 1000 kept read_bw at 0.75x the UDP loop where 100 fell to 0.25x: an answer often takes longer than 100 us, and a thread that slept waits for a core to wake (docs/busy-hosts.md). The messenger (and the block path on it) polls 200 us unless poll_mode or polling_us is set, and backs off for 100 ms when preempted while polling (docs/messenger.md). The soft device (progress=inline) also takes it, capped at 1 ms, as the time after an application's last poll during which its progress thread leaves receiving to that application (0: the thread always receives), and a verbs program's thread in ibv_get_cq_event polls that long before it sleeps (poll_mode=event: not at all; docs/ibv-device.md)",
     ),
     key(
         "poll_batch",

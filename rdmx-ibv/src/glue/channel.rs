@@ -48,8 +48,15 @@ type DestroyFn = unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int;
 
 /// libibverbs' definition of `name@IBVERBS_1.0`, the next one after ours.
 fn next_symbol(name: &std::ffi::CStr) -> *mut libc::c_void {
-    // SAFETY: dlvsym with RTLD_NEXT and constant NUL-terminated strings.
-    unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), c"IBVERBS_1.0".as_ptr()) }
+    next_versioned(name, c"IBVERBS_1.0")
+}
+
+/// libibverbs' definition of `name@version`, the next one after ours (the version a
+/// program built today links: `ibv_get_cq_event` has a 1.0 compatibility definition for
+/// the pre-1.1 structures and its default at IBVERBS_1.1).
+pub(crate) fn next_versioned(name: &std::ffi::CStr, version: &std::ffi::CStr) -> *mut libc::c_void {
+    // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated strings.
+    unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), version.as_ptr()) }
 }
 
 /// `ibv_create_comp_channel` (interposed).

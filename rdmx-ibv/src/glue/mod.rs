@@ -12,6 +12,7 @@
 pub mod ah;
 pub mod channel;
 pub mod context;
+pub mod cq_event;
 mod mw;
 pub mod objects;
 mod qp_ex;

@@ -218,6 +218,22 @@ fn render(r: &Registry) -> String {
         *r.device_lines.lock() = l;
     }
     s.push_str(&r.device_lines.lock());
+    // Process-wide, so current at exit too (the device's lines are as last rendered).
+    let _ = writeln!(
+        s,
+        "cq_event_spun {}",
+        crate::glue::cq_event::SPUN.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        s,
+        "cq_event_waits {}",
+        crate::glue::cq_event::WAITS.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        s,
+        "cq_event_waits_received {}",
+        crate::glue::cq_event::WAITS_RECEIVED.load(Ordering::Relaxed)
+    );
     for (i, c) in r.statuses.iter().enumerate() {
         let v = c.load(Ordering::Relaxed);
         if v > 0 {

@@ -118,6 +118,19 @@ pub fn spawn_in(
     sets: &[&str],
     cmd: &[&str],
 ) -> Proc {
+    spawn_env(dir, name, netns, ip, sets, &[], cmd)
+}
+
+/// As [`spawn_in`], with `envs` added to the program's environment.
+pub fn spawn_env(
+    dir: &Path,
+    name: &str,
+    netns: Option<&str>,
+    ip: &str,
+    sets: &[&str],
+    envs: &[(&str, &str)],
+    cmd: &[&str],
+) -> Proc {
     let out = dir.join(format!("{name}.out"));
     let err = dir.join(format!("{name}.err"));
     let mut c = match netns {
@@ -133,6 +146,7 @@ pub fn spawn_in(
         c.args(["--set", s]);
     }
     c.arg("--").args(cmd);
+    c.envs(envs.iter().copied());
     c.stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::fs::File::create(&err).unwrap());
@@ -239,14 +253,42 @@ pub fn pair_in(
     cmd: &[&str],
     limit: Duration,
 ) -> (String, String) {
+    pair_env(name, srv, cli, &[], cmd, limit)
+}
+
+/// As [`pair_in`], with `envs` added to both programs' environment.
+pub fn pair_env(
+    name: &str,
+    srv: (Option<&str>, &str),
+    cli: (Option<&str>, &str),
+    envs: &[(&str, &str)],
+    cmd: &[&str],
+    limit: Duration,
+) -> (String, String) {
     let dir = scratch(name);
-    let mut s = spawn_in(&dir, &format!("{name}-server"), srv.0, srv.1, &[], cmd);
+    let mut s = spawn_env(
+        &dir,
+        &format!("{name}-server"),
+        srv.0,
+        srv.1,
+        &[],
+        envs,
+        cmd,
+    );
     // perftest and ibv_rc_pingpong clients do not retry their TCP connect: wait until the
     // server listens.
     wait_listening(port_of(cmd), &mut s);
     let mut cli_cmd: Vec<&str> = cmd.to_vec();
     cli_cmd.push(srv.1);
-    let mut c = spawn_in(&dir, &format!("{name}-client"), cli.0, cli.1, &[], &cli_cmd);
+    let mut c = spawn_env(
+        &dir,
+        &format!("{name}-client"),
+        cli.0,
+        cli.1,
+        &[],
+        envs,
+        &cli_cmd,
+    );
     let cst = c.wait(limit);
     let sst = s.wait(limit);
     let (so, co) = (s.output(), c.output());

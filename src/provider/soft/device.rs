@@ -105,6 +105,12 @@ struct Shared {
     /// [`SoftDevice::app_watch`]): they receive when they wake, so the progress thread
     /// does not wait on the sockets (one wakeup per packet batch instead of two).
     app_watchers: AtomicUsize,
+    /// An application thread waits for its completion events on the receiving sockets
+    /// itself ([`SoftDevice::app_watch_events`]: rdmx-ibv's `ibv_get_cq_event`): between
+    /// two such waits (its poll and re-arming) the progress thread stays off the sockets
+    /// for the handover time, as for a polling application, instead of sleeping on them and
+    /// waking with it for the next datagram.
+    event_watcher: AtomicBool,
     /// Readable when the progress thread ran a pass (progress=inline, app-driven): a thread
     /// asleep on [`SoftDevice::rx_fds`] wakes for what that pass completed, since the
     /// sockets it drained no longer say so. Reset by `rx_fds`.
@@ -208,6 +214,7 @@ impl SoftDevice {
             thread_watching: AtomicBool::new(false),
             rx_wanted: AtomicBool::new(false),
             app_watchers: AtomicUsize::new(0),
+            event_watcher: AtomicBool::new(false),
             app_wake: EventFd::new()?,
             doorbells: Mutex::new(Vec::new()),
             doorbells_rung: AtomicBool::new(false),

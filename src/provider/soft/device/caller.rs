@@ -93,6 +93,18 @@ impl SoftDevice {
         }
     }
 
+    /// As [`SoftDevice::app_watch`], for a thread that waits for completion events this way
+    /// (rdmx-ibv's `ibv_get_cq_event`): from then on the progress thread also stays off
+    /// the sockets for the handover time after such a thread's last watch or poll, the gap
+    /// in which it takes its event, polls and re-arms (it would otherwise sleep on them
+    /// then and wake with the watcher for the next datagram, both racing for it).
+    pub fn app_watch_events(&self, on: bool) {
+        if on {
+            self.shared.event_watcher.store(true, Ordering::Relaxed);
+        }
+        self.app_watch(on);
+    }
+
     /// The application is about to sleep on a completion channel instead of polling
     /// (progress=inline): the progress thread takes over receiving at once rather than
     /// after the inline handover time; what waits on the doorbell list is sent now. The
@@ -155,6 +167,15 @@ impl Shared {
         self.settings.progress == Progress::Inline
             && self.armed_cqs.load(Ordering::SeqCst) == 0
             && !self.thread_rx.load(Ordering::SeqCst)
+            && now.saturating_sub(self.last_app_poll.load(Ordering::Relaxed))
+                < inline_handover_ns(self)
+    }
+
+    /// progress=inline: an application thread that waits for its events on the sockets
+    /// ([`SoftDevice::app_watch_events`]) watched or polled within the handover time: it
+    /// is between two such waits, and receives again in a moment.
+    pub(super) fn event_watcher_recent(&self, now: u64) -> bool {
+        self.event_watcher.load(Ordering::Relaxed)
             && now.saturating_sub(self.last_app_poll.load(Ordering::Relaxed))
                 < inline_handover_ns(self)
     }

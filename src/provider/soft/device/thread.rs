@@ -101,7 +101,8 @@ fn progress_loop(s: &Shared) {
         let app_polling = inline
             && (std::mem::take(&mut app_back)
                 || s.app_watchers.load(Ordering::Acquire) > 0
-                || s.app_polls(now));
+                || s.app_polls(now)
+                || s.event_watcher_recent(now));
         // After a busy lock, sleep without the sockets (still readable: the datagram waits
         // for the poll that holds the lock) until that poll ends and signals.
         let watch = !app_polling && !lock_busy;
