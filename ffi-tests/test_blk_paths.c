@@ -39,8 +39,12 @@ static int start_target(const char *bin, int n, pid_t *pid, char *addr, size_t c
     dup2(fd, 1);
     dup2(fd, 2);
     close(fd);
+    /* handshake_first_bytes_ms: under valgrind the client's first auth frame can take
+     * longer than the default 500 ms, and the target drops it (CI: "the peer closed the
+     * connection (0 bytes of an auth frame received)"), as test_blk_acl's target. */
     execl(bin, bin, "--listen", "127.0.0.1:0", "--volume", vol, "--set", "timeout=18", "--set",
-          "msgr_keepalive_timeout_ms=60000", (char *)NULL);
+          "msgr_keepalive_timeout_ms=60000", "--set", "handshake_first_bytes_ms=10000",
+          (char *)NULL);
     _exit(127);
   }
   *pid = p;
