@@ -62,7 +62,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    let next = next_versioned(c"ibv_get_cq_event", c"IBVERBS_1.1");
+    // Looked up once: a dlvsym per event would be a symbol search on the wait path.
+    static NEXT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let next = *NEXT.get_or_init(|| next_versioned(c"ibv_get_cq_event", c"IBVERBS_1.1") as usize)
+        as *mut c_void;
     if next.is_null() {
         set_errno(libc::ENOSYS);
         return -1;
