@@ -22,19 +22,21 @@ NUM_OSD=${NUM_OSD:-3}
 POOL=bench
 PG_NUM=${PG_NUM:-32}
 
-# Ceph's RDMA memory. The soft provider pins what is registered (mlock), and this machine's
-# RLIMIT_MEMLOCK is 8 MiB with no way to raise it (no CAP_SYS_RESOURCE): every chunk Ceph
-# registers must fit, per process. Ceph's defaults (128 KiB x 1024 send chunks in one MR)
-# abort ("Out of max memory region size"). Chosen (docs/ceph-harness.md): 8 KiB chunks (a
-# 4 KiB IO's message still fits one), 128 send chunks (1 MiB, one MR), at most 384 receive
-# chunks (3 MiB), and an SRQ that can hold every one of them. After a receive-chunk
-# shortage, Ceph's update_post_backlog posts receives it already posted until the chunks
-# run out; an SRQ smaller than the chunk pool then refuses a post and Ceph asserts (see
-# "SRQ over-post"). Where the limit is higher, RDMA_* raise them.
+# Ceph's RDMA memory (docs/ceph-harness.md). The soft provider pins what is registered
+# (mlock) within RLIMIT_MEMLOCK, which CAP_IPC_LOCK lifts, as the kernel does for a NIC;
+# rdmx0 reports no max_mr_size of its own, as rxe. 8 KiB chunks (a 4 KiB IO's message
+# fits one; Ceph's 128 KiB would pin 16x the memory for nothing), Ceph's counts otherwise:
+# 1024 send chunks (8 MiB, one MR), up to 8192 receive chunks (grown on demand) and 4096
+# receives posted on the SRQ, so the chunks never run out. (Until 2026-12-04 rdmx0 reported
+# max_mr_size = the 8 MiB memlock limit and the harness ran 128 send and 384 receive chunks
+# with an SRQ holding them all: Ceph's receive chunks ran out under load, it logged ~8,000
+# "OUT OF RX BUFFERS" lines a second per OSD, and a shortage triggers its SRQ over-post,
+# see "SRQ over-post".) Where a process may not pin that much (no CAP_IPC_LOCK and a low
+# `ulimit -l`), the daemons run with soft_pin=false (cluster_up says so).
 RDMA_BUFFER_SIZE=${RDMA_BUFFER_SIZE:-8192}
-RDMA_SEND_BUFFERS=${RDMA_SEND_BUFFERS:-128}
-RDMA_RECV_BUFFERS=${RDMA_RECV_BUFFERS:-384}
-RDMA_RECV_QUEUE_LEN=${RDMA_RECV_QUEUE_LEN:-$RDMA_RECV_BUFFERS}
+RDMA_SEND_BUFFERS=${RDMA_SEND_BUFFERS:-1024}
+RDMA_RECV_BUFFERS=${RDMA_RECV_BUFFERS:-8192}
+RDMA_RECV_QUEUE_LEN=${RDMA_RECV_QUEUE_LEN:-4096}
 
 now_ms() { date +%s%3N; }
 say() { echo "[ceph-harness $(date +%T)] $*" >&2; }
@@ -193,8 +195,13 @@ cluster_up() {
   if [ "$TRANSPORT" = rdma ]; then
     ulimit -l unlimited 2>/dev/null || ulimit -l "$(ulimit -Hl)"
     local need_kib=$(( (RDMA_SEND_BUFFERS + RDMA_RECV_BUFFERS) * (RDMA_BUFFER_SIZE + 4096) / 1024 ))
-    if [ "$(ulimit -l)" != unlimited ] && [ "$(ulimit -l)" -lt "$need_kib" ]; then
-      die "ulimit -l is $(ulimit -l) KiB (hard $(ulimit -Hl)); Ceph's RDMA buffers need ~$need_kib KiB pinned: lower RDMA_SEND_BUFFERS/RDMA_RECV_BUFFERS/RDMA_BUFFER_SIZE or raise the limit"
+    local capeff
+    capeff=$(awk '/^CapEff:/ { print $2 }' /proc/self/status)
+    if [ "$(ulimit -l)" != unlimited ] && [ "$(ulimit -l)" -lt "$need_kib" ] &&
+      (( (0x${capeff:-0} >> 14 & 1) == 0 )); then
+      # No CAP_IPC_LOCK (bit 14) and a limit below what Ceph's chunks pin: pin nothing.
+      say "ulimit -l is $(ulimit -l) KiB (hard $(ulimit -Hl)), no CAP_IPC_LOCK; Ceph's RDMA buffers need ~$need_kib KiB pinned: the daemons run with soft_pin=false"
+      RDMX_ARGS+=(--set soft_pin=false)
     fi
   fi
   ceph-authtool --create-keyring "$D/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null

@@ -198,3 +198,12 @@ fn retry_exc_err_when_the_peer_device_is_gone() {
     assert_eq!(async_event(&a.dev, Duration::from_millis(200)), None);
     assert_eq!(a.qp.state(), QpState::Err);
 }
+
+#[test]
+fn max_mr_size_is_unbounded_as_on_rxe_pinned_or_not() {
+    // RLIMIT_MEMLOCK binds at registration (tests/soft_pin.rs), not through max_mr_size.
+    for (ip, pin) in [("127.0.73.20", "true"), ("127.0.73.21", "false")] {
+        let dev = Device::open(&settings(ip, &[("soft_pin", pin)])).unwrap();
+        assert_eq!(dev.query_device().max_mr_size, u64::MAX, "soft_pin={pin}");
+    }
+}

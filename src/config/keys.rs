@@ -305,6 +305,12 @@ pub static KEYS: &[KeySpec] = &[
         "soft provider: send runs of 2+ equal-length packets to the same peer as one UDP GSO message (IPv6; IPv4 to local addresses); false = one datagram per packet, so that a capture on lo shows every packet instead of GSO super-frames. A 4 KiB messenger reply (4096 + header = 2 packets) costs the server half the CPU with it",
     ),
     key(
+        "soft_pin",
+        Kind::Bool,
+        "true",
+        "soft provider: a registration pins its pages (mlock) within RLIMIT_MEMLOCK, as a NIC driver does, and the device reports max_mr_size = that limit; false = nothing is pinned and the limit bounds no registration (max_mr_size unlimited). For a host whose limit cannot be raised (no CAP_SYS_RESOURCE) where a production one would run unlimited (Ceph's LimitMEMLOCK=infinity): the soft device copies through the kernel, so it needs no page resident",
+    ),
+    key(
         "progress",
         Kind::Words(&["thread", "inline"]),
         "inline",

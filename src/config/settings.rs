@@ -153,6 +153,8 @@ pub struct Settings {
     pub soft_drop_ppb: u32,
     /// UDP GSO for runs of equal-length packets (`soft_gso`).
     pub soft_gso: bool,
+    /// Registrations pin their pages within RLIMIT_MEMLOCK (`soft_pin`).
+    pub soft_pin: bool,
     pub progress: Progress,
     /// rdmx-ibv: empty `ibv_poll_cq` calls in a row on a thread before each further one
     /// yields the core (`poll_yield_after`; 0 = never).

@@ -101,6 +101,7 @@ impl Reader<'_> {
                 _ => return Err(internal("soft_drop_ratio")),
             },
             soft_gso: self.flag("soft_gso")?,
+            soft_pin: self.flag("soft_pin")?,
             progress: match self.word("progress")? {
                 "inline" => Progress::Inline,
                 _ => Progress::Thread,

@@ -205,7 +205,12 @@ impl Device {
             fw_ver: format!("rdmx {}", env!("CARGO_PKG_VERSION")),
             node_guid: guid,
             sys_image_guid: guid,
-            max_mr_size: memlock_limit(),
+            // As rxe (RXE_MAX_MR_SIZE = -1ull): no size limit of the device's own. What
+            // bounds a registration is RLIMIT_MEMLOCK, at ibv_reg_mr, as the kernel's
+            // ib_umem_get applies it (lifted by CAP_IPC_LOCK; soft_pin=false: nothing is
+            // pinned). Reporting the limit here made Ceph refuse any MR above it even where
+            // the registration would have succeeded.
+            max_mr_size: u64::MAX,
             // As rxe: any page size from 4 KiB up.
             page_size_cap: 0xFFFF_F000,
             // rxe's (RXE_VENDOR_ID, rxe_param.h): a software device's placeholder that is
@@ -348,19 +353,4 @@ pub(crate) fn check_port(port: u8) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// RLIMIT_MEMLOCK (what registrations may pin in all), u64::MAX when unlimited.
-fn memlock_limit() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0
-        || r.rlim_cur == libc::RLIM_INFINITY
-    {
-        return u64::MAX;
-    }
-    r.rlim_cur
 }

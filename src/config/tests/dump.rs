@@ -39,6 +39,7 @@ soft_port = 4791  # default
 soft_addr = \"\"  # default
 soft_drop_ratio = 0  # default
 soft_gso = true  # default
+soft_pin = true  # default
 progress = inline  # default
 poll_yield_after = 64  # default
 msgr_policy = lossless  # default

@@ -109,6 +109,7 @@ const OTHER_KEYS: &[(&str, &str)] = &[
     ("profile", "none"),
     ("soft_drop_ratio", "0"),
     ("soft_gso", "true"),
+    ("soft_pin", "true"),
     ("soft_addr", ""),
     ("progress", "inline"),
     ("qp_override", ""),
@@ -307,6 +308,10 @@ fn booleans() {
     assert!(config.settings().unwrap().soft_gso);
     config.set("soft_gso", "off").unwrap();
     assert!(!config.settings().unwrap().soft_gso);
+    // soft_pin reaches the soft provider's settings (its MrTable).
+    assert!(config.settings().unwrap().soft_pin);
+    config.set("soft_pin", "false").unwrap();
+    assert!(!config.settings().unwrap().soft_pin);
     for bad in ["", "2", "y", "maybe", "truee"] {
         assert_eq!(
             failure(config.set("separate_cqs", bad)),

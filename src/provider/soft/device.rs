@@ -198,7 +198,7 @@ impl SoftDevice {
         }
         let shared = Arc::new(Shared {
             settings: settings.clone(),
-            mrs: Arc::new(MrTable::default()),
+            mrs: Arc::new(MrTable::new(settings.soft_pin)),
             ports,
             qps: RwLock::new(HashMap::default()),
             ud_qps: RwLock::new(HashMap::default()),

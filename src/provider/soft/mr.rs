@@ -14,6 +14,7 @@
 //! Registration costs what it costs on a NIC: the pages are pinned (mlock) within
 //! RLIMIT_MEMLOCK, and unpinned on deregistration. Pins are counted per page, so regions
 //! that share pages (overlapping or adjacent buffers) keep them pinned until the last goes.
+//! `soft_pin=false` turns pinning off, for hosts whose limit cannot be raised.
 //!
 //! The bookkeeping shared with the verbs provider (a registration's extent, keys and work
 //! requests in flight; the table by lkey and its deregistration rule) is
@@ -51,6 +52,8 @@ struct Tables {
     by_rkey: HashMap<u32, Arc<Region>>,
     /// Registrations pinning each page (page number -> count); a page is mlocked while > 0.
     pins: BTreeMap<u64, u32>,
+    /// `soft_pin=false`: registrations pin nothing (no mlock, no RLIMIT_MEMLOCK bound).
+    unpinned: bool,
 }
 
 fn page_size() -> u64 {
@@ -85,7 +88,7 @@ impl Tables {
     /// Pins the pages of `[addr, addr + len)` (mlock of those not pinned yet), within
     /// RLIMIT_MEMLOCK. All or nothing.
     fn pin(&mut self, addr: u64, len: u64) -> Result<()> {
-        if len == 0 {
+        if len == 0 || self.unpinned {
             return Ok(());
         }
         let (first, end) = pages(addr, len);
@@ -127,7 +130,7 @@ impl Tables {
 
     /// Drops this registration's pin on its pages; munlocks pages nobody pins any more.
     fn unpin(&mut self, addr: u64, len: u64) {
-        if len == 0 {
+        if len == 0 || self.unpinned {
             return;
         }
         let (first, end) = pages(addr, len);
@@ -165,6 +168,13 @@ pub struct MrTable {
 }
 
 impl MrTable {
+    /// An empty table; `pin_pages` false (`soft_pin=false`) registers without pinning.
+    pub fn new(pin_pages: bool) -> MrTable {
+        let t = MrTable::default();
+        t.tables.write().unpinned = !pin_pages;
+        t
+    }
+
     /// Registers `[addr, addr + len)` with `access` (`ibv_access_flags` bits) and returns
     /// the region (its lkey and rkey are random and unique in this table).
     ///
