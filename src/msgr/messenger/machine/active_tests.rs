@@ -3,30 +3,14 @@
 //! gap and drops duplicates, a failed link replays only what went on it (lossless) or
 //! reports it in doubt and gives it up (lossy), immediate messages are refused.
 
-use super::tests::{ms, shape};
+use super::tests::{
+    actions, ms, msg, multipath_rules, posted_on, retry_exc, room, send_results, shape,
+};
 use super::*;
-use crate::error::{Error, ErrorKind};
+use crate::error::ErrorKind;
 use crate::msgr::messenger::types::PathState;
 use crate::msgr::messenger::wire::{Header, Kind, flags};
 use std::time::Instant;
-
-fn rules() -> Rules {
-    Rules {
-        send_queue_msgs: 16,
-        ..super::tests::rules()
-    }
-}
-
-fn room() -> SqRoom {
-    SqRoom {
-        free: 64,
-        reserve: 1,
-    }
-}
-
-fn actions(m: &mut Machine<u32>) -> Vec<Action> {
-    std::iter::from_fn(|| m.poll_action()).collect()
-}
 
 /// The data messages posted: (link, sequence number).
 fn sent(acts: &[Action]) -> Vec<(u64, u64)> {
@@ -42,34 +26,6 @@ fn sent(acts: &[Action]) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn headers(acts: &[Action]) -> Vec<(u64, Header)> {
-    acts.iter()
-        .filter_map(|a| match a {
-            Action::Post { link, header, .. } => Some((*link, *header)),
-            _ => None,
-        })
-        .collect()
-}
-
-fn done(acts: &[Action]) -> Vec<(u64, Result<(), Error>)> {
-    acts.iter()
-        .filter_map(|a| match a {
-            Action::Notify(Notice::SendDone(s, r)) => Some((*s, r.clone())),
-            _ => None,
-        })
-        .collect()
-}
-
-fn err() -> Error {
-    Error::fixed(ErrorKind::Closed, "completion with status RETRY_EXC_ERR")
-}
-
-fn msg(seq: u64) -> Header {
-    let mut h = Header::new(Kind::Msg);
-    h.seq = seq;
-    h
-}
-
 fn ack(n: u64) -> Header {
     let mut h = Header::new(Kind::Ack);
     h.ack = n;
@@ -79,13 +35,13 @@ fn ack(n: u64) -> Header {
 /// A connecting active/active machine with two paths, open on path 0 (peer 0x200) and
 /// path 1 joined: returns it and the two links. Both hellos say the policy.
 fn two_active(policy: Policy, t0: Instant) -> (Machine<u32>, u64, u64) {
-    let mut a = Machine::new(rules(), 0x100, policy, false, t0);
+    let mut a = Machine::new(multipath_rules(), 0x100, policy, false, t0);
     a.set_active(true);
     assert_eq!(a.add_path(t0), 1);
     a.handle_timeout(t0);
     actions(&mut a);
-    let l0 = a.link_up(t0, 0, rules().credits(8), HelloId::default());
-    let hello = headers(&actions(&mut a));
+    let l0 = a.link_up(t0, 0, multipath_rules().credits(8), HelloId::default());
+    let hello = posted_on(&actions(&mut a));
     assert!(
         hello[0].1.has(flags::ACTIVE),
         "the session hello says active"
@@ -98,8 +54,8 @@ fn two_active(policy: Policy, t0: Instant) -> (Machine<u32>, u64, u64) {
     actions(&mut a);
     a.handle_timeout(t0);
     assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 1 }]));
-    let l1 = a.link_up(t0, 1, rules().credits(8), HelloId::default());
-    let join = headers(&actions(&mut a));
+    let l1 = a.link_up(t0, 1, multipath_rules().credits(8), HelloId::default());
+    let join = posted_on(&actions(&mut a));
     assert!(join[0].1.has(flags::JOIN) && join[0].1.has(flags::ACTIVE));
     let mut ok = Header::new(Kind::Hello);
     ok.flags |= flags::JOIN | flags::ACTIVE;
@@ -139,7 +95,10 @@ fn each_message_goes_on_the_link_with_the_fewest_unacknowledged() {
     assert_eq!(a.path(1).unwrap().counters.msgs_sent, 2);
     // A cumulative ack on either link completes in order and frees both links' counts.
     a.on_frame(t0, l1, &ack(3));
-    let d: Vec<u64> = done(&actions(&mut a)).iter().map(|(s, _)| *s).collect();
+    let d: Vec<u64> = send_results(&actions(&mut a))
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
     assert_eq!(d, vec![1, 2, 3]);
     assert_eq!(a.link_state(l0).unwrap().out, 1);
     assert_eq!(a.link_state(l1).unwrap().out, 0);
@@ -186,7 +145,7 @@ fn a_failed_link_replays_only_what_went_on_it_in_order() {
     // 1 and 4 went on path 0, 2 and 3 on path 1. Path 0 brought message 7, held (6 is
     // missing): it goes with the link.
     assert_eq!(a.on_frame(t0, l0, &msg(7)), Verdict::Accept(7));
-    a.on_link_error(t0, l0, err());
+    a.on_link_error(t0, l0, retry_exc());
     let acts = actions(&mut a);
     assert!(matches!(acts[0], Action::CloseLink { link, .. } if link == l0));
     assert!(
@@ -206,7 +165,7 @@ fn a_failed_link_replays_only_what_went_on_it_in_order() {
     );
     // No switch frame: 1 and 4 again, in order, on path 1; 2 and 3 stay where they are.
     let acts = pass(&mut a, t0 + ms(1), l1);
-    let h = headers(&acts);
+    let h = posted_on(&acts);
     assert!(!h.iter().any(|(_, h)| h.has(flags::SWITCH)));
     assert_eq!(sent(&acts), vec![(l1, 1), (l1, 4)]);
     assert_eq!(a.counters.replays, 2);
@@ -214,7 +173,10 @@ fn a_failed_link_replays_only_what_went_on_it_in_order() {
     // Message 7 comes again on path 1: accepted (it was forgotten with path 0).
     assert_eq!(a.on_frame(t0, l1, &msg(7)), Verdict::Accept(7));
     a.on_frame(t0, l1, &ack(4));
-    let d: Vec<u64> = done(&actions(&mut a)).iter().map(|(s, _)| *s).collect();
+    let d: Vec<u64> = send_results(&actions(&mut a))
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
     assert_eq!(d, vec![1, 2, 3, 4]);
     // Path 0 is retried after the backoff.
     a.handle_timeout(t0 + ms(10));
@@ -230,9 +192,9 @@ fn a_lossy_failed_link_reports_its_sends_in_doubt_and_gives_their_numbers_up() {
     }
     pass(&mut a, t0, l1);
     pass(&mut a, t0, l1);
-    a.on_link_error(t0, l1, err());
+    a.on_link_error(t0, l1, retry_exc());
     let acts = actions(&mut a);
-    let d = done(&acts);
+    let d = send_results(&acts);
     assert_eq!(d.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![2, 3]);
     assert!(d.iter().all(|(_, r)| r.as_ref().is_err_and(is_in_doubt)));
     assert!(
@@ -241,7 +203,7 @@ fn a_lossy_failed_link_reports_its_sends_in_doubt_and_gives_their_numbers_up() {
             .any(|x| matches!(x, Action::Notify(Notice::Reset(_))))
     );
     // The give-up frame on the link left: 2 and 3, as bits 0 and 1 from 2.
-    let h = headers(&pass(&mut a, t0, l1));
+    let h = posted_on(&pass(&mut a, t0, l1));
     let g: Vec<_> = h.iter().filter(|(_, h)| h.has(flags::GIVEUP)).collect();
     assert_eq!(g.len(), 1);
     assert_eq!(
@@ -250,12 +212,12 @@ fn a_lossy_failed_link_reports_its_sends_in_doubt_and_gives_their_numbers_up() {
     );
     // Sent once; again only if a link fails before the peer's ack passes them.
     assert!(
-        !headers(&pass(&mut a, t0, l1))
+        !posted_on(&pass(&mut a, t0, l1))
             .iter()
             .any(|(_, h)| h.has(flags::GIVEUP))
     );
     a.on_frame(t0, l0, &ack(4));
-    assert_eq!(done(&actions(&mut a)).len(), 2);
+    assert_eq!(send_results(&actions(&mut a)).len(), 2);
     assert!(a.giveup.is_empty());
 }
 
@@ -306,15 +268,15 @@ fn an_active_session_refuses_immediate_messages() {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     assert!(e.message().contains("immediate"), "{e}");
     // A standby session takes them.
-    let mut b: Machine<u32> = Machine::new(rules(), 1, Policy::Lossy, false, t0);
+    let mut b: Machine<u32> = Machine::new(multipath_rules(), 1, Policy::Lossy, false, t0);
     assert!(b.enqueue(1, imm).is_ok());
 }
 
 #[test]
 fn the_accepting_side_learns_the_policy_and_moves_on_by_itself() {
     let t0 = Instant::now();
-    let mut b: Machine<u32> = Machine::new(rules(), 0x200, Policy::Lossless, true, t0);
-    let mut c = rules().credits(8);
+    let mut b: Machine<u32> = Machine::new(multipath_rules(), 0x200, Policy::Lossless, true, t0);
+    let mut c = multipath_rules().credits(8);
     c.on_receive();
     c.on_grant(8);
     let mut hello = Header::new(Kind::Hello);
@@ -330,7 +292,7 @@ fn the_accepting_side_learns_the_policy_and_moves_on_by_itself() {
     join.ack = 1;
     join.credits = 8;
     let l1 = b.join_link(t0, c, &join);
-    let answer = headers(&actions(&mut b));
+    let answer = posted_on(&actions(&mut b));
     let join_answer = answer.iter().find(|(l, _)| *l == l1).unwrap().1;
     assert!(join_answer.has(flags::JOIN) && join_answer.has(flags::ACTIVE));
     // Data on the joined link is taken.
@@ -340,7 +302,7 @@ fn the_accepting_side_learns_the_policy_and_moves_on_by_itself() {
     }
     assert_eq!(sent(&pass(&mut b, t0, l1)), vec![(l0, 1), (l1, 2)]);
     // Its link 0 fails: no wait for a switch frame, 1 goes again on link 1 at once.
-    b.on_link_error(t0, l0, err());
+    b.on_link_error(t0, l0, retry_exc());
     actions(&mut b);
     assert_eq!(b.state, SessionState::Open);
     assert_eq!(sent(&pass(&mut b, t0, l1)), vec![(l1, 1)]);
@@ -354,8 +316,8 @@ fn no_link_left_falls_back_to_the_single_path_rules() {
         a.enqueue(i, shape()).unwrap();
     }
     pass(&mut a, t0, l1);
-    a.on_link_error(t0, l1, err());
-    a.on_link_error(t0, l0, err());
+    a.on_link_error(t0, l1, retry_exc());
+    a.on_link_error(t0, l0, retry_exc());
     let acts = actions(&mut a);
     assert!(
         !acts
@@ -373,8 +335,8 @@ fn an_accepting_side_left_with_no_link_goes_on_on_the_next_join() {
     // Simulator seed 843: both of its links failed while the peer kept a third joining;
     // no switch frame comes with active/active, so the join takes the session at once.
     let t0 = Instant::now();
-    let mut b: Machine<u32> = Machine::new(rules(), 0x200, Policy::Lossless, true, t0);
-    let mut c = rules().credits(8);
+    let mut b: Machine<u32> = Machine::new(multipath_rules(), 0x200, Policy::Lossless, true, t0);
+    let mut c = multipath_rules().credits(8);
     c.on_receive();
     c.on_grant(8);
     let mut hello = Header::new(Kind::Hello);
@@ -385,7 +347,7 @@ fn an_accepting_side_left_with_no_link_goes_on_on_the_next_join() {
     b.enqueue(1, shape()).unwrap();
     b.pump(t0, room());
     actions(&mut b);
-    b.on_link_error(t0, l0, err());
+    b.on_link_error(t0, l0, retry_exc());
     actions(&mut b);
     assert_eq!(b.state, SessionState::Reconnecting);
     let mut join = Header::new(Kind::Hello);
@@ -430,12 +392,12 @@ fn a_peer_whose_join_answer_does_not_say_active_keeps_the_path_out() {
     // A peer built before active/active answers a join without the flag: it would drop
     // the data sent on that path (never acknowledged, never sent again).
     let t0 = Instant::now();
-    let mut a: Machine<u32> = Machine::new(rules(), 0x100, Policy::Lossless, false, t0);
+    let mut a: Machine<u32> = Machine::new(multipath_rules(), 0x100, Policy::Lossless, false, t0);
     a.set_active(true);
     a.add_path(t0);
     a.handle_timeout(t0);
     actions(&mut a);
-    let l0 = a.link_up(t0, 0, rules().credits(8), HelloId::default());
+    let l0 = a.link_up(t0, 0, multipath_rules().credits(8), HelloId::default());
     let mut answer = Header::new(Kind::Hello);
     answer.aux = 0x200;
     answer.aux2 = 0x100;
@@ -443,7 +405,7 @@ fn a_peer_whose_join_answer_does_not_say_active_keeps_the_path_out() {
     a.on_frame(t0, l0, &answer);
     a.handle_timeout(t0);
     actions(&mut a);
-    let l1 = a.link_up(t0, 1, rules().credits(8), HelloId::default());
+    let l1 = a.link_up(t0, 1, multipath_rules().credits(8), HelloId::default());
     actions(&mut a);
     let mut old = Header::new(Kind::Hello);
     old.flags |= flags::JOIN;

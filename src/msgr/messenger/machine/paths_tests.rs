@@ -2,39 +2,12 @@
 //! the active path (lossless replay, lossy in doubt), the accepting side following the
 //! newest switch, failback, retries of a failed path, and no path up.
 
-use super::tests::{ms, shape};
+use super::tests::{actions, ms, multipath_rules, posted_on, retry_exc, room, send_results, shape};
 use super::*;
-use crate::error::{Error, ErrorKind};
+use crate::error::ErrorKind;
 use crate::msgr::messenger::types::{PathEvent, PathState};
 use crate::msgr::messenger::wire::{Header, Kind, flags};
 use std::time::Instant;
-
-fn rules() -> Rules {
-    Rules {
-        send_queue_msgs: 16,
-        ..super::tests::rules()
-    }
-}
-
-fn room() -> SqRoom {
-    SqRoom {
-        free: 64,
-        reserve: 1,
-    }
-}
-
-fn actions(m: &mut Machine<u32>) -> Vec<Action> {
-    std::iter::from_fn(|| m.poll_action()).collect()
-}
-
-fn posted(acts: &[Action]) -> Vec<(u64, Header)> {
-    acts.iter()
-        .filter_map(|a| match a {
-            Action::Post { link, header, .. } => Some((*link, *header)),
-            _ => None,
-        })
-        .collect()
-}
 
 fn path_events(acts: &[Action]) -> Vec<(usize, &'static str)> {
     acts.iter()
@@ -52,27 +25,14 @@ fn path_events(acts: &[Action]) -> Vec<(usize, &'static str)> {
         .collect()
 }
 
-fn done(acts: &[Action]) -> Vec<(u64, Result<(), Error>)> {
-    acts.iter()
-        .filter_map(|a| match a {
-            Action::Notify(Notice::SendDone(s, r)) => Some((*s, r.clone())),
-            _ => None,
-        })
-        .collect()
-}
-
-fn err() -> Error {
-    Error::fixed(ErrorKind::Closed, "completion with status RETRY_EXC_ERR")
-}
-
 /// A connecting machine with two paths, open on path 0 (peer 0x200), path 1 joined:
 /// returns it and the two links.
 fn two_paths(policy: Policy, t0: Instant) -> (Machine<u32>, u64, u64) {
-    let mut a = Machine::new(rules(), 0x100, policy, false, t0);
+    let mut a = Machine::new(multipath_rules(), 0x100, policy, false, t0);
     assert_eq!(a.add_path(t0), 1);
     a.handle_timeout(t0);
     assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 0 }]));
-    let l0 = a.link_up(t0, 0, rules().credits(8), HelloId::default());
+    let l0 = a.link_up(t0, 0, multipath_rules().credits(8), HelloId::default());
     let mut answer = Header::new(Kind::Hello);
     answer.aux = 0x200;
     answer.aux2 = 0x100;
@@ -83,8 +43,8 @@ fn two_paths(policy: Policy, t0: Instant) -> (Machine<u32>, u64, u64) {
     a.handle_timeout(t0);
     assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 1 }]));
     assert_eq!(a.path_state(1), PathState::Connecting);
-    let l1 = a.link_up(t0, 1, rules().credits(8), HelloId::default());
-    let join = posted(&actions(&mut a));
+    let l1 = a.link_up(t0, 1, multipath_rules().credits(8), HelloId::default());
+    let join = posted_on(&actions(&mut a));
     assert_eq!(join.len(), 1);
     let (on, h) = join[0];
     assert_eq!(on, l1);
@@ -111,8 +71,8 @@ fn a_fault_of_the_active_path_switches_and_replays_there_without_a_reset() {
         a.enqueue(i, shape()).unwrap();
     }
     a.pump(t0, room());
-    assert_eq!(posted(&actions(&mut a)).len(), 3);
-    a.on_link_error(t0, l0, err());
+    assert_eq!(posted_on(&actions(&mut a)).len(), 3);
+    a.on_link_error(t0, l0, retry_exc());
     let acts = actions(&mut a);
     assert!(matches!(acts[0], Action::CloseLink { link, .. } if link == l0));
     assert!(
@@ -128,7 +88,7 @@ fn a_fault_of_the_active_path_switches_and_replays_there_without_a_reset() {
     assert_eq!(a.state, SessionState::Open);
     // The switch frame first, then the three messages again, in order, on path 1.
     a.pump(t0, room());
-    let p = posted(&actions(&mut a));
+    let p = posted_on(&actions(&mut a));
     assert!(p.iter().all(|(l, _)| *l == l1));
     assert!(p[0].1.has(flags::SWITCH));
     assert_eq!(p[0].1.aux, 1, "the first switch");
@@ -155,9 +115,9 @@ fn a_lossy_session_reports_in_doubt_sends_and_goes_on() {
     a.pump(t0, room());
     actions(&mut a);
     a.enqueue(7, shape()).unwrap(); // not sent yet: it goes on path 1
-    a.on_link_error(t0, l0, err());
+    a.on_link_error(t0, l0, retry_exc());
     let acts = actions(&mut a);
-    let d = done(&acts);
+    let d = send_results(&acts);
     assert_eq!(d.len(), 2);
     for (seq, r) in &d {
         let e = r.as_ref().unwrap_err();
@@ -169,7 +129,7 @@ fn a_lossy_session_reports_in_doubt_sends_and_goes_on() {
             .any(|x| matches!(x, Action::Notify(Notice::Reset(_))))
     );
     a.pump(t0, room());
-    let p = posted(&actions(&mut a));
+    let p = posted_on(&actions(&mut a));
     assert!(p[0].1.has(flags::SWITCH));
     assert_eq!(p[0].1.aux2, 2, "every message after it is numbered above");
     assert_eq!((p[1].0, p[1].1.seq), (l1, 3));
@@ -207,22 +167,22 @@ fn a_lossy_receiver_numbers_an_immediate_after_a_switch_from_the_switch_frame() 
 fn no_path_up_is_todays_reconnect() {
     let t0 = Instant::now();
     let (mut a, l0, l1) = two_paths(Policy::Lossless, t0);
-    a.on_link_error(t0, l1, err());
+    a.on_link_error(t0, l1, retry_exc());
     assert_eq!(path_events(&actions(&mut a)), vec![(1, "down")]);
     assert_eq!(a.state, SessionState::Open);
-    a.on_link_error(t0, l0, err());
+    a.on_link_error(t0, l0, retry_exc());
     actions(&mut a);
     assert_eq!(a.state, SessionState::Reconnecting);
     // The reconnect goes to path 0 first, then in turn.
     a.handle_timeout(t0);
     assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 0 }]));
-    a.attempt_failed(t0, 0, err());
+    a.attempt_failed(t0, 0, retry_exc());
     a.handle_timeout(t0 + ms(10));
     assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 1 }]));
     // A lossy session with no path up ends.
     let (mut b, l0, l1) = two_paths(Policy::Lossy, t0);
-    b.on_link_error(t0, l1, err());
-    b.on_link_error(t0, l0, err());
+    b.on_link_error(t0, l1, retry_exc());
+    b.on_link_error(t0, l0, retry_exc());
     let acts = actions(&mut b);
     assert!(
         acts.iter()
@@ -235,13 +195,18 @@ fn no_path_up_is_todays_reconnect() {
 fn a_preferred_path_that_rejoins_takes_the_traffic_back() {
     let t0 = Instant::now();
     let (mut a, l0, l1) = two_paths(Policy::Lossless, t0);
-    a.on_link_error(t0, l0, err());
+    a.on_link_error(t0, l0, retry_exc());
     actions(&mut a);
     a.pump(t0, room());
     actions(&mut a);
     a.handle_timeout(t0 + ms(10));
     assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 0 }]));
-    let l2 = a.link_up(t0 + ms(11), 0, rules().credits(8), HelloId::default());
+    let l2 = a.link_up(
+        t0 + ms(11),
+        0,
+        multipath_rules().credits(8),
+        HelloId::default(),
+    );
     actions(&mut a);
     let mut ok = Header::new(Kind::Hello);
     ok.flags |= flags::JOIN;
@@ -257,22 +222,27 @@ fn a_preferred_path_that_rejoins_takes_the_traffic_back() {
             .any(|x| matches!(x, Action::Activate { link } if *link == l2))
     );
     assert_eq!(path_events(&acts), vec![(0, "active")]);
-    let p = posted(&acts);
+    let p = posted_on(&acts);
     assert!(p[0].1.has(flags::SWITCH) && p[0].0 == l2);
     assert_eq!(p[0].1.aux, 2, "the second switch");
     // Path 1 stays up, as a standby path.
     assert_eq!(a.path_state(1), PathState::Standby);
     assert!(a.standby_links().any(|l| l.lid == l1));
     // Without failback the traffic stays.
-    let mut r = rules();
+    let mut r = multipath_rules();
     r.path_failback = false;
     let (mut b, l0, _) = two_paths(Policy::Lossless, t0);
     b.rules = r;
-    b.on_link_error(t0, l0, err());
+    b.on_link_error(t0, l0, retry_exc());
     actions(&mut b);
     b.handle_timeout(t0 + ms(10));
     actions(&mut b);
-    let l2 = b.link_up(t0 + ms(11), 0, rules().credits(8), HelloId::default());
+    let l2 = b.link_up(
+        t0 + ms(11),
+        0,
+        multipath_rules().credits(8),
+        HelloId::default(),
+    );
     b.on_frame(t0 + ms(12), l2, &ok);
     b.pump(t0 + ms(12), room());
     assert!(
@@ -286,18 +256,18 @@ fn a_preferred_path_that_rejoins_takes_the_traffic_back() {
 #[test]
 fn a_refused_join_is_a_path_fault_not_a_reset() {
     let t0 = Instant::now();
-    let mut a = Machine::new(rules(), 0x100, Policy::Lossless, false, t0);
+    let mut a = Machine::new(multipath_rules(), 0x100, Policy::Lossless, false, t0);
     a.add_path(t0);
     a.handle_timeout(t0);
     actions(&mut a);
-    let l0 = a.link_up(t0, 0, rules().credits(8), HelloId::default());
+    let l0 = a.link_up(t0, 0, multipath_rules().credits(8), HelloId::default());
     let mut answer = Header::new(Kind::Hello);
     answer.aux = 0x200;
     answer.aux2 = 0x100;
     a.on_frame(t0, l0, &answer);
     a.handle_timeout(t0);
     actions(&mut a);
-    let l1 = a.link_up(t0, 1, rules().credits(8), HelloId::default());
+    let l1 = a.link_up(t0, 1, multipath_rules().credits(8), HelloId::default());
     actions(&mut a);
     // A hello without identity: the peer does not know the session on that path.
     assert_eq!(
@@ -314,7 +284,7 @@ fn a_refused_join_is_a_path_fault_not_a_reset() {
 /// A pending accepted link's credits after a hello granting 8 (as the driver hands them
 /// over).
 fn granted() -> crate::msgr::messenger::credits::Credits {
-    let mut c = rules().credits(8);
+    let mut c = multipath_rules().credits(8);
     c.on_receive();
     c.on_grant(8);
     c
@@ -322,7 +292,7 @@ fn granted() -> crate::msgr::messenger::credits::Credits {
 
 /// An accepting machine open on a link of path 0 (peer 0x100), with path 1 joined.
 fn acceptor(policy: Policy, t0: Instant) -> (Machine<u32>, u64, u64) {
-    let mut b = Machine::new(rules(), 0x200, policy, true, t0);
+    let mut b = Machine::new(multipath_rules(), 0x200, policy, true, t0);
     let mut hello = Header::new(Kind::Hello);
     hello.aux = 0x100;
     hello.credits = 8;
@@ -336,7 +306,7 @@ fn acceptor(policy: Policy, t0: Instant) -> (Machine<u32>, u64, u64) {
     join.credits = 8;
     let l1 = b.join_link(t0, granted(), &join);
     let acts = actions(&mut b);
-    let p = posted(&acts);
+    let p = posted_on(&acts);
     assert_eq!(p.len(), 1);
     assert!(p[0].1.has(flags::JOIN) && p[0].0 == l1);
     assert_eq!((p[0].1.aux, p[0].1.aux2, p[0].1.ack), (0x200, 0x100, 1));
@@ -359,7 +329,7 @@ fn the_accepting_side_follows_the_newest_switch_and_takes_data_only_there() {
         b.enqueue(i, shape()).unwrap();
     }
     b.pump(t0, room());
-    assert!(posted(&actions(&mut b)).iter().all(|(l, _)| *l == l0));
+    assert!(posted_on(&actions(&mut b)).iter().all(|(l, _)| *l == l0));
     // Data on the standby path (sent before a switch) is dropped.
     let mut m = Header::new(Kind::Msg);
     m.seq = 1;
@@ -373,7 +343,7 @@ fn the_accepting_side_follows_the_newest_switch_and_takes_data_only_there() {
     );
     assert_eq!(path_events(&acts), vec![(1, "active")]);
     b.pump(t0, room());
-    let p = posted(&actions(&mut b));
+    let p = posted_on(&actions(&mut b));
     // Its answer first (the connecting side drops what came before it), then the resends.
     assert!(p[0].1.has(flags::SWITCH) && p[0].1.aux == 1 && p[0].0 == l1);
     let seqs: Vec<(u64, u64)> = p[1..].iter().map(|(l, h)| (*l, h.seq)).collect();
@@ -399,7 +369,7 @@ fn an_accepting_side_that_loses_its_active_path_waits_for_the_switch() {
     b.enqueue(1, shape()).unwrap();
     b.pump(t0, room());
     actions(&mut b);
-    b.on_link_error(t0, l0, err());
+    b.on_link_error(t0, l0, retry_exc());
     let acts = actions(&mut b);
     assert_eq!(path_events(&acts), vec![(0, "down")]);
     assert!(
@@ -410,19 +380,19 @@ fn an_accepting_side_that_loses_its_active_path_waits_for_the_switch() {
     assert_eq!(b.state, SessionState::Reconnecting);
     b.pump(t0, room());
     assert!(
-        posted(&actions(&mut b)).is_empty(),
+        posted_on(&actions(&mut b)).is_empty(),
         "nothing until the switch"
     );
     b.on_frame(t0 + ms(1), l1, &switch(1));
     assert_eq!(b.state, SessionState::Open);
     actions(&mut b);
     b.pump(t0 + ms(1), room());
-    let p = posted(&actions(&mut b));
+    let p = posted_on(&actions(&mut b));
     assert!(p[0].1.has(flags::SWITCH));
     assert_eq!((p[1].0, p[1].1.seq), (l1, 1));
     // Without a switch, the accepting side gives up after twice the reconnect timeout.
     let (mut c, l0, _) = acceptor(Policy::Lossless, t0);
-    c.on_link_error(t0, l0, err());
+    c.on_link_error(t0, l0, retry_exc());
     actions(&mut c);
     c.handle_timeout(t0 + ms(2000));
     assert!(
@@ -441,7 +411,7 @@ fn a_rejoin_replaces_the_paths_old_link_and_a_resume_drops_every_path() {
     join.aux = 0x100;
     join.aux2 = 0x200;
     join.ack = 1;
-    let l2 = b.join_link(t0, rules().credits(8), &join);
+    let l2 = b.join_link(t0, multipath_rules().credits(8), &join);
     let acts = actions(&mut b);
     assert!(
         acts.iter()
@@ -452,7 +422,7 @@ fn a_rejoin_replaces_the_paths_old_link_and_a_resume_drops_every_path() {
     let mut hello = Header::new(Kind::Hello);
     hello.aux = 0x100;
     hello.aux2 = 0x200;
-    let l3 = b.accept_link(t0, rules().credits(8), &hello);
+    let l3 = b.accept_link(t0, multipath_rules().credits(8), &hello);
     let acts = actions(&mut b);
     for l in [l0, l2] {
         assert!(
@@ -468,7 +438,7 @@ fn a_rejoin_replaces_the_paths_old_link_and_a_resume_drops_every_path() {
 fn the_connecting_side_drops_a_gap_until_the_peer_answers_its_switch() {
     let t0 = Instant::now();
     let (mut a, l0, l1) = two_paths(Policy::Lossless, t0);
-    a.on_link_error(t0, l0, err());
+    a.on_link_error(t0, l0, retry_exc());
     actions(&mut a);
     // Sent by the peer on link 1 before it saw the switch: dropped, not a fault.
     let mut m = Header::new(Kind::Msg);
@@ -493,7 +463,7 @@ fn a_newer_switch_to_the_link_in_use_resends_what_the_peer_dropped() {
     // The peer went to path 1 and came back before this side saw the first switch.
     b.on_frame(t0, l0, &switch(2));
     b.pump(t0, room());
-    let p = posted(&actions(&mut b));
+    let p = posted_on(&actions(&mut b));
     assert!(p[0].1.has(flags::SWITCH) && p[0].1.aux == 2);
     assert_eq!((p[1].0, p[1].1.seq), (l0, 1));
 }
@@ -510,7 +480,7 @@ fn a_silent_standby_path_is_pinged_then_dropped() {
             reserve: 1,
         },
     );
-    let p = posted(&actions(&mut a));
+    let p = posted_on(&actions(&mut a));
     assert_eq!(p.len(), 1);
     assert_eq!((p[0].0, p[0].1.kind()), (l1, Some(Kind::Ping)));
     a.pump_standby(

@@ -37,7 +37,41 @@ pub(super) fn shape() -> Shape {
     }
 }
 
-fn actions(m: &mut Machine<u32>) -> Vec<Action> {
+/// The rules of the multipath and active/active tests: [`rules`] with a 16-message send
+/// queue.
+pub(super) fn multipath_rules() -> Rules {
+    Rules {
+        send_queue_msgs: 16,
+        ..rules()
+    }
+}
+
+/// The headers posted, in order, with the link each went on.
+pub(super) fn posted_on(acts: &[Action]) -> Vec<(u64, Header)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::Post { link, header, .. } => Some((*link, *header)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The send completions reported, with their results.
+pub(super) fn send_results(acts: &[Action]) -> Vec<(u64, Result<(), Error>)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::Notify(Notice::SendDone(s, r)) => Some((*s, r.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A link's failure as a completion reports it.
+pub(super) fn retry_exc() -> Error {
+    Error::fixed(ErrorKind::Closed, "completion with status RETRY_EXC_ERR")
+}
+
+pub(super) fn actions(m: &mut Machine<u32>) -> Vec<Action> {
     std::iter::from_fn(|| m.poll_action()).collect()
 }
 
@@ -65,7 +99,7 @@ fn has_reset(acts: &[Action]) -> bool {
         .any(|a| matches!(a, Action::Notify(Notice::Reset(_))))
 }
 
-fn room() -> SqRoom {
+pub(super) fn room() -> SqRoom {
     SqRoom {
         free: 64,
         reserve: 1,
@@ -110,7 +144,7 @@ fn ack(n: u64, credits: u32) -> Header {
     h
 }
 
-fn msg(seq: u64) -> Header {
+pub(super) fn msg(seq: u64) -> Header {
     let mut h = Header::new(Kind::Msg);
     h.seq = seq;
     h
