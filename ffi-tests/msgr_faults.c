@@ -548,9 +548,10 @@ static int peer_main(const char *addr, const char *policy_name, uint64_t n, int 
       next_fault = next_fault_time(&rng);
     }
     if (now_s() >= next_report) {
-      say("PROGRESS recv=%llu bad=%llu sent=%llu ok=%llu injected=%llu", (unsigned long long)p.next,
-          (unsigned long long)p.bad, (unsigned long long)p.sent, (unsigned long long)p.ok,
-          (unsigned long long)injected);
+      say("PROGRESS recv=%llu bad=%llu sent=%llu ok=%llu injected=%llu retries_exceeded=%lu",
+          (unsigned long long)p.next, (unsigned long long)p.bad, (unsigned long long)p.sent,
+          (unsigned long long)p.ok, (unsigned long long)injected,
+          (unsigned long)atomic_load(&retry_exceeded));
       next_report = now_s() + 0.02;
     }
     for (;;) { /* commands: "exit"; EOF (the parent went) too */
@@ -605,6 +606,9 @@ static int peer_main(const char *addr, const char *policy_name, uint64_t n, int 
 }
 
 /* ---- the parent: child processes, black holes, failures ---- */
+
+/* Black holes a lossless run makes at most while none has run a QP out of tries. */
+#define MAX_HOLES 16
 
 typedef struct {
   pid_t pid;
@@ -948,9 +952,15 @@ static void run_lossless(uint64_t n) {
     /* The last message waits until both processes injected a fault that took (the peer
      * stops injecting once it has everything): reconnects are then due on both sides
      * whatever N is. */
-    uint64_t peer_injected = 0;
+    uint64_t peer_injected = 0, peer_exceeded = 0;
     has_field(peer.progress, "injected", &peer_injected);
-    int faulted = injected[0] + injected[1] > 0 && peer_injected > 0;
+    has_field(peer.progress, "retries_exceeded", &peer_exceeded);
+    /* With black holes, also until one of them ran a QP out of tries (in either process),
+     * or MAX_HOLES went in without that: a hole finds no packet in flight now and then
+     * (CI17 under valgrind: 4 holes, none did), and the check below then fails. */
+    int holes_done = !black_hole || injected[2] >= MAX_HOLES ||
+                     atomic_load(&retry_exceeded) + peer_exceeded > 0;
+    int faulted = injected[0] + injected[1] > 0 && peer_injected > 0 && holes_done;
     rdmx_status why = RDMX_OK;
     int any = pump(s, faulted ? n : n - 1, &why);
     if (any < 0) fail("lossless send refused: %s (%s)", rdmx_status_str((int)why), rdmx_last_error());
@@ -1018,8 +1028,8 @@ static void run_lossless(uint64_t n) {
   CHECK(c.reconnects > 0);
   CHECK(injected[0] + injected[1] > 0 && num(d, "injected") > 0);
   /* The holes outlasted the retry budget: QPs ran out of tries (in either process; of
-   * several holes one at least found packets in flight). */
-  CHECK(injected[2] < 3 || atomic_load(&retry_exceeded) + num(d, "retries_exceeded") > 0);
+   * several holes one at least found packets in flight; the last message waited for it). */
+  CHECK(!black_hole || atomic_load(&retry_exceeded) + num(d, "retries_exceeded") > 0);
   /* The peer closes its session and checks its pools; then this side closes its own (the
    * peer's close is a fault here: lossless waits for a reconnect) and its pools come back. */
   peer_finish(&peer);
