@@ -88,12 +88,12 @@ fn pinned_registrations_stay_within_memlock_and_soft_pin_false_pins_nothing() {
     assert_eq!(e.kind(), ErrorKind::ResourceLimit, "{e}");
     assert!(e.to_string().contains("RLIMIT_MEMLOCK"), "{e}");
     // Within it, the pages are locked while registered.
-    let mut src = vec![0u8; 64 << 10];
+    let mut src = vec![0u8; 16 << 10];
     let before = locked_kib();
     // SAFETY: `src` outlives its registration.
     let ms = unsafe { pinned.register(src.as_mut_ptr(), src.len(), access::LOCAL_WRITE) }.unwrap();
     assert!(
-        locked_kib() >= before + 64,
+        locked_kib() >= before + 16,
         "pinned region: VmLck {before} -> {} KiB",
         locked_kib()
     );
