@@ -308,7 +308,7 @@ pub static KEYS: &[KeySpec] = &[
         "soft_pin",
         Kind::Bool,
         "true",
-        "soft provider: a registration pins its pages (mlock) within RLIMIT_MEMLOCK, as a NIC driver does, and the device reports max_mr_size = that limit; false = nothing is pinned and the limit bounds no registration (max_mr_size unlimited). For a host whose limit cannot be raised (no CAP_SYS_RESOURCE) where a production one would run unlimited (Ceph's LimitMEMLOCK=infinity): the soft device copies through the kernel, so it needs no page resident",
+        "soft provider: a registration pins its pages (mlock) within RLIMIT_MEMLOCK (CAP_IPC_LOCK lifts it), as a NIC driver does: beyond it registering fails (ResourceLimit; ENOMEM through rdmx0); false = nothing is pinned and the limit bounds no registration. For a host whose limit cannot be raised (no CAP_SYS_RESOURCE) where a production one would run unlimited (Ceph's LimitMEMLOCK=infinity): the soft device copies through the kernel, so it needs no page resident",
     ),
     key(
         "progress",
