@@ -77,20 +77,13 @@ pub(super) fn actions(m: &mut Machine<u32>) -> Vec<Action> {
 
 /// The headers posted, in order.
 fn posted(acts: &[Action]) -> Vec<Header> {
-    acts.iter()
-        .filter_map(|a| match a {
-            Action::Post { header, .. } => Some(*header),
-            _ => None,
-        })
-        .collect()
+    posted_on(acts).into_iter().map(|(_, h)| h).collect()
 }
 
 fn done(acts: &[Action]) -> Vec<(u64, bool)> {
-    acts.iter()
-        .filter_map(|a| match a {
-            Action::Notify(Notice::SendDone(s, r)) => Some((*s, r.is_ok())),
-            _ => None,
-        })
+    send_results(acts)
+        .into_iter()
+        .map(|(s, r)| (s, r.is_ok()))
         .collect()
 }
 
