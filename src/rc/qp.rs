@@ -549,9 +549,22 @@ impl Qp {
         buf: &mut [u8],
         mode: TxMode,
     ) -> Option<TxParts<'m>> {
-        let t = match self.next_response(mem, buf, mode) {
-            Some(t) => t,
-            None => self.next_request(now, mem, buf, mode)?,
+        // Responses first (a NAK or READ response answers the peer's requests), except
+        // positive ACKs: requests leave before them. A driver that held ACKs back for the
+        // application's answer (`only_acks_to_send`) sends them in one batch with it, and
+        // a peer that polls for the ACK then finds the answer (an RDMA WRITE it spins on,
+        // say) already received when its poll returns the completion. The two flows of a
+        // QP have no order between them; a coalesced ACK covers everything before its PSN.
+        let t = if self.resp.only_acks_queued() {
+            match self.next_request(now, mem, buf, mode) {
+                Some(t) => t,
+                None => self.next_response(mem, buf, mode)?,
+            }
+        } else {
+            match self.next_response(mem, buf, mode) {
+                Some(t) => t,
+                None => self.next_request(now, mem, buf, mode)?,
+            }
         };
         self.counters.tx_packets += 1;
         self.counters.tx_bytes += t.len() as u64;

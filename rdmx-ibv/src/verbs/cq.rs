@@ -251,6 +251,9 @@ impl Cq {
                 break;
             }
         }
+        if self.inline {
+            self.dev.soft.after_app_poll(done > 0);
+        }
         super::spin::after_poll(done, self.yield_after);
         done
     }

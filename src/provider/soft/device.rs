@@ -33,6 +33,7 @@ use super::qp::SoftQp;
 use super::sys::EventFd;
 use super::udp::{RxBatch, UdpPort};
 
+mod answers;
 mod batching;
 mod caller;
 /// Who receives for a verbs application: the progress thread's learning (`thread_rx`).
@@ -93,6 +94,9 @@ struct Shared {
     /// application had taken what woke the thread: it polls) outweigh the needed ones:
     /// `device/learner.rs`, docs/ibv-device.md "Who receives".
     thread_rx: AtomicBool,
+    /// A verbs program's WRITE answers (`device/answers.rs`): whether its passes hold ACKs
+    /// for them, and who receives for a memory spinner between its polls.
+    answers: answers::Answers,
     /// The progress thread sleeps with the receiving sockets in its poll set (an arming
     /// then needs no wakeup).
     thread_watching: AtomicBool,
@@ -211,6 +215,7 @@ impl SoftDevice {
             last_app_poll: AtomicU64::new(0),
             armed_cqs: Arc::new(AtomicUsize::new(0)),
             thread_rx: AtomicBool::new(false),
+            answers: answers::Answers::default(),
             thread_watching: AtomicBool::new(false),
             rx_wanted: AtomicBool::new(false),
             app_watchers: AtomicUsize::new(0),

@@ -108,3 +108,9 @@ impl Shared {
 /// enough for its callbacks to post the answer that carries them, and below every ACK
 /// timeout from code 4 (67 us) up (codes 1-3, 8-33 us, no userspace responder meets).
 pub(super) const ACK_HOLD_NS: u64 = 50_000;
+
+/// The same for a verbs program's pass (`device/answers.rs`): its answer to a WRITE (a
+/// spinner sees its memory written and posts) comes within microseconds of the poll that
+/// landed it, before its next poll; a program that polls on without answering (a sink of
+/// WRITEs) sends its ACKs at its next poll this much later, not after 50 us.
+pub(super) const VERBS_ACK_HOLD_NS: u64 = 10_000;

@@ -7,6 +7,8 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::answers::AfterPoll;
+use super::batching::{ACK_HOLD_NS, VERBS_ACK_HOLD_NS};
 use super::{Shared, SoftDevice};
 use crate::config::Progress;
 
@@ -19,8 +21,9 @@ impl SoftDevice {
     ///   due timer or a side-channel event, instead of taking the receive lock it polls
     ///   with (a messenger worker found it taken ~100,000 times a second at 60K rpc/s).
     ///
-    /// A verbs application or a raw connection user keeps the plain behaviour: it may
-    /// receive and then stop polling, and its peer must not wait for its next poll.
+    /// A raw connection user keeps the plain behaviour: it may receive and then stop
+    /// polling, and its peer must not wait for its next poll. A verbs application holds
+    /// ACKs only once it lands RDMA WRITEs (`device/answers.rs`).
     pub fn set_app_driven(&self, on: bool) {
         self.shared.hold_acks.store(on, Ordering::Relaxed);
         if on {
@@ -36,14 +39,66 @@ impl SoftDevice {
     pub fn progress_inline(&self) {
         // The pass reads the clock anyway; reuse its reading (a poll loop calls this
         // millions of times a second).
-        let hold = self.shared.settings.progress == Progress::Inline
-            && self.shared.hold_acks.load(Ordering::Relaxed);
-        let now = match self.shared.progress_once(false, hold) {
-            Some(pass) => pass.now,
-            None => self.shared.now(),
+        let s = &self.shared;
+        let inline = s.settings.progress == Progress::Inline;
+        // A verbs program (not app-driven) that lands WRITEs holds its ACKs for its answer
+        // too, unless it waits on a channel (`answers.rs`).
+        let verbs = inline
+            && !s.hold_acks.load(Ordering::Relaxed)
+            && s.armed_cqs.load(Ordering::Relaxed) == 0;
+        let hold_ns = if !inline {
+            0
+        } else if s.hold_acks.load(Ordering::Relaxed) {
+            ACK_HOLD_NS
+        } else if verbs && s.answers.app_holds() {
+            VERBS_ACK_HOLD_NS
+        } else {
+            0
         };
-        self.shared.last_app_poll.store(now, Ordering::Relaxed);
-        self.shared.rx_free();
+        let now = match s.progress_once(false, hold_ns) {
+            Some(pass) => {
+                if verbs {
+                    s.answers.app_landed(pass.silent);
+                }
+                pass.now
+            }
+            None => s.now(),
+        };
+        s.last_app_poll.store(now, Ordering::Relaxed);
+        s.rx_free();
+    }
+
+    /// After a verbs application's poll (progress=inline) that returned `completions`: for a
+    /// program found spinning on memory, the application receives while the peer's WRITEs
+    /// come with the ACKs it polls for, and the progress thread (woken now if it sleeps
+    /// without the sockets) when an ACK came alone and the WRITE is still to come
+    /// (`device/answers.rs`).
+    pub fn after_app_poll(&self, completions: bool) {
+        let s = &self.shared;
+        if !completions
+            || s.settings.progress != Progress::Inline
+            || s.hold_acks.load(Ordering::Relaxed)
+            || s.armed_cqs.load(Ordering::Relaxed) != 0
+        {
+            return;
+        }
+        match s.answers.after_completions() {
+            AfterPoll::Keep => {}
+            AfterPoll::App => {
+                if s.thread_rx.load(Ordering::Relaxed) {
+                    s.thread_rx.store(false, Ordering::SeqCst);
+                }
+            }
+            AfterPoll::Thread => {
+                // SeqCst with the thread's store of `thread_watching` before it reads
+                // `thread_rx` (as `app_stops_polling`).
+                if !s.thread_rx.swap(true, Ordering::SeqCst)
+                    && !s.thread_watching.load(Ordering::SeqCst)
+                {
+                    s.timers.wake.signal();
+                }
+            }
+        }
     }
 
     /// progress=inline: the receiving sockets an application thread may sleep on itself

@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use super::super::qp::{Received, SoftQp};
 use super::super::udp::{self, RxBatch, UdpPort};
 use super::Shared;
-use super::batching::ACK_HOLD_NS;
 use super::learner;
 use super::timers::TimerCell;
 use crate::wire::{BTH_LEN, Bth};
@@ -80,13 +79,15 @@ impl Shared {
     /// channels. `wait` = block on the receive lock instead of skipping when it is busy.
     /// Returns the time the pass ran at and the datagrams it took, or None if it skipped
     /// (the lock was busy).
-    /// `hold_acks`: the application's own pass (progress=inline), which is about to run
-    /// its callbacks: positive ACKs that are all a QP has to send wait in `held_acks`, so
-    /// the answer it posts carries them in the same `sendmmsg` (a pass after
-    /// [`ACK_HOLD_NS`] or the application going to sleep sends them otherwise). Measured,
-    /// request/reply paid a `sendmmsg` of its own for the ACK on both sides, before the
-    /// answer.
-    pub(super) fn progress_once(&self, wait: bool, hold_acks: bool) -> Option<Pass> {
+    /// `hold_ns` (0: no hold): the application's own pass (progress=inline), which is
+    /// about to run its callbacks: positive ACKs that are all a QP has to send wait in
+    /// `held_acks`, so the answer it posts carries them in the same `sendmmsg` (a pass once
+    /// they are `hold_ns` old, or the application going to sleep, sends them otherwise:
+    /// `ACK_HOLD_NS` for the messenger, `VERBS_ACK_HOLD_NS` for a verbs program).
+    /// Measured, request/reply paid a `sendmmsg` of its own for the ACK on both sides,
+    /// before the answer.
+    pub(super) fn progress_once(&self, wait: bool, hold_ns: u64) -> Option<Pass> {
+        let hold_acks = hold_ns > 0;
         let rx = if wait {
             Some(self.rx.lock())
         } else {
@@ -109,7 +110,7 @@ impl Shared {
         // so batching adds no latency to a lone request. Held ACKs go when old enough (an
         // application pass) or now (the progress thread's: the application stopped).
         self.ring_doorbells(start);
-        self.release_acks(start, if hold_acks { ACK_HOLD_NS } else { 0 });
+        self.release_acks(start, hold_ns);
         let timer_at_start = self.timers.min();
         let mut start = start;
         let mut drained = true;

@@ -87,4 +87,12 @@ impl SoftDevice {
     pub fn thread_takeovers(&self) -> u64 {
         self.shared.stats.takeovers.load(Ordering::Relaxed)
     }
+
+    /// For a verbs program found spinning on memory, its polls that returned completions:
+    /// (those whose passes had landed the peer's answering WRITE, those that handed
+    /// receiving to the progress thread because it was still to come). See
+    /// `device/answers.rs`; a look for tests and diagnostics.
+    pub fn spinner_polls(&self) -> (u64, u64) {
+        self.shared.answers.counts()
+    }
 }

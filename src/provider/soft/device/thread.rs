@@ -16,8 +16,14 @@ use super::{Shared, SoftDevice};
 use crate::config::Progress;
 
 /// Longest sleep of the progress thread when no timer is armed (it also wakes on traffic,
-/// on posts that need it, and on side-channel events).
-const IDLE_SLEEP: Duration = Duration::from_millis(100);
+/// on posts that need it, and on side-channel events). Below the usual ACK timeouts (every
+/// code from 12, 16.8 ms, up; rdmx's and perftest's default 14 is 67 ms): a post arms its
+/// QP's ACK timer, and the poster wakes the thread only when the timer comes before the
+/// thread's planned wake (`DeviceTimers::wake_by`). At 100 ms every post of a program that
+/// does not poll (a memory spinner, a waiter on a channel) wrote the thread's eventfd and
+/// cost it a wakeup with an empty pass (docs/ibv-device.md). An idle thread wakes 100 times
+/// a second for it.
+const IDLE_SLEEP: Duration = Duration::from_millis(10);
 /// Longest sleep of the progress thread without the sockets after it found the receive
 /// lock taken (the poll that holds it wakes the thread when it ends: `rx_wanted`).
 const RX_BUSY_MAX_WAIT: Duration = Duration::from_millis(1);
@@ -132,6 +138,15 @@ fn progress_loop(s: &Shared) {
             // Look again when the caller may have stopped polling.
             timeout = timeout.min(handover);
         }
+        // A hold ends by `ACK_HOLD_NS`: the application's passes release it while it polls,
+        // this thread otherwise (a verbs program that stopped polling, or this thread's own
+        // hold for a spinner).
+        let held = s.held_since.load(Ordering::Acquire);
+        if held != 0 && !app_polling && !s.hold_acks.load(Ordering::Relaxed) {
+            timeout = timeout.min(Duration::from_nanos(
+                (held + super::batching::ACK_HOLD_NS).saturating_sub(now),
+            ));
+        }
         if lock_busy {
             // The poll signals when it ends; this bounds the wait if it never does.
             timeout = timeout.min(RX_BUSY_MAX_WAIT);
@@ -175,7 +190,20 @@ fn progress_loop(s: &Shared) {
         // that answers (e.g. with a NAK) and then closes must have its answer processed
         // before its EOF fails the QP.
         let last_poll = s.last_app_poll.load(Ordering::Relaxed);
-        let mut pass = s.progress_once(!inline || side_channel_event, false);
+        // Receiving for a memory spinner, this thread holds ACKs for its answer too: the
+        // peer polls for the ACK, and the WRITE it spins on should come with it
+        // (`answers.rs`).
+        let thread_hold = if inline
+            && !app_driven
+            && s.answers.spinner()
+            && s.thread_rx.load(Ordering::Relaxed)
+            && s.armed_cqs.load(Ordering::Relaxed) == 0
+        {
+            super::batching::ACK_HOLD_NS
+        } else {
+            0
+        };
+        let mut pass = s.progress_once(!inline || side_channel_event, thread_hold);
         let learning = inline && !app_driven;
         let mut absent = after.saturating_sub(last_poll);
         let receiver = s.thread_rx.load(Ordering::SeqCst) || s.armed_cqs.load(Ordering::SeqCst) > 0;
@@ -199,7 +227,7 @@ fn progress_loop(s: &Shared) {
             // to this thread before it ran again (milliseconds on a loaded host).
             s.rx_wanted.store(true, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);
-            pass = s.progress_once(false, false);
+            pass = s.progress_once(false, thread_hold);
             if pass.is_some() {
                 s.rx_wanted.store(false, Ordering::Relaxed);
             } else {
@@ -248,13 +276,17 @@ fn learner_step(
         absent,
         at,
     };
-    let receiving = s.thread_rx.load(Ordering::SeqCst);
+    // The thread counts as receiving for a spinner even while its own polls land the WRITEs
+    // (`answers.rs` turns `thread_rx` off and on per poll): the learner's view, score
+    // and hold change only with its own verdicts.
+    let receiving = s.thread_rx.load(Ordering::SeqCst) || s.answers.spinner();
     let armed = s.armed_cqs.load(Ordering::SeqCst) > 0;
     match learner.after_pass(receiving, armed, &seen) {
         Verdict::Keep => {}
         Verdict::TakeOver => {
             log::debug!(target: "rdmx::soft", "progress: an RDMA WRITE or READ waited {absent} ns for an application that polls now and then; the progress thread receives");
             s.stats.takeovers.fetch_add(1, Ordering::Relaxed);
+            s.answers.set_spinner(true);
             s.thread_rx.store(true, Ordering::SeqCst);
         }
         Verdict::GiveBack => {
@@ -263,6 +295,7 @@ fn learner_step(
             // (`app_polls`), and the next arming sets `thread_rx` again.
             log::debug!(target: "rdmx::soft", "progress: the application polls for what it waits for; it receives");
             s.thread_rx.store(false, Ordering::SeqCst);
+            s.answers.set_spinner(false);
         }
     }
 }
