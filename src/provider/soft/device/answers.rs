@@ -28,10 +28,11 @@ pub(super) struct Answers {
     /// An application pass landed such a packet since the last poll that returned
     /// completions.
     landed: AtomicBool,
-    /// Of a spinner's polls that returned completions: those that had landed the answer,
-    /// and those that handed receiving to the thread (relaxed counters, for diagnostics).
+    /// Packets that complete nothing here (WRITEs, READ and atomic requests) landed by the
+    /// application's passes and by the progress thread's (relaxed counters, for
+    /// diagnostics).
     by_app: AtomicU64,
-    to_thread: AtomicU64,
+    by_thread: AtomicU64,
 }
 
 /// What a poll that returned completions means for who receives.
@@ -70,6 +71,15 @@ impl Answers {
             self.write_target.store(true, Ordering::Relaxed);
         }
         self.landed.store(true, Ordering::Relaxed);
+        self.by_app.fetch_add(silent as u64, Ordering::Relaxed);
+    }
+
+    /// A pass of the progress thread landed `silent` such packets.
+    #[inline]
+    pub fn thread_landed(&self, silent: usize) {
+        if silent > 0 {
+            self.by_thread.fetch_add(silent as u64, Ordering::Relaxed);
+        }
     }
 
     /// A poll returned completions.
@@ -78,19 +88,17 @@ impl Answers {
             return AfterPoll::Keep;
         }
         if self.landed.swap(false, Ordering::Relaxed) {
-            self.by_app.fetch_add(1, Ordering::Relaxed);
             AfterPoll::App
         } else {
-            self.to_thread.fetch_add(1, Ordering::Relaxed);
             AfterPoll::Thread
         }
     }
 
-    /// (polls that had landed the answer, polls that handed receiving to the thread).
+    /// (packets landed by application passes, by the progress thread).
     pub fn counts(&self) -> (u64, u64) {
         (
             self.by_app.load(Ordering::Relaxed),
-            self.to_thread.load(Ordering::Relaxed),
+            self.by_thread.load(Ordering::Relaxed),
         )
     }
 }
@@ -125,6 +133,8 @@ mod tests {
         a.set_spinner(false);
         assert_eq!(a.after_completions(), AfterPoll::Keep);
         assert!(a.app_holds());
-        assert_eq!(a.counts(), (2, 1));
+        a.thread_landed(0);
+        a.thread_landed(2);
+        assert_eq!(a.counts(), (5, 2));
     }
 }

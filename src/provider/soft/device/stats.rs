@@ -88,11 +88,11 @@ impl SoftDevice {
         self.shared.stats.takeovers.load(Ordering::Relaxed)
     }
 
-    /// For a verbs program found spinning on memory, its polls that returned completions:
-    /// (those whose passes had landed the peer's answering WRITE, those that handed
-    /// receiving to the progress thread because it was still to come). See
-    /// `device/answers.rs`; a look for tests and diagnostics.
-    pub fn spinner_polls(&self) -> (u64, u64) {
+    /// Of a verbs program's (progress=inline, not app-driven) received packets that
+    /// complete nothing here (RDMA WRITEs, READ and atomic requests): (those its own polls
+    /// landed, those the progress thread landed). See `device/answers.rs`; a look for tests
+    /// and diagnostics.
+    pub fn writes_landed(&self) -> (u64, u64) {
         self.shared.answers.counts()
     }
 }

@@ -236,6 +236,9 @@ fn progress_loop(s: &Shared) {
             absent = 0;
         }
         if learning {
+            if let Some(p) = pass.as_ref() {
+                s.answers.thread_landed(p.silent);
+            }
             learner_step(
                 s,
                 &mut learner,
