@@ -172,11 +172,7 @@ impl Session {
     }
 
     fn link_mut(&mut self, lid: u64) -> Option<&mut Link> {
-        self.link
-            .iter_mut()
-            .chain(self.standby.iter_mut())
-            .find(|(l, _)| *l == lid)
-            .map(|(_, l)| l)
+        find_link(&mut self.link, &mut self.standby, lid)
     }
 
     /// The session's paths: state and counters.
@@ -410,13 +406,7 @@ impl Session {
     ) -> Result<()> {
         let id = self.m.id;
         let peer = self.peer;
-        let Some(link) = self
-            .link
-            .iter_mut()
-            .chain(self.standby.iter_mut())
-            .find(|(l, _)| *l == lid)
-            .map(|(_, l)| l)
-        else {
+        let Some(link) = find_link(&mut self.link, &mut self.standby, lid) else {
             if let Some(c) = r.data {
                 let _ = pool.put(c);
             }
@@ -812,13 +802,7 @@ impl Session {
             };
         };
         // On the link the machine chose (the active one; active/active: any joined one).
-        let Some(link) = self
-            .link
-            .iter_mut()
-            .chain(self.standby.iter_mut())
-            .find(|(l, _)| *l == lid)
-            .map(|(_, l)| l)
-        else {
+        let Some(link) = find_link(&mut self.link, &mut self.standby, lid) else {
             return Ok(());
         };
         let Some(o) = self.m.unacked_mut(seq) else {
@@ -849,13 +833,7 @@ impl Session {
 
     /// Queues immediate message `seq` (its WRITEs, the last carrying `value`) on `lid`.
     fn post_imm(&mut self, lid: u64, seq: u64, value: u32) -> Result<()> {
-        let Some(link) = self
-            .link
-            .iter_mut()
-            .chain(self.standby.iter_mut())
-            .find(|(l, _)| *l == lid)
-            .map(|(_, l)| l)
-        else {
+        let Some(link) = find_link(&mut self.link, &mut self.standby, lid) else {
             return Ok(());
         };
         match self.m.unacked(seq) {
@@ -866,6 +844,19 @@ impl Session {
             )),
         }
     }
+}
+
+/// Link `lid` among the current one and the standby ones. Takes the two fields rather than
+/// the session, so that a caller may hold the link and use the machine (`self.m`) at once.
+fn find_link<'a>(
+    link: &'a mut Option<(u64, Link)>,
+    standby: &'a mut [(u64, Link)],
+    lid: u64,
+) -> Option<&'a mut Link> {
+    link.iter_mut()
+        .chain(standby.iter_mut())
+        .find(|(l, _)| *l == lid)
+        .map(|(_, l)| l)
 }
 
 /// Posts the READs of a link's rendezvous messages, oldest first, as far as the pool and
