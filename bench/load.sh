@@ -19,6 +19,8 @@
 # Messenger part (issue 29, point 5), PAIRS alternating pairs each, every run against a
 # fresh server (port 0), verdicts on the median of the per-pair ratios:
 #   rpc_bw vs read_bw    4K qd 32, both under the same HOGS hogs          target >= 0.8
+#   (write_bw runs in the same pairs, reported beside them: the transport's own one-way
+#   4K WRITE stream, what a reply carrying 4 KiB is made of)
 #   msg_bw busy vs quiet 4K qd 32, under HOGS hogs vs with none           target >= 0.5
 # (the quiet figures themselves are bench/msgr.sh's, which must not drop).
 #
@@ -125,8 +127,8 @@ rdmx() {
 hogs_start() {
     local _
     for _ in $(seq 1 "$HOGS"); do
-        # Bounded: the script's own runs take at most ~(9 + 6 x PAIRS) x (3 x DURATION + 30) s.
-        timeout $(((DURATION * 3 + 30) * (10 + 6 * PAIRS))) sh -c 'while :; do :; done' &
+        # Bounded: the script's own runs take at most ~(9 + 7 x PAIRS) x (3 x DURATION + 30) s.
+        timeout $(((DURATION * 3 + 30) * (10 + 7 * PAIRS))) sh -c 'while :; do :; done' &
         HOG_PIDS+=($!)
     done
     sleep 1
@@ -218,10 +220,12 @@ if [ "$ONLY" != transport ]; then
     echo
     echo "# messenger under $HOGS hog(s): $PAIRS alternating pairs, $DURATION s runs"
     RPC_R=()
+    RPW_R=()
+    WR_R=()
     hogs_start
     for p in $(seq 1 "$PAIRS"); do
         start "msrv.rpc.$p" server --listen 127.0.0.1:0
-        if [ $((p % 2)) = 1 ]; then order=(rpc_bw read_bw); else order=(read_bw rpc_bw); fi
+        if [ $((p % 2)) = 1 ]; then order=(rpc_bw read_bw write_bw); else order=(write_bw read_bw rpc_bw); fi
         declare -A PAIR=()
         for t in "${order[@]}"; do
             mrun "$t.busy.$p" "$t"
@@ -229,8 +233,11 @@ if [ "$ONLY" != transport ]; then
         done
         stop
         RPC_R+=("$(ratio_of "${PAIR[rpc_bw]}" "${PAIR[read_bw]}")")
-        printf "  pair %s (busy): rpc_bw %s, read_bw %s ops/s, ratio %s  load %s\n" "$p" \
-            "${PAIR[rpc_bw]:-n/a}" "${PAIR[read_bw]:-n/a}" "${RPC_R[-1]}" "$(cut -d' ' -f1 /proc/loadavg)"
+        RPW_R+=("$(ratio_of "${PAIR[rpc_bw]}" "${PAIR[write_bw]}")")
+        WR_R+=("$(ratio_of "${PAIR[write_bw]}" "${PAIR[read_bw]}")")
+        printf "  pair %s (busy): rpc_bw %s, read_bw %s, write_bw %s ops/s, rpc/read %s, rpc/write %s  load %s\n" \
+            "$p" "${PAIR[rpc_bw]:-n/a}" "${PAIR[read_bw]:-n/a}" "${PAIR[write_bw]:-n/a}" "${RPC_R[-1]}" \
+            "${RPW_R[-1]}" "$(cut -d' ' -f1 /proc/loadavg)"
     done
     hogs_stop
     MSG_R=()
@@ -271,6 +278,8 @@ if [ "$ONLY" != transport ]; then
     fi
     echo
     judge "rpc_bw / read_bw under $HOGS hog(s)" "$(median_ratio "${RPC_R[@]}")" 0.8
+    echo "write_bw / read_bw under $HOGS hog(s): median $(median_ratio "${WR_R[@]}") (reported: the transport's own 4K WRITE stream)"
+    echo "rpc_bw / write_bw under $HOGS hog(s): median $(median_ratio "${RPW_R[@]}") (reported: a reply is a 4K WRITE and a short SEND)"
     judge "msg_bw under $HOGS hog(s) / msg_bw quiet" "$(median_ratio "${MSG_R[@]}")" 0.5
     if [ "${SLICE_AB:-0}" = 1 ]; then
         echo "msg_bw under $HOGS hog(s), server worker slice 100 us / kernel default: median $(median_ratio "${SL_R[@]}") (reported)"
