@@ -13,8 +13,9 @@
 //! - everything completes within [`BOUND`] of virtual time after the last fault (no
 //!   credit deadlock, no lost wake-up).
 //!
-//! `RDMX_MSGR_SIM_SEEDS=N` runs N seeds (default 10,000); a failing seed prints its
-//! trace and the command that replays it alone:
+//! `RDMX_MSGR_SIM_SEEDS=N` runs N seeds (default 10,000), from `RDMX_MSGR_SIM_FIRST`
+//! (default 0), on `RDMX_MSGR_SIM_THREADS` threads (default 1; a long run gives it the
+//! host's cores); a failing seed prints its trace and the command that replays it alone:
 //! `RDMX_MSGR_SIM_SEED=<seed> cargo test -p rdmx --lib msgr::messenger::machine::sim::one_seed -- --nocapture`.
 
 mod app;
@@ -288,27 +289,89 @@ fn check(seed: u64) -> Summary {
     }
 }
 
+impl Summary {
+    /// Adds another run's counts to these.
+    fn add(&mut self, s: &Summary) {
+        for k in 0..2 {
+            self.resets_by_side[k] += s.resets_by_side[k];
+        }
+        self.sent += s.sent;
+        self.failed += s.failed;
+        self.died += s.died;
+        self.resets += s.resets;
+        self.faults += s.faults;
+        self.replays += s.replays;
+        self.duplicates += s.duplicates;
+        self.events += s.events;
+        for k in 0..3 {
+            self.path_events[k] += s.path_events[k];
+            self.active_path_msgs[k] += s.active_path_msgs[k];
+        }
+        self.active_seeds += s.active_seeds;
+    }
+}
+
+/// Seeds `first..first + n` on `threads` threads (contiguous shares), summed. The first
+/// failing seed stops the others at their next seed, and its panic (with the trace and
+/// the replay command, printed by [`check`]) is the test's.
+fn run_seeds(first: u64, n: u64, threads: u64) -> Summary {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let threads = threads.clamp(1, n.max(1));
+    let stop = AtomicBool::new(false);
+    let per = n.div_ceil(threads);
+    std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..threads)
+            .map(|k| {
+                let (from, to) = (first + k * per, (first + (k + 1) * per).min(first + n));
+                let stop = &stop;
+                sc.spawn(move || {
+                    let mut t = Summary::default();
+                    for seed in from..to {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        match std::panic::catch_unwind(|| check(seed)) {
+                            Ok(s) => t.add(&s),
+                            Err(e) => {
+                                stop.store(true, Ordering::Relaxed);
+                                std::panic::resume_unwind(e);
+                            }
+                        }
+                    }
+                    t
+                })
+            })
+            .collect();
+        let mut t = Summary::default();
+        let mut failed = None;
+        for w in workers {
+            match w.join() {
+                Ok(s) => t.add(&s),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed {
+            std::panic::resume_unwind(e);
+        }
+        t
+    })
+}
+
+#[test]
+fn seeds_split_over_threads_cover_the_range_once() {
+    // Summed counts over threads equal the single-thread run's (every seed ran once).
+    let one = run_seeds(7, 23, 1);
+    let three = run_seeds(7, 23, 3);
+    assert_eq!(format!("{one:?}"), format!("{three:?}"));
+    assert!(one.events > 0);
+}
+
 #[test]
 fn seeded_schedules_hold_every_invariant() {
     let n = env("RDMX_MSGR_SIM_SEEDS").unwrap_or(10_000);
     let first = env("RDMX_MSGR_SIM_FIRST").unwrap_or(0);
-    let mut t = Summary::default();
-    for seed in first..first + n {
-        let s = check(seed);
-        t.sent += s.sent;
-        t.failed += s.failed;
-        t.died += s.died;
-        t.resets += s.resets;
-        t.faults += s.faults;
-        t.replays += s.replays;
-        t.duplicates += s.duplicates;
-        t.events += s.events;
-        for k in 0..3 {
-            t.path_events[k] += s.path_events[k];
-            t.active_path_msgs[k] += s.active_path_msgs[k];
-        }
-        t.active_seeds += s.active_seeds;
-    }
+    let threads = env("RDMX_MSGR_SIM_THREADS").unwrap_or(1);
+    let t = run_seeds(first, n, threads);
     eprintln!("msgr sim: {n} seeds from {first}: {t:?}");
     // The schedules do exercise what they claim to. (Duplicates stay rare: a hello says
     // how far its side delivered, so a replay starts after it; counted all the same.)
