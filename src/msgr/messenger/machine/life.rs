@@ -347,6 +347,7 @@ impl LinkState {
             live: Liveness::new(now),
             hello_done: false,
             sent_in_pass: false,
+            ping_blocked: false,
             out: 0,
         }
     }

@@ -164,6 +164,11 @@ pub struct LinkState {
     pub hello_done: bool,
     /// Something was posted since the last pump (an explicit ack would be redundant).
     sent_in_pass: bool,
+    /// A keepalive was due at the last pump and the send queue had no entry for it (a
+    /// black-holed link's queue fills and nothing completes until its retries run out).
+    /// Its timer then waits for the completion that frees an entry, an event that brings
+    /// a pump, instead of coming due again at once: only the silent-peer deadline is timed.
+    ping_blocked: bool,
     /// Active/active: messages sent on it and not acknowledged (least outstanding).
     pub out: u32,
 }
@@ -395,9 +400,10 @@ impl<M> Machine<M> {
 
     fn active_timeout(&self) -> Option<Instant> {
         match &self.link {
-            // A keepalive waits for a credit to go with (a frame brings it): until then
-            // only the silent-peer timeout is timed.
-            Some(l) if !l.credits.can_send_control() => {
+            // A keepalive waits for a credit to go with (a frame brings it), or for a
+            // send-queue entry (a completion brings it): until then only the silent-peer
+            // timeout is timed.
+            Some(l) if !l.credits.can_send_control() || l.ping_blocked => {
                 self.rules.keepalive?;
                 l.live.last_heard.checked_add(self.rules.keepalive_timeout)
             }

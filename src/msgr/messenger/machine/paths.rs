@@ -447,12 +447,13 @@ impl<M> Machine<M> {
     pub(super) fn paths_timeout(&self) -> Option<Instant> {
         let r = &self.rules;
         // As the active link's: a keepalive waits for a credit to go with (a frame brings
-        // it); until then only the silent-peer timeout is timed.
+        // it) or a send-queue entry (a completion does); until then only the silent-peer
+        // timeout is timed.
         let keep = self
             .standby
             .iter()
             .filter(|l| l.hello_done)
-            .filter_map(|l| match l.credits.can_send_control() {
+            .filter_map(|l| match l.credits.can_send_control() && !l.ping_blocked {
                 true => l.live.next_due(r.ping(), r.keepalive_timeout),
                 false => {
                     r.keepalive?;
@@ -738,6 +739,7 @@ impl<M> Machine<M> {
             self.rules.keepalive_timeout,
         );
         let l = &mut self.standby[i];
+        l.ping_blocked = false;
         // Credits are announced with the keepalive only: an announcement of its own would
         // consume a receive the peer then announces back, for ever on an idle link with a
         // small window (2-3 receives); nothing else uses a standby link.
@@ -759,6 +761,8 @@ impl<M> Machine<M> {
                     msg: None,
                     owed,
                 });
+            } else {
+                l.ping_blocked = true;
             }
         }
         if self.standby[i].live.dead(now, keepalive, timeout) {

@@ -500,6 +500,33 @@ fn a_silent_standby_path_is_pinged_then_dropped() {
     assert_eq!(a.state, SessionState::Open);
 }
 
+/// A standby path's keepalive behind a full send queue waits for room, not the clock
+/// (as the active link's: `a_keepalive_behind_a_full_send_queue_waits_for_room_not_the_clock`).
+#[test]
+fn a_standby_keepalive_behind_a_full_send_queue_waits_for_room() {
+    let t0 = Instant::now();
+    let (mut a, _, l1) = two_paths(Policy::Lossless, t0);
+    let full = SqRoom {
+        free: 0,
+        reserve: 1,
+    };
+    a.pump_standby(t0 + ms(100), l1, full);
+    assert!(posted_on(&actions(&mut a)).is_empty());
+    let next = a.paths_timeout().unwrap();
+    assert!(next > t0 + ms(100), "due again at once: {:?}", next - t0);
+    a.pump_standby(
+        t0 + ms(101),
+        l1,
+        SqRoom {
+            free: 8,
+            reserve: 1,
+        },
+    );
+    let p = posted_on(&actions(&mut a));
+    assert_eq!(p.len(), 1);
+    assert_eq!((p[0].0, p[0].1.kind()), (l1, Some(Kind::Ping)));
+}
+
 #[test]
 fn removing_the_active_path_moves_the_traffic_and_the_last_path_stays() {
     let t0 = Instant::now();

@@ -180,21 +180,24 @@ impl<M> Machine<M> {
             // The ping check below sees this pass's messages.
             l.live.last_sent = now;
         }
+        let ping_due = l.live.ping_due(now, self.rules.ping());
+        let can_control = l.credits.can_send_control();
         let c = rules::control(ControlIn {
             ack_owed: primary && self.delivered > self.acked_to_peer,
             sent_in_pass: l.sent_in_pass,
             delivered_in_pass: primary && self.delivered_in_pass,
             ack_deferred: primary && self.ack_deferred,
             announce_due: l.credits.announce_due(),
-            ping_due: l.live.ping_due(now, self.rules.ping()),
+            ping_due,
             peer_can_send_data: l.credits.peer_can_send_data(),
-            can_send_control: l.credits.can_send_control(),
+            can_send_control: can_control,
             sq_free: free,
         });
         let tx = l.credits.tx;
         if c.needs_receive {
             l.credits.room_to_speak();
         }
+        l.ping_blocked = c.frame.is_none() && ping_due && can_control && free == 0;
         if primary {
             self.ack_deferred = c.deferred;
         }

@@ -420,6 +420,38 @@ fn a_message_the_peer_never_answers_brings_a_probe() {
     assert!(a.poll_timeout().is_some_and(|t| t >= t0 + ms(100)));
 }
 
+/// A keepalive due while the link's send queue is full cannot go, and its timer does not
+/// come due again at once: until a pump finds room (the completion that frees an entry
+/// brings one) only the silent-peer deadline is timed. The simulator's seed 549854 spun
+/// on such a timer behind a black-holed link (1,000 passes per microsecond).
+#[test]
+fn a_keepalive_behind_a_full_send_queue_waits_for_room_not_the_clock() {
+    let t0 = Instant::now();
+    let (mut a, _, _) = open_connector(Policy::Lossless, t0, 8);
+    a.pump(t0, room());
+    actions(&mut a);
+    let due = a.poll_timeout().unwrap();
+    assert_eq!(due, t0 + ms(100));
+    a.pump(
+        due,
+        SqRoom {
+            free: 0,
+            reserve: 1,
+        },
+    );
+    assert!(posted(&actions(&mut a)).is_empty());
+    assert_eq!(
+        a.poll_timeout(),
+        Some(t0 + ms(500)),
+        "the silent-peer deadline, not the keepalive that cannot go"
+    );
+    a.pump(due + ms(1), room());
+    let hs = posted(&actions(&mut a));
+    assert_eq!(hs.len(), 1);
+    assert_eq!(hs[0].kind(), Some(Kind::Ping));
+    assert_eq!(a.poll_timeout(), Some(due + ms(101)), "the next keepalive");
+}
+
 #[test]
 fn starved_peer_grows_the_window_and_a_ping_shrinks_it() {
     let t0 = Instant::now();
