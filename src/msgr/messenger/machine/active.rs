@@ -244,6 +244,11 @@ impl<M> Machine<M> {
         let l = self.standby.remove(i);
         let lid = l.lid;
         self.link = Some(l);
+        // Only the primary acknowledges, and what it last said may have died with it (an
+        // acknowledgement queued on it, or refused at posting): the new primary says again
+        // how far this side delivered, or a peer with nothing more to send waits for ever
+        // (seed 579,711).
+        self.acked_to_peer = 0;
         self.actions.push_back(Action::Activate { link: lid });
     }
 

@@ -7,7 +7,7 @@ use super::tests::{
     actions, ms, msg, multipath_rules, posted_on, retry_exc, room, send_results, shape,
 };
 use super::*;
-use crate::error::ErrorKind;
+use crate::error::{Error, ErrorKind};
 use crate::msgr::messenger::types::PathState;
 use crate::msgr::messenger::wire::{Header, Kind, flags};
 use std::time::Instant;
@@ -131,6 +131,46 @@ fn the_receiver_holds_what_comes_ahead_of_a_gap_and_drops_duplicates() {
     // Not quiet while something is held.
     assert_eq!(a.on_frame(t0, l1, &msg(5)), Verdict::Accept(5));
     assert!(!a.quiet(t0));
+}
+
+/// Only the primary acknowledges. An acknowledgement that went with it when it failed
+/// (queued on it, or refused at posting) is said again on the new primary: a peer with
+/// nothing more to send would otherwise wait for ever (the simulator's seed 579,711).
+#[test]
+fn the_new_primary_acknowledges_again_what_the_failed_one_may_have_lost() {
+    let t0 = Instant::now();
+    let (mut a, l0, l1) = two_active(Policy::Lossy, t0);
+    for s in 1..=3 {
+        assert_eq!(a.on_frame(t0, l1, &msg(s)), Verdict::Accept(s));
+        a.on_delivered(s);
+    }
+    // The acknowledgement goes on the primary (after the pass it is held back).
+    let mut acked = Vec::new();
+    for k in 1..=3 {
+        acked.extend(posted_on(&pass(&mut a, t0 + ms(k), l1)));
+    }
+    assert!(
+        acked.iter().any(|(l, h)| *l == l0 && h.ack == 3),
+        "{acked:?}"
+    );
+    assert!(!acked.iter().any(|(l, h)| *l == l1 && h.ack == 3));
+    // Its post is refused: the primary is gone, and that acknowledgement with it.
+    a.on_link_error(
+        t0 + ms(4),
+        l0,
+        Error::fixed(ErrorKind::Closed, "post refused"),
+    );
+    let acts = actions(&mut a);
+    assert!(
+        acts.iter()
+            .any(|x| matches!(x, Action::Activate { link } if *link == l1))
+    );
+    assert!(a.wants_pass(), "an acknowledgement is owed again");
+    let again = posted_on(&pass(&mut a, t0 + ms(5), l1));
+    assert!(
+        again.iter().any(|(l, h)| *l == l1 && h.ack == 3),
+        "{again:?}"
+    );
 }
 
 #[test]

@@ -364,6 +364,9 @@ fn seeds_that_once_failed_pass() {
     // A keepalive due behind a black-holed link's full send queue: its timer came due
     // again at once, 1,000 passes per microsecond (the 1M-seed run of 2026-12-04).
     check(549_854);
+    // Active/active: the acknowledgement of the primary's last pump was refused with the
+    // link, and the peer, with nothing more to send, waited for it for ever.
+    check(579_711);
 }
 
 #[test]
