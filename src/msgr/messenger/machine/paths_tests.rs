@@ -472,17 +472,7 @@ fn a_newer_switch_to_the_link_in_use_resends_what_the_peer_dropped() {
 fn a_silent_standby_path_is_pinged_then_dropped() {
     let t0 = Instant::now();
     let (mut a, _, l1) = two_paths(Policy::Lossless, t0);
-    a.pump_standby(
-        t0 + ms(100),
-        l1,
-        SqRoom {
-            free: 8,
-            reserve: 1,
-        },
-    );
-    let p = posted_on(&actions(&mut a));
-    assert_eq!(p.len(), 1);
-    assert_eq!((p[0].0, p[0].1.kind()), (l1, Some(Kind::Ping)));
+    pumps_one_ping(&mut a, t0 + ms(100), l1);
     a.pump_standby(
         t0 + ms(500),
         l1,
@@ -514,17 +504,22 @@ fn a_standby_keepalive_behind_a_full_send_queue_waits_for_room() {
     assert!(posted_on(&actions(&mut a)).is_empty());
     let next = a.paths_timeout().unwrap();
     assert!(next > t0 + ms(100), "due again at once: {:?}", next - t0);
+    pumps_one_ping(&mut a, t0 + ms(101), l1);
+}
+
+/// Standby link `l`'s pump at `t`, with send-queue room, posts one keepalive on it.
+fn pumps_one_ping(a: &mut Machine<u32>, t: Instant, l: u64) {
     a.pump_standby(
-        t0 + ms(101),
-        l1,
+        t,
+        l,
         SqRoom {
             free: 8,
             reserve: 1,
         },
     );
-    let p = posted_on(&actions(&mut a));
+    let p = posted_on(&actions(a));
     assert_eq!(p.len(), 1);
-    assert_eq!((p[0].0, p[0].1.kind()), (l1, Some(Kind::Ping)));
+    assert_eq!((p[0].0, p[0].1.kind()), (l, Some(Kind::Ping)));
 }
 
 #[test]
