@@ -197,7 +197,8 @@ impl<M> Machine<M> {
         if c.needs_receive {
             l.credits.room_to_speak();
         }
-        l.ping_blocked = c.frame.is_none() && ping_due && can_control && free == 0;
+        // (With no entry free the rule sends no frame.)
+        l.ping_blocked = ping_due && can_control && free == 0;
         if primary {
             self.ack_deferred = c.deferred;
         }
