@@ -415,6 +415,10 @@ static rdmx_msgr *new_msgr(const kv_t *kv, size_t nkv, rdmx_msgr_on_event cb,
       /* Slow: 8 receives posted per session, not 64: 64 x 4 KiB in flight overflow a
        * valgrind-slowed receiver's UDP socket, and every loss costs a 268 ms timeout. */
       {"msgr_recv_window", slow ? "8" : "64"},
+      /* Slow: a connector's first auth frame can take over the default 500 ms under
+       * valgrind, and the listener drops the connection (a lossy peer's session then
+       * ends: "no session from peer"). */
+      {"handshake_first_bytes_ms", slow ? "10000" : "500"},
   };
   for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
     CHECK_STATUS(rdmx_config_set(cfg, base[i].key, base[i].value), RDMX_OK);

@@ -157,6 +157,18 @@ vg=(valgrind -q --error-exitcode=99 --leak-check=full --trace-children=yes
     --suppressions="$here/valgrind.supp"
     --show-leak-kinds=definite,indirect,possible
     --errors-for-leak-kinds=definite,indirect,possible)
+# Runs a program under valgrind; when it fails, says its own last lines again: a program
+# that exits on a failure leaves its messenger's threads and memory behind, and valgrind's
+# leak report after them would bury the reason (CI shows the end of the log).
+vg_run() { # vg_run LABEL COMMAND... (COMMAND starts valgrind: "${vg[@]}" or timeout N "${vg[@]}")
+  local label=$1 log="$out/valgrind-last.log" rc=0
+  shift
+  "$@" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] && return 0
+  echo "== ffi-tests: $label failed under valgrind (exit $rc); its own last lines:"
+  grep -v '^==[0-9]*==' "$log" | tail -n 20
+  return "$rc"
+}
 for t in "${tests[@]}"; do
   name="${t%.*}_${t##*.}"
   build "$name" "$t" -O1
@@ -164,17 +176,17 @@ for t in "${tests[@]}"; do
     # The targets it starts are not traced (their leaks are not the client's; one is
     # SIGKILLed on purpose).
     # shellcheck disable=SC2046
-    "${vg[@]}" --trace-children-skip='*/rdmx-target' "$out/$name" $(args_of "$t")
+    vg_run "$name" "${vg[@]}" --trace-children-skip='*/rdmx-target' "$out/$name" $(args_of "$t")
   elif [ "$t" = test_blk.c ] || [ "$t" = test_blk_acl.c ]; then
     # shellcheck disable=SC2046
-    RDMX_TIMEOUT=18 RDMX_MSGR_KEEPALIVE_TIMEOUT_MS=60000 "${vg[@]}" "$out/$name" $(args_of "$t")
+    RDMX_TIMEOUT=18 RDMX_MSGR_KEEPALIVE_TIMEOUT_MS=60000 vg_run "$name" "${vg[@]}" "$out/$name" $(args_of "$t")
   elif [ "$t" = test_conn.c ] || [ "$t" = test_mem.c ] || [ "$t" = test_provider.c ] ||
        [ "$t" = test_auth.c ]; then
     # valgrind slows everything ~30x: give the RC ACK timer room (timeout 16 = 268 ms
     # instead of the default 4.2 ms), or retransmission timeouts would fail connections.
-    RDMX_TIMEOUT=16 "${vg[@]}" "$out/$name"
+    RDMX_TIMEOUT=16 vg_run "$name" "${vg[@]}" "$out/$name"
   else
-    "${vg[@]}" "$out/$name"
+    vg_run "$name" "${vg[@]}" "$out/$name"
   fi
 done
 for t in "${echo_progs[@]}"; do build "${t%.*}_${t##*.}" "$t" -O1; done
@@ -187,7 +199,7 @@ RDMX_TIMEOUT=16 echo_run "" 200 "${vg[@]}"
 build msgr_faults_c msgr_faults.c -O1
 for c in "lossless 1000" "lossy 200"; do
   # shellcheck disable=SC2086
-  MSGR_FAULTS_SLOW=1 timeout 1800 "${vg[@]}" --vgdb=no --trace-children-skip='*/nft' \
+  MSGR_FAULTS_SLOW=1 vg_run "msgr_faults $c" timeout 1800 "${vg[@]}" --vgdb=no --trace-children-skip='*/nft' \
     "$out/msgr_faults_c" $c
 done
 # The verbs provider: the same library, its contexts opening rdmx's libibverbs device
