@@ -348,6 +348,7 @@ impl LinkState {
             hello_done: false,
             sent_in_pass: false,
             ping_blocked: false,
+            drain: false,
             out: 0,
         }
     }

@@ -169,6 +169,9 @@ pub struct LinkState {
     /// Its timer then waits for the completion that frees an entry, an event that brings
     /// a pump, instead of coming due again at once: only the silent-peer deadline is timed.
     ping_blocked: bool,
+    /// It was the active link: the credits its peer's window grew to there go back
+    /// (`Machine::drain_standby`), then this is cleared.
+    drain: bool,
     /// Active/active: messages sent on it and not acknowledged (least outstanding).
     pub out: u32,
 }

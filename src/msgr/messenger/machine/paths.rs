@@ -508,7 +508,7 @@ impl<M> Machine<M> {
             // Called from a pump's start (no post of this pass is queued for it yet, so
             // its credits stay right).
             self.rewind();
-            self.standby.push(old);
+            self.demote(old);
             if self.policy == Policy::Lossy {
                 let e = Error::fixed(ErrorKind::Closed, "failback to a preferred path");
                 self.fail_in_doubt(&e);
@@ -553,7 +553,7 @@ impl<M> Machine<M> {
         let l = self.standby.remove(i);
         if let Some(old) = self.link.take() {
             self.rewind();
-            self.standby.push(old);
+            self.demote(old);
         }
         self.resend_after_switch();
         let (lid, path) = (l.lid, l.path);
@@ -561,6 +561,16 @@ impl<M> Machine<M> {
         self.skip_in_doubt(before);
         self.activated(lid, path);
         self.opened(now);
+    }
+
+    /// The active link `old` becomes a standby one (the traffic moved): its window falls
+    /// to the minimum at once, so the receives it grew to are not posted again as the
+    /// peer's frames consume them and their chunks go back to the pool (the peer spends
+    /// its surplus of credits there: [`Machine::pump_standby`]).
+    fn demote(&mut self, mut old: LinkState) {
+        old.credits.shrink();
+        old.drain = true;
+        self.standby.push(old);
     }
 
     /// A lossy session's receiver, at the peer's switch frame (`before`: every message the
@@ -732,7 +742,7 @@ impl<M> Machine<M> {
         if self.active && self.state == SessionState::Open {
             return self.pump_link(now, lid, room);
         }
-        let free = room.free;
+        let mut free = room.free;
         let (ping, keepalive, timeout) = (
             self.rules.ping(),
             self.rules.keepalive,
@@ -761,10 +771,12 @@ impl<M> Machine<M> {
                     msg: None,
                     owed,
                 });
+                free -= 1;
             } else {
                 l.ping_blocked = true;
             }
         }
+        self.drain_standby(i, free);
         if self.standby[i].live.dead(now, keepalive, timeout) {
             let e = Error::new(
                 ErrorKind::Timeout,
@@ -772,6 +784,40 @@ impl<M> Machine<M> {
             );
             self.standby_fault(now, i, e);
         }
+    }
+
+    /// Standby link `i` (`free` send-queue entries) that was the active one: the credits
+    /// beyond what a standby link holds (the minimum window) are spent on empty
+    /// acknowledgements, once. A link that was active keeps the receives the peer's window
+    /// grew to there; the peer, whose window on it fell to the minimum
+    /// ([`Machine::demote`]), does not post them again as these consume them, so their
+    /// chunks go back to its pool. Without it a peer whose pool they held could not post
+    /// receives on the new active link, and with keepalives off nothing ever consumed them
+    /// (seed 741,131: the connector starved for good, the two sides passing one-credit
+    /// announcements back and forth). They announce nothing (an announcement would be
+    /// answered), and a link that never carried the traffic is left alone: a peer whose
+    /// minimum window is larger would post its receives again and announce them at its
+    /// next keepalive.
+    fn drain_standby(&mut self, i: usize, free: usize) {
+        let keep = self.rules.recv_window_min.max(2);
+        let delivered = self.delivered;
+        let l = &mut self.standby[i];
+        if !l.drain {
+            return;
+        }
+        let n = (l.credits.tx.saturating_sub(keep) as usize).min(free);
+        for _ in 0..n {
+            l.credits.on_send(0);
+            let mut h = Header::new(Kind::Ack);
+            h.ack = delivered;
+            self.actions.push_back(Action::Post {
+                link: l.lid,
+                header: h,
+                msg: None,
+                owed: 0,
+            });
+        }
+        l.drain = l.credits.tx > keep;
     }
 
     /// Every standby link closes (the session ends, or resumes on one path).

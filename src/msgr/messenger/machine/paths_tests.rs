@@ -253,6 +253,77 @@ fn a_preferred_path_that_rejoins_takes_the_traffic_back() {
     assert_eq!(b.path_state(1), PathState::Active);
 }
 
+/// Failback (seed 741,131): path 1 carried the traffic and its windows grew; once path 0
+/// takes it back, path 1 falls to the minimum window (the receives the peer's frames
+/// consume there are not posted again) and this side spends its surplus credits there on
+/// empty acknowledgements, once, so the peer's receives go back to its pool.
+#[test]
+fn a_demoted_path_gives_back_the_receives_its_window_grew_to() {
+    let t0 = Instant::now();
+    let (mut a, l0, l1) = two_paths(Policy::Lossless, t0);
+    a.on_link_error(t0, l0, retry_exc());
+    a.pump(t0, room());
+    actions(&mut a);
+    // On path 1 the peer starves (our window grows) and grants 20 more credits.
+    let mut grant = Header::new(Kind::Ack);
+    grant.flags |= flags::STARVED;
+    grant.credits = 20;
+    for _ in 0..3 {
+        a.on_frame(t0 + ms(1), l1, &grant);
+    }
+    a.on_posted(l1, a.receives_wanted_on(l1));
+    assert_eq!(a.link_state(l1).unwrap().credits.window, 16);
+    let tx = a.link_state(l1).unwrap().credits.tx;
+    assert!(tx > 40, "{tx}");
+    // Path 0 rejoins and takes the traffic back.
+    a.handle_timeout(t0 + ms(10));
+    actions(&mut a);
+    let l2 = a.link_up(
+        t0 + ms(11),
+        0,
+        multipath_rules().credits(8),
+        HelloId::default(),
+    );
+    let mut ok = Header::new(Kind::Hello);
+    ok.flags |= flags::JOIN;
+    ok.aux = 0x200;
+    ok.aux2 = 0x100;
+    ok.credits = 8;
+    a.on_frame(t0 + ms(12), l2, &ok);
+    a.pump(t0 + ms(12), room());
+    assert_eq!(
+        path_events(&actions(&mut a)),
+        vec![(0, "up"), (0, "active")]
+    );
+    let c = &a.link_state(l1).unwrap().credits;
+    assert_eq!(c.window, multipath_rules().recv_window_min);
+    assert!(c.posted > c.window);
+    // The peer's frames there consume receives that are not posted again.
+    a.on_frame(t0 + ms(13), l1, &Header::new(Kind::Ack));
+    assert_eq!(a.receives_wanted_on(l1), 0);
+    // The surplus goes on empty acknowledgements, within the send queue's room.
+    let sq = |free| SqRoom { free, reserve: 1 };
+    a.pump_standby(t0 + ms(13), l1, sq(3));
+    let p = posted_on(&actions(&mut a));
+    assert_eq!(p.len(), 3);
+    assert!(
+        p.iter()
+            .all(|(l, h)| *l == l1 && h.kind() == Some(Kind::Ack) && h.credits == 0)
+    );
+    a.pump_standby(t0 + ms(14), l1, sq(64));
+    let rest = posted_on(&actions(&mut a)).len() as u32;
+    assert_eq!(3 + rest, tx - multipath_rules().recv_window_min);
+    assert_eq!(
+        a.link_state(l1).unwrap().credits.tx,
+        multipath_rules().recv_window_min
+    );
+    // Once: credits the peer grants there later stay (its keepalive announces them).
+    grant.flags = 0;
+    a.on_frame(t0 + ms(15), l1, &grant);
+    a.pump_standby(t0 + ms(15), l1, sq(64));
+    assert!(posted_on(&actions(&mut a)).is_empty());
+}
+
 #[test]
 fn a_refused_join_is_a_path_fault_not_a_reset() {
     let t0 = Instant::now();

@@ -367,6 +367,10 @@ fn seeds_that_once_failed_pass() {
     // Active/active: the acknowledgement of the primary's last pump was refused with the
     // link, and the peer, with nothing more to send, waited for it for ever.
     check(579_711);
+    // Failback with keepalives off: the old path kept the receives the acceptor's window
+    // had grown to, its pool was empty, and the connector starved on the new path for
+    // good (one-credit announcements passed back and forth).
+    check(741_131);
 }
 
 #[test]
