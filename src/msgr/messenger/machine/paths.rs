@@ -776,7 +776,7 @@ impl<M> Machine<M> {
                 l.ping_blocked = true;
             }
         }
-        self.drain_standby(i, free);
+        self.drain_standby(i, free.saturating_sub(room.reserve));
         if self.standby[i].live.dead(now, keepalive, timeout) {
             let e = Error::new(
                 ErrorKind::Timeout,
@@ -786,9 +786,9 @@ impl<M> Machine<M> {
         }
     }
 
-    /// Standby link `i` (`free` send-queue entries) that was the active one: the credits
-    /// beyond what a standby link holds (the minimum window) are spent on empty
-    /// acknowledgements, once. A link that was active keeps the receives the peer's window
+    /// Standby link `i` (`free` send-queue entries beyond the control reserve) that was
+    /// the active one: the credits beyond what a standby link holds (the minimum window)
+    /// are spent on empty acknowledgements, once. A link that was active keeps the receives the peer's window
     /// grew to there; the peer, whose window on it fell to the minimum
     /// ([`Machine::demote`]), does not post them again as these consume them, so their
     /// chunks go back to its pool. Without it a peer whose pool they held could not post

@@ -191,6 +191,28 @@ fn no_path_up_is_todays_reconnect() {
     assert_eq!(b.state, SessionState::Closed);
 }
 
+/// Path 0 of a connecting machine from `two_paths` comes back after a fault: its retry at
+/// `t`, the link up 1 ms later, the peer's join answer 1 ms after that. Returns the new
+/// link; the answer's actions are left to the caller.
+fn path_0_rejoins(a: &mut Machine<u32>, t: Instant) -> u64 {
+    a.handle_timeout(t);
+    assert!(matches!(actions(a)[..], [Action::Connect { path: 0 }]));
+    let l = a.link_up(
+        t + ms(1),
+        0,
+        multipath_rules().credits(8),
+        HelloId::default(),
+    );
+    actions(a);
+    let mut ok = Header::new(Kind::Hello);
+    ok.flags |= flags::JOIN;
+    ok.aux = 0x200;
+    ok.aux2 = 0x100;
+    ok.credits = 8;
+    a.on_frame(t + ms(2), l, &ok);
+    l
+}
+
 #[test]
 fn a_preferred_path_that_rejoins_takes_the_traffic_back() {
     let t0 = Instant::now();
@@ -199,21 +221,7 @@ fn a_preferred_path_that_rejoins_takes_the_traffic_back() {
     actions(&mut a);
     a.pump(t0, room());
     actions(&mut a);
-    a.handle_timeout(t0 + ms(10));
-    assert!(matches!(actions(&mut a)[..], [Action::Connect { path: 0 }]));
-    let l2 = a.link_up(
-        t0 + ms(11),
-        0,
-        multipath_rules().credits(8),
-        HelloId::default(),
-    );
-    actions(&mut a);
-    let mut ok = Header::new(Kind::Hello);
-    ok.flags |= flags::JOIN;
-    ok.aux = 0x200;
-    ok.aux2 = 0x100;
-    ok.credits = 8;
-    a.on_frame(t0 + ms(12), l2, &ok);
+    let l2 = path_0_rejoins(&mut a, t0 + ms(10));
     assert_eq!(path_events(&actions(&mut a)), vec![(0, "up")]);
     a.pump(t0 + ms(12), room());
     let acts = actions(&mut a);
@@ -235,15 +243,7 @@ fn a_preferred_path_that_rejoins_takes_the_traffic_back() {
     b.rules = r;
     b.on_link_error(t0, l0, retry_exc());
     actions(&mut b);
-    b.handle_timeout(t0 + ms(10));
-    actions(&mut b);
-    let l2 = b.link_up(
-        t0 + ms(11),
-        0,
-        multipath_rules().credits(8),
-        HelloId::default(),
-    );
-    b.on_frame(t0 + ms(12), l2, &ok);
+    path_0_rejoins(&mut b, t0 + ms(10));
     b.pump(t0 + ms(12), room());
     assert!(
         !actions(&mut b)
@@ -276,20 +276,7 @@ fn a_demoted_path_gives_back_the_receives_its_window_grew_to() {
     let tx = a.link_state(l1).unwrap().credits.tx;
     assert!(tx > 40, "{tx}");
     // Path 0 rejoins and takes the traffic back.
-    a.handle_timeout(t0 + ms(10));
-    actions(&mut a);
-    let l2 = a.link_up(
-        t0 + ms(11),
-        0,
-        multipath_rules().credits(8),
-        HelloId::default(),
-    );
-    let mut ok = Header::new(Kind::Hello);
-    ok.flags |= flags::JOIN;
-    ok.aux = 0x200;
-    ok.aux2 = 0x100;
-    ok.credits = 8;
-    a.on_frame(t0 + ms(12), l2, &ok);
+    path_0_rejoins(&mut a, t0 + ms(10));
     a.pump(t0 + ms(12), room());
     assert_eq!(
         path_events(&actions(&mut a)),
@@ -301,9 +288,10 @@ fn a_demoted_path_gives_back_the_receives_its_window_grew_to() {
     // The peer's frames there consume receives that are not posted again.
     a.on_frame(t0 + ms(13), l1, &Header::new(Kind::Ack));
     assert_eq!(a.receives_wanted_on(l1), 0);
-    // The surplus goes on empty acknowledgements, within the send queue's room.
+    // The surplus goes on empty acknowledgements, within the send queue's room (one
+    // entry stays for control).
     let sq = |free| SqRoom { free, reserve: 1 };
-    a.pump_standby(t0 + ms(13), l1, sq(3));
+    a.pump_standby(t0 + ms(13), l1, sq(4));
     let p = posted_on(&actions(&mut a));
     assert_eq!(p.len(), 3);
     assert!(
